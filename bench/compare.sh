@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# compare.sh: ringfence vs MPI allreduce bus bandwidth, side by side in one command, next to
+# the single-host memory-bandwidth bound busbw <= B(n-1)/n^2 (design.md §7).
+#
+#   bench/compare.sh [--build DIR] [--sizes MIN:MAX[:FACTOR]] [--iters N] [--warmup N]
+#                    [--ranks "2 4"] [--repeat K] [--dtype T] [--op OP] [--inplace]
+#                    [--timeout SEC] [--log-dir DIR]
+#
+# For each rank count it runs all_reduce_perf under ringfence-run and mpi_all_reduce_perf under
+# mpirun (shared-memory BTL), alternating K times, and keeps each size's best busbw per
+# library (timings on a shared box vary run to run; best-of-K compares capabilities).
+# Exits 1 if any run fails (non-zero exit, timeout or no rows), 2 on a usage error.
+set -uo pipefail
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build="$script_dir/../build"
+sizes="64K:256M:4"
+iters=20
+warmup=3
+ranks="2 4"
+repeat=1
+dtype=float
+op=sum
+column=8   # busbw column of the out-of-place half of the table (12 = in-place)
+placement=out-of-place
+timeout_s=900
+log_dir=""
+
+usage() {
+  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+die() { echo "compare.sh: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build=${2:?}; shift 2 ;;
+    --sizes) sizes=${2:?}; shift 2 ;;
+    --iters) iters=${2:?}; shift 2 ;;
+    --warmup) warmup=${2:?}; shift 2 ;;
+    --ranks) ranks=${2:?}; shift 2 ;;
+    --repeat) repeat=${2:?}; shift 2 ;;
+    --dtype) dtype=${2:?}; shift 2 ;;
+    --op) op=${2:?}; shift 2 ;;
+    --inplace) column=12; placement=in-place; shift ;;
+    --timeout) timeout_s=${2:?}; shift 2 ;;
+    --log-dir) log_dir=${2:?}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+IFS=: read -r min_b max_b factor <<<"$sizes"
+[[ -n "$min_b" && -n "$max_b" ]] || die "--sizes expects MIN:MAX[:FACTOR], e.g. 64K:256M:4"
+factor=${factor:-4}
+[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || die "--repeat expects a positive integer"
+
+rf_run="$build/bin/ringfence-run"
+rf_perf="$build/bin/all_reduce_perf"
+mpi_perf="$build/bin/mpi_all_reduce_perf"
+memcpy_bw="$build/bin/memcpy_bw"
+for f in "$rf_run" "$rf_perf"; do
+  [[ -x "$f" ]] || die "$f not found: build it first (cmake --build $build --target ringfence-run all_reduce_perf memcpy_bw)"
+done
+
+have_mpi=1
+if [[ ! -x "$mpi_perf" ]] || ! command -v mpirun >/dev/null; then
+  have_mpi=0
+  echo "# MPI baseline unavailable (no mpirun or no $mpi_perf): MPI columns show '-'" >&2
+fi
+mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+[[ "$(id -u)" == 0 ]] && mpirun_cmd+=(--allow-run-as-root)
+
+if [[ -n "$log_dir" ]]; then
+  mkdir -p "$log_dir" || die "cannot create $log_dir"
+  logs=$log_dir
+else
+  logs=$(mktemp -d "${TMPDIR:-/tmp}/ringfence-compare.XXXXXX")
+  trap 'rm -rf "$logs"' EXIT
+fi
+
+perf_flags=(-b "$min_b" -e "$max_b" -f "$factor" -d "$dtype" -o "$op" -n "$iters" -w "$warmup" -c 0)
+status=0
+
+# run NAME LOGFILE CMD...: runs one benchmark, records failures, keeps its output in LOGFILE.
+run() {
+  local name=$1 log=$2
+  shift 2
+  timeout "$timeout_s" "$@" >"$log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 ]] || ! grep -qE '^(\[[0-9]+\])? +[0-9]' "$log"; then
+    echo "compare.sh: $name failed (exit $rc): $*" >&2
+    tail -n 20 "$log" | sed 's/^/    /' >&2
+    status=1
+  fi
+}
+
+# best LOGFILES...: "size busbw" per size, the best busbw over the given runs. Strips the
+# "[rank] " prefix ringfence-run puts on every line.
+best() {
+  cat "$@" 2>/dev/null | sed -E 's/^\[[0-9]+\] //' | awk -v c="$column" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {
+      if (!($1 in bw) || $c + 0 > bw[$1]) bw[$1] = $c + 0 } END { for (s in bw) printf "%s %.2f\n", s, bw[s] }' | sort -n
+}
+
+cores=$(nproc)
+echo "# ringfence vs MPI allreduce: dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
+     "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores"
+printf '%6s %12s %12s %12s %8s %12s\n' "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
+for n in $ranks; do
+  # Memory bandwidth with as many copying threads as ranks can run at once.
+  threads=$(( n < cores ? n : cores ))
+  B=""
+  if [[ -x "$memcpy_bw" ]]; then
+    B=$("$memcpy_bw" -q -t "$threads" -s 256M -n 5 2>/dev/null) || B=""
+  fi
+  bound="-"
+  [[ -n "$B" ]] && bound=$(awk -v b="$B" -v n="$n" 'BEGIN { printf "%.2f", b * (n - 1) / (n * n) }')
+  echo "# n=$n: memcpy B = ${B:-?} GB/s ($threads threads, read+write) -> busbw bound B(n-1)/n^2 = $bound GB/s"
+
+  rf_logs=()
+  mpi_logs=()
+  for ((k = 1; k <= repeat; k++)); do
+    rf_log="$logs/ringfence.n$n.$k.txt"
+    run "ringfence n=$n" "$rf_log" "$rf_run" -n "$n" "$rf_perf" "${perf_flags[@]}"
+    rf_logs+=("$rf_log")
+    if [[ $have_mpi == 1 ]]; then
+      mpi_log="$logs/mpi.n$n.$k.txt"
+      run "mpi n=$n" "$mpi_log" "${mpirun_cmd[@]}" -np "$n" "$mpi_perf" "${perf_flags[@]}"
+      mpi_logs+=("$mpi_log")
+    fi
+  done
+
+  join -a 1 -a 2 -e - -o 0,1.2,2.2 <(best "${rf_logs[@]}" | sort -k1,1) \
+      <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1) | sort -n |
+    awk -v n="$n" -v bound="$bound" '{
+      ratio = ($2 != "-" && $3 != "-" && $3 > 0) ? sprintf("%.2f", $2 / $3) : "-"
+      printf "%6d %12d %12s %12s %8s %12s\n", n, $1, $2, $3, ratio, bound }'
+done
+[[ $status -ne 0 ]] && echo "# some runs failed (see above)" >&2
+exit $status

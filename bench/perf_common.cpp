@@ -1,0 +1,601 @@
+// Shared driver of the nccl-tests-compatible benchmarks; see perf_common.hpp.
+#include "perf_common.hpp"
+
+#include <getopt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <ringfence/half.hpp>
+#include <string_view>
+#include <type_traits>
+
+namespace ringfence::bench {
+namespace {
+
+constexpr std::size_t kPageBytes = 4096;
+
+// ------------------------------------------------------------------------------------------
+// Command line
+// ------------------------------------------------------------------------------------------
+
+constexpr DataType kAllTypes[] = {DataType::Int8,  DataType::Uint8,   DataType::Int32,    DataType::Uint32,
+                                  DataType::Int64, DataType::Uint64,  DataType::Float16,  DataType::BFloat16,
+                                  DataType::Float32, DataType::Float64};
+constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
+
+std::string str(std::string_view s) { return std::string(s); }
+
+// nccl-tests' parsesize: a decimal count with an optional K/M/G suffix (powers of 1024).
+std::optional<std::size_t> parse_size(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  std::size_t value = 0;
+  std::size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const std::size_t digit = static_cast<std::size_t>(text[i] - '0');
+    if (value > (std::numeric_limits<std::size_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  if (i == 0) return std::nullopt;
+  std::size_t shift = 0;
+  if (i < text.size()) {
+    switch (text[i]) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      default: return std::nullopt;
+    }
+    ++i;
+    if (i < text.size() && (text[i] == 'b' || text[i] == 'B')) ++i;  // "64KB" too
+  }
+  if (i != text.size()) return std::nullopt;
+  if (shift != 0 && value > (std::numeric_limits<std::size_t>::max() >> shift)) return std::nullopt;
+  return value << shift;
+}
+
+std::optional<int> parse_int(std::string_view text, int lo, int hi) {
+  const auto v = parse_size(text);  // plain decimal; suffixes are harmless for counts
+  if (!v || *v < static_cast<std::size_t>(lo) || *v > static_cast<std::size_t>(hi)) return std::nullopt;
+  return static_cast<int>(*v);
+}
+
+void print_usage(const char* program) {
+  std::printf(
+      "USAGE: %s\n"
+      "  -b,--minbytes <min size in bytes>      (default 32M; K/M/G suffixes)\n"
+      "  -e,--maxbytes <max size in bytes>      (default 32M)\n"
+      "  -i,--stepbytes <increment size>        (default 1M; used when -f <= 1)\n"
+      "  -f,--stepfactor <increment factor>     (default 1)\n"
+      "  -n,--iters <iteration count>           (default 20)\n"
+      "  -w,--warmup_iters <warmup count>       (default 5, before each measurement)\n"
+      "  -c,--check <check iteration count>     (default 1; 0 = no #wrong check)\n"
+      "  -o,--op <sum/prod/min/max/avg/all>     (default sum)\n"
+      "  -d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/bfloat16/float/double/all>\n"
+      "                                         (default float)\n"
+      "  -a,--average <0/1/2/3>                 time reported: rank 0/avg/min/max over ranks (default 3)\n"
+      "  -m,--memory <user/alloc>               buffers: page-aligned heap memory, or the\n"
+      "                                         communicator's allocator (default user)\n"
+      "  -h,--help\n",
+      program);
+}
+
+}  // namespace
+
+ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose) {
+  static const option kLong[] = {
+      {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
+      {"stepbytes", required_argument, nullptr, 'i'}, {"stepfactor", required_argument, nullptr, 'f'},
+      {"iters", required_argument, nullptr, 'n'},     {"warmup_iters", required_argument, nullptr, 'w'},
+      {"check", required_argument, nullptr, 'c'},     {"op", required_argument, nullptr, 'o'},
+      {"datatype", required_argument, nullptr, 'd'},  {"average", required_argument, nullptr, 'a'},
+      {"memory", required_argument, nullptr, 'm'},    {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0}};
+  PerfArgs args;
+  ParseOutcome out;
+  auto fail = [&](const char* flag, const char* value, const char* expected) {
+    if (verbose) std::fprintf(stderr, "%s: invalid value '%s' for %s: expected %s\n", program, value, flag, expected);
+    out.exit_code = 2;
+    return out;
+  };
+  ::opterr = verbose ? 1 : 0;
+  ::optind = 1;
+  for (;;) {
+    const int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:a:m:h", kLong, nullptr);
+    if (c == -1) break;
+    const std::string_view v = ::optarg ? ::optarg : "";
+    switch (c) {
+      case 'b':
+        if (auto s = parse_size(v)) args.min_bytes = *s; else return fail("-b", ::optarg, "a size like 8, 64K, 1M");
+        break;
+      case 'e':
+        if (auto s = parse_size(v)) args.max_bytes = *s; else return fail("-e", ::optarg, "a size like 8, 64K, 1M");
+        break;
+      case 'i':
+        if (auto s = parse_size(v)) args.step_bytes = *s; else return fail("-i", ::optarg, "a size");
+        break;
+      case 'f':
+        if (auto s = parse_size(v); s && *s <= 1024) args.step_factor = *s; else return fail("-f", ::optarg, "0..1024");
+        break;
+      case 'n':
+        if (auto s = parse_int(v, 1, 1 << 30)) args.iters = *s; else return fail("-n", ::optarg, ">= 1");
+        break;
+      case 'w':
+        if (auto s = parse_int(v, 0, 1 << 30)) args.warmup = *s; else return fail("-w", ::optarg, ">= 0");
+        break;
+      case 'c':
+        if (auto s = parse_int(v, 0, 1 << 30)) args.check = *s; else return fail("-c", ::optarg, ">= 0");
+        break;
+      case 'a':
+        if (auto s = parse_int(v, 0, 3)) args.aggregate = static_cast<TimeAggregate>(*s);
+        else return fail("-a", ::optarg, "0 (rank 0), 1 (avg), 2 (min) or 3 (max)");
+        break;
+      case 'o':
+        if (v == "all") {
+          args.ops.assign(std::begin(kAllOps), std::end(kAllOps));
+        } else if (auto op = parse_reduce_op(v)) {
+          args.ops = {*op};
+        } else {
+          return fail("-o", ::optarg, "sum, prod, min, max, avg or all");
+        }
+        break;
+      case 'd':
+        if (v == "all") {
+          args.types.assign(std::begin(kAllTypes), std::end(kAllTypes));
+        } else if (auto t = parse_data_type(v)) {
+          args.types = {*t};
+        } else {
+          return fail("-d", ::optarg, "int8, uint8, int32, uint32, int64, uint64, half, bfloat16, float, double or all");
+        }
+        break;
+      case 'm':
+        if (v == "user") args.memory = MemoryMode::User;
+        else if (v == "alloc") args.memory = MemoryMode::Alloc;
+        else return fail("-m", ::optarg, "user or alloc");
+        break;
+      case 'h':
+        if (verbose) print_usage(program);
+        out.exit_code = 0;
+        return out;
+      default:  // getopt already printed the offending option when verbose
+        if (verbose) print_usage(program);
+        out.exit_code = 2;
+        return out;
+    }
+  }
+  if (::optind < argc) {
+    if (verbose) std::fprintf(stderr, "%s: unexpected argument '%s' (see -h)\n", program, argv[::optind]);
+    out.exit_code = 2;
+    return out;
+  }
+  if (args.min_bytes > args.max_bytes) {
+    if (verbose)
+      std::fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", program, args.min_bytes, args.max_bytes);
+    out.exit_code = 2;
+    return out;
+  }
+  if (args.step_factor <= 1 && args.step_bytes == 0 && args.min_bytes != args.max_bytes) {
+    if (verbose) std::fprintf(stderr, "%s: -i 0 with -f <= 1 never reaches -e\n", program);
+    out.exit_code = 2;
+    return out;
+  }
+  out.args = std::move(args);
+  return out;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// Verifiable data
+//
+// Every input is a small integer, so each reduction is exact in any association order and
+// ranks can be checked bit for bit against a host reference (nccl-tests' `verifiable` idea,
+// without a device). Element i of rank r uses j = i mod kPeriod and b(j) = j*j + 7*j:
+//   sum, avg : (b(j) + 3r) mod M, M = 7 for 8-bit integers and 16-bit floats, else 13
+//   prod     : 2 when (b(j) + r) mod 5 == 0, else 1 (at most ceil(n/5) twos per element)
+//   min, max : (13*b(j) + 7r) mod 101, minus 50 for signed and floating types
+// Exactness limits: sums stay exact while 6n <= 256 for bfloat16 (n <= 42) and 6n <= 127 for
+// int8 (n <= 21; beyond that integer sums wrap, which ringfence defines and the reference
+// models); products stay finite in half while ceil(n/5) <= 15 (n <= 75).
+// kPeriod is prime, so no power-of-two shift (chunk, slot or segment offset) maps the pattern
+// onto itself: a block written to the wrong place shows up as wrong elements.
+// ------------------------------------------------------------------------------------------
+
+constexpr std::size_t kPeriod = 4099;
+
+bool is_unsigned(DataType t) { return t == DataType::Uint8 || t == DataType::Uint32 || t == DataType::Uint64; }
+bool is_small(DataType t) {
+  return t == DataType::Int8 || t == DataType::Uint8 || t == DataType::Float16 || t == DataType::BFloat16;
+}
+
+std::int64_t input_value(std::size_t j, int r, DataType t, ReduceOp op) {
+  const std::uint64_t b = static_cast<std::uint64_t>(j) * j + 7 * j;
+  const auto ur = static_cast<std::uint64_t>(r);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<std::int64_t>((b + 3 * ur) % (is_small(t) ? 7 : 13));
+    case ReduceOp::Prod: return (b + ur) % 5 == 0 ? 2 : 1;
+    case ReduceOp::Min:
+    case ReduceOp::Max: {
+      const auto v = static_cast<std::int64_t>((13 * b + 7 * ur) % 101);
+      return is_unsigned(t) ? v : v - 50;
+    }
+  }
+  return 0;
+}
+
+// Converts an exact integer to the element type: integers wrap modulo 2^bits (ringfence's and
+// NCCL's integer semantics), floats round once to nearest even.
+template <class T>
+T from_exact(std::int64_t v) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(v);
+  else return static_cast<T>(static_cast<std::uint64_t>(v));
+}
+
+// 2^k in the element type (integers modulo 2^bits; floats overflow to +inf, as a per-step
+// rounded product of powers of two does).
+template <class T>
+T pow2(int k) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(std::ldexp(1.0f, k));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(std::ldexp(1.0f, k));
+  else if constexpr (std::is_floating_point_v<T>) return std::ldexp(static_cast<T>(1), k);
+  else return static_cast<T>(k < 64 ? std::uint64_t{1} << k : 0);
+}
+
+// ringfence's avg: the exact sum (held in the element type, wrapping for integers), then one
+// division by the rank count (truncating for integers; in float for the 16-bit floats).
+template <class T>
+T divide(T sum, int n) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(to_float(sum) / static_cast<float>(n));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(to_float(sum) / static_cast<float>(n));
+  else return static_cast<T>(sum / static_cast<T>(n));
+}
+
+template <class T>
+void make_input(T* out, int rank, DataType t, ReduceOp op) {
+  for (std::size_t j = 0; j < kPeriod; ++j) out[j] = from_exact<T>(input_value(j, rank, t, op));
+}
+
+template <class T>
+void make_expected(T* out, int n, DataType t, ReduceOp op) {
+  for (std::size_t j = 0; j < kPeriod; ++j) {
+    std::int64_t sum = 0, lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
+    int twos = 0;
+    for (int r = 0; r < n; ++r) {
+      const std::int64_t v = input_value(j, r, t, op);
+      sum += v;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      twos += v == 2;
+    }
+    switch (op) {
+      case ReduceOp::Sum: out[j] = from_exact<T>(sum); break;
+      case ReduceOp::Avg: out[j] = divide<T>(from_exact<T>(sum), n); break;
+      case ReduceOp::Prod: out[j] = pow2<T>(twos); break;
+      case ReduceOp::Min: out[j] = from_exact<T>(lo); break;
+      case ReduceOp::Max: out[j] = from_exact<T>(hi); break;
+    }
+  }
+}
+
+// Calls f.template operator()<T>() with T the storage type of `t`.
+template <class F>
+void dispatch(DataType t, F&& f) {
+  switch (t) {
+    case DataType::Int8: f.template operator()<std::int8_t>(); break;
+    case DataType::Uint8: f.template operator()<std::uint8_t>(); break;
+    case DataType::Int32: f.template operator()<std::int32_t>(); break;
+    case DataType::Uint32: f.template operator()<std::uint32_t>(); break;
+    case DataType::Int64: f.template operator()<std::int64_t>(); break;
+    case DataType::Uint64: f.template operator()<std::uint64_t>(); break;
+    case DataType::Float16: f.template operator()<Half>(); break;
+    case DataType::BFloat16: f.template operator()<BFloat16>(); break;
+    case DataType::Float32: f.template operator()<float>(); break;
+    case DataType::Float64: f.template operator()<double>(); break;
+  }
+}
+
+// One period (kPeriod elements) of a rank's input and of the expected result.
+struct Pattern {
+  std::vector<std::byte> input;
+  std::vector<std::byte> expected;
+  std::size_t elem = 0;
+};
+
+Pattern make_pattern(DataType t, ReduceOp op, int rank, int n) {
+  Pattern p;
+  p.elem = size_of(t);
+  p.input.resize(kPeriod * p.elem);
+  p.expected.resize(kPeriod * p.elem);
+  dispatch(t, [&]<class T>() {
+    make_input(reinterpret_cast<T*>(p.input.data()), rank, t, op);
+    make_expected(reinterpret_cast<T*>(p.expected.data()), n, t, op);
+  });
+  return p;
+}
+
+// Tiles `period` over the first `count` elements of `buf`.
+void tile(void* buf, std::size_t count, const std::vector<std::byte>& period, std::size_t elem) {
+  auto* dst = static_cast<std::byte*>(buf);
+  const std::size_t bytes = count * elem;
+  for (std::size_t off = 0; off < bytes; off += period.size())
+    std::memcpy(dst + off, period.data(), std::min(period.size(), bytes - off));
+}
+
+// Number of elements of `buf` that differ bitwise from the tiled expectation; the first one's
+// index goes to `first_bad`.
+std::uint64_t count_wrong(const void* buf, std::size_t count, const Pattern& p, std::size_t& first_bad) {
+  const auto* got = static_cast<const std::byte*>(buf);
+  const std::size_t bytes = count * p.elem;
+  std::uint64_t wrong = 0;
+  for (std::size_t off = 0; off < bytes; off += p.expected.size()) {
+    const std::size_t n = std::min(p.expected.size(), bytes - off);
+    if (std::memcmp(got + off, p.expected.data(), n) == 0) continue;
+    for (std::size_t e = 0; e < n; e += p.elem) {
+      if (std::memcmp(got + off + e, p.expected.data() + e, p.elem) != 0) {
+        if (wrong == 0) first_bad = (off + e) / p.elem;
+        ++wrong;
+      }
+    }
+  }
+  return wrong;
+}
+
+// Formats element `i` of `buf` as a number (for the first-mismatch diagnostic).
+std::string element_string(const void* buf, std::size_t i, DataType t) {
+  std::string s;
+  dispatch(t, [&]<class T>() {
+    const T v = static_cast<const T*>(buf)[i];
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) s = std::to_string(to_float(v));
+    else s = std::to_string(v);
+  });
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------
+// Buffers
+// ------------------------------------------------------------------------------------------
+
+// A benchmark buffer from the heap or the backend's allocator; pre-faulted so first-touch
+// page faults never land inside a timed loop.
+class Buffer {
+ public:
+  Buffer(std::size_t bytes, MemoryMode mode, Backend& backend) : bytes_(std::max<std::size_t>(bytes, 1)), backend_(backend) {
+    if (mode == MemoryMode::Alloc) {
+      ptr_ = backend.alloc(bytes_);
+      from_backend_ = true;
+    } else {
+      ptr_ = std::aligned_alloc(kPageBytes, (bytes_ + kPageBytes - 1) / kPageBytes * kPageBytes);
+    }
+    if (ptr_ == nullptr) throw std::bad_alloc();
+    std::memset(ptr_, 0, bytes_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (from_backend_) {
+      try {
+        backend_.free(ptr_);
+      } catch (...) {  // a broken communicator cannot free; the process is exiting anyway
+      }
+    } else {
+      std::free(ptr_);
+    }
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  std::size_t bytes_;
+  Backend& backend_;
+  void* ptr_ = nullptr;
+  bool from_backend_ = false;
+};
+
+// ------------------------------------------------------------------------------------------
+// Table
+// ------------------------------------------------------------------------------------------
+
+double aggregate_time(Backend& b, double local_us, TimeAggregate how) {
+  double v = local_us;
+  switch (how) {
+    case TimeAggregate::Rank0:
+      v = b.rank == 0 ? local_us : 0.0;
+      b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Sum);
+      return v;
+    case TimeAggregate::Avg:
+      b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Sum);
+      return v / b.size;
+    case TimeAggregate::Min: b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Min); return v;
+    case TimeAggregate::Max: b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Max); return v;
+  }
+  return v;
+}
+
+const char* aggregate_name(TimeAggregate a) {
+  switch (a) {
+    case TimeAggregate::Rank0: return "rank 0";
+    case TimeAggregate::Avg: return "avg over ranks";
+    case TimeAggregate::Min: return "min over ranks";
+    case TimeAggregate::Max: return "max over ranks";
+  }
+  return "?";
+}
+
+// "#  Rank  0 Pid  1234 on host" lines, gathered through the backend's own allreduce.
+void print_ranks(Backend& b) {
+  constexpr std::size_t kHostBytes = 64;
+  const auto n = static_cast<std::size_t>(b.size);
+  std::vector<std::int64_t> pids(n, 0);
+  std::vector<std::uint8_t> hosts(n * kHostBytes, 0);
+  pids[static_cast<std::size_t>(b.rank)] = static_cast<std::int64_t>(::getpid());
+  char host[kHostBytes] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::memcpy(&hosts[static_cast<std::size_t>(b.rank) * kHostBytes], host, kHostBytes);
+  b.allreduce(pids.data(), pids.data(), n, DataType::Int64, ReduceOp::Sum);
+  b.allreduce(hosts.data(), hosts.data(), hosts.size(), DataType::Uint8, ReduceOp::Max);
+  if (b.rank != 0) return;
+  std::printf("# Using ranks\n");
+  for (std::size_t r = 0; r < n; ++r) {
+    hosts[r * kHostBytes + kHostBytes - 1] = 0;
+    std::printf("#  Rank %2zu Pid %6lld on %s\n", r, static_cast<long long>(pids[r]),
+                reinterpret_cast<const char*>(&hosts[r * kHostBytes]));
+  }
+}
+
+void print_header(const PerfArgs& a, Backend& b) {
+  if (b.rank == 0) {
+    std::printf("# %s all_reduce_perf: nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
+                "validation: %d time: %s memory: %s\n",
+                b.name.c_str(), b.size, a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes,
+                a.step_factor > 1 ? "factor" : "bytes", a.warmup, a.iters, a.check, aggregate_name(a.aggregate),
+                a.memory == MemoryMode::User ? "user" : "alloc");
+    for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
+    std::printf("#\n");
+  }
+  print_ranks(b);
+  if (b.rank == 0) {
+    std::printf("#\n");
+    std::printf("#                                                              out-of-place                       in-place\n");
+    std::printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+    std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
+    std::fflush(stdout);
+  }
+}
+
+// nccl-tests' time column: 2 decimals below 100 us, 1 below 10 ms, none above.
+void format_time(char (&out)[32], double us) {
+  if (us >= 10000.0) std::snprintf(out, sizeof out, "%7.0f", us);
+  else if (us >= 100.0) std::snprintf(out, sizeof out, "%7.1f", us);
+  else std::snprintf(out, sizeof out, "%7.2f", us);
+}
+
+std::vector<std::size_t> sizes_of(const PerfArgs& a) {
+  std::vector<std::size_t> sizes;
+  for (std::size_t s = a.min_bytes; s <= a.max_bytes;) {
+    sizes.push_back(s);
+    std::size_t next = a.step_factor > 1 ? (s == 0 ? 1 : s * a.step_factor) : s + a.step_bytes;
+    if (next <= s || (a.step_factor > 1 && s != 0 && next / a.step_factor != s)) break;  // overflow / no progress
+    s = next;
+  }
+  return sizes;
+}
+
+struct Totals {
+  std::uint64_t wrong = 0;
+  double busbw_sum = 0.0;
+  std::size_t busbw_count = 0;
+};
+
+// One measurement (out-of-place or in-place) of one row: warm-up, timed loop, then `check`
+// verified runs. Prints its four columns on rank 0.
+void measure(const PerfArgs& a, Backend& b, const Pattern& p, DataType type, ReduceOp op, std::size_t count,
+             bool in_place, void* send, void* recv, Totals& totals) {
+  const std::size_t bytes = count * p.elem;
+  const void* src = in_place ? recv : send;
+  if (a.check != 0) {  // time on realistic data, not on the zeros of the pre-fault
+    tile(send, count, p.input, p.elem);
+    if (in_place) std::memcpy(recv, send, bytes);
+  }
+  for (int i = 0; i < a.warmup; ++i) b.allreduce(src, recv, count, type, op);
+  b.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.iters; ++i) b.allreduce(src, recv, count, type, op);
+  const auto t1 = std::chrono::steady_clock::now();
+  const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters;
+  const double us = aggregate_time(b, local_us, a.aggregate);
+
+  std::uint64_t wrong = 0;
+  for (int c = 0; c < a.check; ++c) {
+    tile(send, count, p.input, p.elem);
+    if (in_place) std::memcpy(recv, send, bytes);
+    else std::memset(recv, 0xa5, bytes);  // sentinel: elements never written show up as wrong
+    b.allreduce(src, recv, count, type, op);
+    std::size_t first_bad = 0;
+    std::uint64_t local = count_wrong(recv, count, p, first_bad);
+    if (local != 0) {
+      std::fprintf(stderr, "# rank %d: %s %s count %zu %s: %llu wrong elements, first at %zu: got %s expected %s\n",
+                   b.rank, str(to_string(type)).c_str(), str(to_string(op)).c_str(), count,
+                   in_place ? "in-place" : "out-of-place", static_cast<unsigned long long>(local), first_bad,
+                   element_string(recv, first_bad, type).c_str(),
+                   element_string(p.expected.data(), first_bad % kPeriod, type).c_str());
+    }
+    b.allreduce(&local, &wrong, 1, DataType::Uint64, ReduceOp::Sum);
+    if (wrong != 0) break;  // like nccl-tests: the first failing check ends the loop
+  }
+
+  const double sec = us * 1e-6;
+  const double algbw = sec > 0.0 ? static_cast<double>(bytes) / 1e9 / sec : 0.0;
+  const double busbw = b.size > 0 ? algbw * 2.0 * (b.size - 1) / b.size : 0.0;
+  totals.wrong += wrong;
+  totals.busbw_sum += busbw;
+  ++totals.busbw_count;
+  if (b.rank == 0) {
+    char t[32];
+    format_time(t, us);
+    if (a.check != 0) std::printf("  %7s  %6.2f  %6.2f  %5g", t, algbw, busbw, static_cast<double>(wrong));
+    else std::printf("  %7s  %6.2f  %6.2f  %5s", t, algbw, busbw, "N/A");
+  }
+}
+
+}  // namespace
+
+int run_all_reduce_perf(const PerfArgs& a, Backend& b) {
+  if (a.memory == MemoryMode::Alloc && !b.alloc) {
+    if (b.rank == 0) std::fprintf(stderr, "# -m alloc is not supported by %s\n", b.name.c_str());
+    return 2;
+  }
+  print_header(a, b);
+  Buffer send(a.max_bytes, a.memory, b);
+  Buffer recv(a.max_bytes, a.memory, b);
+  const std::vector<std::size_t> sizes = sizes_of(a);
+  Totals totals;
+  for (DataType type : a.types) {
+    const std::string why = b.unsupported ? b.unsupported(type) : std::string();
+    if (!why.empty()) {
+      if (b.rank == 0) std::printf("# skipping %s: %s\n", str(to_string(type)).c_str(), why.c_str());
+      continue;
+    }
+    const std::size_t elem = size_of(type);
+    for (ReduceOp op : a.ops) {
+      const Pattern p = make_pattern(type, op, b.rank, b.size);
+      for (std::size_t size : sizes) {
+        const std::size_t count = size / elem;
+        if (b.rank == 0)
+          std::printf("%12zu  %12zu  %8s  %6s  %6i", count * elem, count, str(to_string(type)).c_str(),
+                      str(to_string(op)).c_str(), -1);
+        measure(a, b, p, type, op, count, false, send.get(), recv.get(), totals);
+        measure(a, b, p, type, op, count, true, send.get(), recv.get(), totals);
+        if (b.rank == 0) {
+          std::printf("\n");
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  if (b.rank == 0) {
+    const double avg = totals.busbw_count ? totals.busbw_sum / static_cast<double>(totals.busbw_count) : 0.0;
+    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(totals.wrong),
+                totals.wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %g\n", avg);
+    std::printf("#\n");
+    std::fflush(stdout);
+  }
+  return totals.wrong ? 1 : 0;
+}
+
+void divide_by_ranks(void* data, std::size_t count, DataType type, int ranks) {
+  dispatch(type, [&]<class T>() {
+    T* d = static_cast<T*>(data);
+    for (std::size_t i = 0; i < count; ++i) d[i] = divide<T>(d[i], ranks);
+  });
+}
+
+}  // namespace ringfence::bench

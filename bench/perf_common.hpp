@@ -1,0 +1,90 @@
+#pragma once
+/// \file perf_common.hpp
+/// Shared driver of the nccl-tests-compatible benchmarks (`all_reduce_perf`,
+/// `mpi_all_reduce_perf`): argument parsing, the size/type/op loops, timing, the `#wrong`
+/// check and the table. A benchmark program only builds a `Backend` (the collective under test
+/// plus a few service calls) and hands it to `run_all_reduce_perf`, so ringfence and MPI rows
+/// come from the same code and are directly comparable.
+///
+/// Not a library API: lives in bench/, compiled into the benchmark executables only.
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <ringfence/types.hpp>
+#include <string>
+#include <vector>
+
+namespace ringfence::bench {
+
+/// Where the two benchmark buffers come from (`-m`).
+enum class MemoryMode {
+  User,   ///< page-aligned heap memory owned by the benchmark (default)
+  Alloc,  ///< `Backend::alloc` (ringfence: `Communicator::alloc`, the zero-copy path)
+};
+
+/// How per-rank times combine into the reported time (`-a`, nccl-tests numbering).
+enum class TimeAggregate { Rank0 = 0, Avg = 1, Min = 2, Max = 3 };
+
+/// Parsed command line. Sizes in bytes; defaults are nccl-tests' except `warmup` (5) and
+/// `aggregate` (max over ranks: the slowest rank bounds a collective).
+struct PerfArgs {
+  std::size_t min_bytes = std::size_t{32} << 20;   ///< -b
+  std::size_t max_bytes = std::size_t{32} << 20;   ///< -e
+  std::size_t step_bytes = std::size_t{1} << 20;   ///< -i (used when step_factor <= 1)
+  std::size_t step_factor = 1;                     ///< -f (multiplicative step when > 1)
+  int iters = 20;                                  ///< -n timed iterations per measurement
+  int warmup = 5;                                  ///< -w untimed iterations before each measurement
+  int check = 1;                                   ///< -c verified runs per measurement (0 = off)
+  TimeAggregate aggregate = TimeAggregate::Max;    ///< -a
+  MemoryMode memory = MemoryMode::User;            ///< -m
+  std::vector<DataType> types{DataType::Float32};  ///< -d
+  std::vector<ReduceOp> ops{ReduceOp::Sum};        ///< -o
+};
+
+/// Result of `parse_args`: the arguments, or the exit code to return at once (0 after `-h`,
+/// 2 after a usage error).
+struct ParseOutcome {
+  std::optional<PerfArgs> args;
+  int exit_code = 0;
+};
+
+/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -m -h`, plus their long forms).
+/// Sizes accept K/M/G (binary) suffixes. Prints help (stdout) or errors (stderr) only when
+/// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
+ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
+
+/// The collective under test plus the service calls the driver needs. Every callback is
+/// called collectively (all ranks, same order, same arguments except the buffers) from the
+/// thread that runs `run_all_reduce_perf`; errors are reported by throwing.
+struct Backend {
+  std::string name;  ///< printed in the header, e.g. "ringfence 0.1.0"
+  int rank = 0;      ///< this rank, 0 <= rank < size
+  int size = 1;      ///< number of ranks
+  /// `recv = reduce(send over ranks)`; `send == recv` means in place. `count` elements.
+  /// Also carries the driver's own reductions (times: float64 min/max/sum; wrong counts:
+  /// uint64 sum; header data: int64 sum, uint8 max), so it must support those at least.
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op)> allreduce;
+  /// Returns once every rank has entered it.
+  std::function<void()> barrier;
+  /// Why `type` cannot be benchmarked (empty or unset = supported).
+  std::function<std::string(DataType type)> unsupported;
+  /// Allocator for `-m alloc`; unset = `-m alloc` is refused.
+  std::function<void*(std::size_t bytes)> alloc;
+  /// Frees what `alloc` returned.
+  std::function<void(void* ptr)> free;
+  /// Extra header lines (without the leading '#'), printed by rank 0.
+  std::vector<std::string> notes;
+};
+
+/// Runs the allreduce benchmark over every (type, op, size) of `args` and prints the
+/// nccl-tests table on rank 0's stdout. Returns the process exit code: 0, or 1 when any
+/// element was wrong. Throws whatever the backend throws, and `std::bad_alloc`.
+int run_all_reduce_perf(const PerfArgs& args, Backend& backend);
+
+/// Finishes an average for backends without a native one: divides each of `count` summed
+/// elements of `type` by `ranks` with ringfence's rounding (integers truncate; 16-bit floats
+/// divide in float and round once). Used by the MPI backend after MPI_SUM.
+void divide_by_ranks(void* data, std::size_t count, DataType type, int ranks);
+
+}  // namespace ringfence::bench

@@ -1,0 +1,117 @@
+#pragma once
+/// \file communicator.hpp
+/// `Communicator`: the user-facing object. One per rank per group of ranks.
+///
+/// Thread-safety: a communicator is used by one thread at a time (like an NCCL communicator);
+/// `links()`, `link_table()` and `async_error()` may be called from any thread.
+/// Blocking: collectives block the calling thread until the local result is complete, and
+/// progress on the calling thread. Every wait is bounded by `CommOptions::timeout`.
+/// Errors: argument errors throw `InvalidUsage` naming the argument and the rank; a dead or
+/// stalled peer throws `TimeoutError` / `PeerUnreachableError` naming the peer and the link.
+/// After a peer failure the communicator is unusable (every later call throws); destroy it.
+
+#include <cstddef>
+#include <memory>
+#include <ringfence/error.hpp>
+#include <ringfence/options.hpp>
+#include <ringfence/registry.hpp>
+#include <ringfence/store.hpp>
+#include <ringfence/transport.hpp>
+#include <ringfence/types.hpp>
+#include <string>
+#include <vector>
+
+namespace ringfence {
+
+/// Snapshot of one link, for tables and tests.
+struct LinkInfo {
+  int rank = -1;             ///< local rank
+  int peer = -1;             ///< peer rank
+  std::string transport;     ///< transport name ("shm", ...)
+  LinkState state = LinkState::Closed;
+  std::uint64_t bytes_written = 0;  ///< payload bytes sent to the peer
+  std::uint64_t writes = 0;         ///< write operations
+  std::uint64_t signals = 0;        ///< signal operations
+  std::uint64_t errors = 0;         ///< failed operations
+  std::uint64_t retries = 0;        ///< re-sent operations
+  double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
+};
+
+/// A group of ranks that run collectives together.
+class Communicator {
+ public:
+  /// Joins a communicator of `size` ranks as `rank`, exchanging addresses through `store`,
+  /// with transports from `registry` (filtered and ordered by `options.transports`).
+  /// Blocks until every link to this rank's neighbours is up or `options.timeout` passes.
+  /// Throws `InvalidUsage` (bad rank/size/options), `TimeoutError` (peers missing) or
+  /// `Error` (no transport reaches a peer).
+  Communicator(std::shared_ptr<Store> store, int rank, int size, const TransportRegistry& registry,
+               CommOptions options = {});
+
+  /// NCCL-style: joins through the TCP store named by `id` (rank 0 hosts it), using the
+  /// built-in transports. Defined in `ringfence::builtin` (link `ringfence::all`).
+  Communicator(const UniqueId& id, int rank, int size, CommOptions options = CommOptions::from_env());
+
+  /// Joins using launcher variables (ringfence-run, torchrun, Open MPI, Slurm) and the built-in
+  /// transports. Defined in `ringfence::builtin` (link `ringfence::all`).
+  static Communicator from_env();
+
+  /// Joins using a parsed launch description and `registry`. Hosts the TCP store when
+  /// `launch.host_store` is true (the store then lives as long as this communicator).
+  static Communicator from_launch(const LaunchInfo& launch, const TransportRegistry& registry,
+                                  CommOptions options);
+
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  /// Closes links and frees memory. Never blocks on peers for longer than a short bounded
+  /// goodbye, and never throws.
+  ~Communicator();
+
+  /// This rank, 0 <= rank() < size().
+  int rank() const noexcept;
+  /// Number of ranks.
+  int size() const noexcept;
+  /// Effective options (after environment overrides).
+  const CommOptions& options() const noexcept;
+
+  /// Reduces `count` elements of `type` from every rank's `send` with `op` and leaves the
+  /// result in every rank's `recv`. In place when `send == recv`; otherwise the buffers must not
+  /// overlap. `count` may be 0. Both buffers hold `count * size_of(type)` bytes of host memory
+  /// (user memory or `alloc()`ed). Every rank ends with bit-identical results.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+
+  /// Returns when every rank has entered the barrier.
+  void barrier();
+
+  /// Allocates `bytes` of memory shared with peers (zero-copy path). Host memory only for now.
+  /// Throws `InvalidUsage` for unsupported kinds. Free with `free()` before destroying.
+  void* alloc(std::size_t bytes, MemoryKind kind = MemoryKind::Host);
+  /// Frees memory from `alloc()`. Throws `InvalidUsage` for foreign pointers.
+  void free(void* ptr);
+
+  /// Per-link counters and states (one entry per connected peer). Thread-safe.
+  std::vector<LinkInfo> links() const;
+  /// `links()` formatted as a table (like `nvidia-smi nvlink -e`).
+  std::string link_table() const;
+
+  /// The first error that broke this communicator, or Ok. Never throws; thread-safe.
+  Status async_error() const noexcept;
+
+  /// Number of collectives issued so far (the call sequence number).
+  std::uint64_t sequence() const noexcept;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Formats `links` as a table with one row per link.
+std::string format_link_table(const std::vector<LinkInfo>& links);
+
+/// The built-in transports (shm today) in default priority order. Defined in
+/// `ringfence::builtin`.
+TransportRegistry builtin_transports();
+
+}  // namespace ringfence

@@ -1,0 +1,94 @@
+#pragma once
+/// \file env.hpp
+/// The one place ringfence reads environment variables. `Environment::from_process()` takes a
+/// snapshot of `environ`; everything else parses a snapshot, so tests pass fake environments.
+///
+/// | variable | meaning | default |
+/// |---|---|---|
+/// | RINGFENCE_RANK, RINGFENCE_WORLD_SIZE, RINGFENCE_LOCAL_RANK | explicit launch (ringfence-run) | — |
+/// | RINGFENCE_STORE_ADDR | `host:port` of the bootstrap store | MASTER_ADDR:MASTER_PORT |
+/// | RINGFENCE_STORE_HOST | 1 = this rank hosts the store (else rank 0 does unless the launcher hosts it) | — |
+/// | RINGFENCE_JOB_TOKEN | 32 hex digits shared by all ranks; authenticates store peers | derived from the job id |
+/// | RINGFENCE_TIMEOUT_MS | wait deadline in ms (> 0) | 60000 |
+/// | RINGFENCE_CHUNK_BYTES | pipeline chunk size in bytes (> 0, K/M/G suffixes) | 262144 |
+/// | RINGFENCE_SLOTS | chunks in flight per link (1..64) | 4 |
+/// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
+/// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
+/// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |
+/// | RINGFENCE_SHM_SPIN | shm polls before futex sleep (>= 0) | 2000 |
+/// | RINGFENCE_SHM_CMA | 0/1: cross-memory attach for unregistered buffers | 1 |
+///
+/// Launchers understood by `detect_launch`: ringfence-run (RINGFENCE_*), torchrun (RANK,
+/// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
+/// (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE) and Slurm (SLURM_PROCID, SLURM_NTASKS,
+/// SLURM_LOCALID). `RINGFENCE_*` values override the launcher's. See docs/launching.md.
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ringfence {
+
+/// An immutable snapshot of environment variables.
+class Environment {
+ public:
+  /// An empty environment.
+  Environment() = default;
+  /// An environment holding exactly `vars` (for tests and embedding).
+  explicit Environment(const std::map<std::string, std::string>& vars) : vars_(vars.begin(), vars.end()) {}
+  /// Snapshot of the process environment. This is the only function in ringfence that reads
+  /// `environ`. Not thread-safe against concurrent `setenv` (no getenv is).
+  static Environment from_process();
+
+  /// The value of `name`, or nullopt when unset.
+  std::optional<std::string> get(std::string_view name) const;
+  /// True when `name` is set (even to an empty string).
+  bool has(std::string_view name) const { return get(name).has_value(); }
+  /// All variables whose name starts with `prefix`.
+  std::vector<std::string> names_with_prefix(std::string_view prefix) const;
+
+ private:
+  std::map<std::string, std::string, std::less<>> vars_;
+};
+
+/// Parses a positive byte count with an optional K/M/G (binary) suffix: "65536", "64K", "1M".
+/// Throws `InvalidUsage` naming `what` on a malformed or out-of-range value.
+std::size_t parse_bytes(std::string_view text, std::string_view what);
+
+/// A random job token shared by every rank of a job; authenticates bootstrap-store peers.
+using JobToken = std::array<std::uint8_t, 16>;
+
+/// Which launcher set the variables `detect_launch` used.
+enum class Launcher : std::uint8_t { Ringfence, Torchrun, OpenMpi, Slurm };
+
+/// "ringfence-run", "torchrun", "openmpi", "slurm".
+std::string_view to_string(Launcher launcher) noexcept;
+
+/// Everything a rank needs to join a job, as read from the environment.
+struct LaunchInfo {
+  Launcher launcher = Launcher::Ringfence;  ///< where rank/size came from
+  int rank = 0;                             ///< global rank, 0 <= rank < size
+  int size = 1;                             ///< number of ranks
+  int local_rank = 0;                       ///< rank among the ranks of this host
+  int local_size = 0;                       ///< ranks on this host; 0 = unknown
+  std::string store_host;                   ///< bootstrap store host name or address
+  std::uint16_t store_port = 0;             ///< bootstrap store TCP port
+  bool host_store = false;                  ///< this process must host the store
+  JobToken token{};                         ///< job token (explicit or derived)
+  bool token_is_derived = false;            ///< token derived from job ids: not secret
+};
+
+/// Reads launch variables (see the table above). Throws `InvalidUsage` naming the variable when
+/// one is malformed, when rank/size are missing, or when no store address can be found.
+LaunchInfo detect_launch(const Environment& env);
+
+/// Formats a token as 32 lower-case hex digits.
+std::string to_hex(const JobToken& token);
+/// Parses 32 hex digits; nullopt otherwise.
+std::optional<JobToken> parse_token(std::string_view hex) noexcept;
+
+}  // namespace ringfence

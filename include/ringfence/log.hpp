@@ -1,0 +1,70 @@
+#pragma once
+/// \file log.hpp
+/// Levelled logging through fmt with a rank prefix. A `Logger` is a small value owned by a
+/// communicator (no global logger, no global level); copies are cheap.
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <optional>
+#include <string_view>
+
+namespace ringfence {
+
+/// Verbosity, from quiet to chatty. `RINGFENCE_LOG` selects it (default `Warn`).
+enum class LogLevel : int { Error = 0, Warn, Info, Debug, Trace };
+
+/// "error", "warn", "info", "debug", "trace".
+std::string_view to_string(LogLevel level) noexcept;
+/// Parses the names of `to_string` (and "warning"); nullopt otherwise.
+std::optional<LogLevel> parse_log_level(std::string_view name) noexcept;
+
+/// Writes `[ringfence <rank>] <level>: <message>` lines to a `FILE*` (stderr by default).
+/// Thread-safe to the extent that one `fmt::print` call is one `fwrite` (lines never interleave
+/// mid-line on glibc). Logging is for the control plane and error paths only.
+class Logger {
+ public:
+  /// A logger at `level` for `rank` (-1 prints no rank) writing to `sink` (not owned).
+  explicit Logger(LogLevel level = LogLevel::Warn, int rank = -1, std::FILE* sink = stderr) noexcept
+      : level_(level), rank_(rank), sink_(sink) {}
+
+  /// True when messages at `level` are printed.
+  bool enabled(LogLevel level) const noexcept { return static_cast<int>(level) <= static_cast<int>(level_); }
+  /// Current level.
+  LogLevel level() const noexcept { return level_; }
+  /// Rank shown in the prefix.
+  int rank() const noexcept { return rank_; }
+  /// Changes the rank shown in the prefix.
+  void set_rank(int rank) noexcept { rank_ = rank; }
+
+  /// Formats and prints one line when `level` is enabled. Never throws (formatting errors are
+  /// swallowed: a log line must not take a job down).
+  template <class... Args>
+  void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) const noexcept {
+    if (!enabled(level)) return;
+    try {
+      write(level, fmt::format(format, std::forward<Args>(args)...));
+    } catch (...) {
+    }
+  }
+  /// Shorthands for `log(LogLevel::X, ...)`.
+  template <class... Args>
+  void error(fmt::format_string<Args...> f, Args&&... a) const noexcept { log(LogLevel::Error, f, std::forward<Args>(a)...); }
+  template <class... Args>
+  void warn(fmt::format_string<Args...> f, Args&&... a) const noexcept { log(LogLevel::Warn, f, std::forward<Args>(a)...); }
+  template <class... Args>
+  void info(fmt::format_string<Args...> f, Args&&... a) const noexcept { log(LogLevel::Info, f, std::forward<Args>(a)...); }
+  template <class... Args>
+  void debug(fmt::format_string<Args...> f, Args&&... a) const noexcept { log(LogLevel::Debug, f, std::forward<Args>(a)...); }
+  template <class... Args>
+  void trace(fmt::format_string<Args...> f, Args&&... a) const noexcept { log(LogLevel::Trace, f, std::forward<Args>(a)...); }
+
+ private:
+  void write(LogLevel level, std::string_view message) const noexcept;
+
+  LogLevel level_;
+  int rank_;
+  std::FILE* sink_;
+};
+
+}  // namespace ringfence

@@ -1,0 +1,58 @@
+#pragma once
+/// \file options.hpp
+/// Options aggregates with defaults. Designated initializers work:
+/// `CommOptions{.timeout = std::chrono::seconds(10), .chunk_bytes = 1 << 20}`.
+/// `CommOptions::from_env` (src/env.cpp) is the only code that reads `RINGFENCE_*` variables.
+
+#include <chrono>
+#include <cstddef>
+#include <ringfence/log.hpp>
+#include <string>
+#include <vector>
+
+namespace ringfence {
+
+class Environment;
+
+/// Options of the shared-memory transport.
+struct ShmOptions {
+  /// Flag polls before a waiter sleeps on a futex (0 = sleep at once). Spinning wins latency
+  /// when ranks <= cores; sleeping keeps 4 ranks on 2 cores from starving each other.
+  int spin_count = 2000;
+  /// Use cross-memory attach (process_vm_writev) to write straight into a peer's
+  /// unregistered buffer; when false such regions are rejected.
+  bool cross_memory_attach = true;
+};
+
+/// Options of one communicator. Plain aggregate; every field has a sane default.
+struct CommOptions {
+  /// Deadline for every wait on a peer (signal, credit, store, connect). A dead or stalled peer
+  /// becomes a `TimeoutError`/`PeerUnreachableError` after at most this long. Env: RINGFENCE_TIMEOUT_MS.
+  std::chrono::milliseconds timeout{60000};
+  /// Pipeline chunk size in bytes (rounded down to whole elements, at least one element).
+  /// Env: RINGFENCE_CHUNK_BYTES.
+  std::size_t chunk_bytes = 256 * 1024;
+  /// Chunks in flight per link (staging slots per peer). Env: RINGFENCE_SLOTS.
+  int slots = 4;
+  /// Allowed transports in priority order; empty = every registered transport in registry
+  /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
+  std::vector<std::string> transports;
+  /// Log verbosity. Env: RINGFENCE_LOG=error|warn|info|debug|trace.
+  LogLevel log_level = LogLevel::Warn;
+  /// Host identity used to decide which peers share memory; empty = hostname + boot id.
+  /// Env: RINGFENCE_HOST_ID (tests use it to simulate several hosts).
+  std::string host_id;
+  /// Shared-memory transport options. Env: RINGFENCE_SHM_SPIN, RINGFENCE_SHM_CMA.
+  ShmOptions shm;
+
+  /// Returns `base` with every `RINGFENCE_*` variable of `env` applied. Unknown `RINGFENCE_*`
+  /// names are logged as warnings by the caller (see `unknown_variables`). A malformed value
+  /// throws `InvalidUsage` naming the variable and the value.
+  static CommOptions from_env(const Environment& env, CommOptions base);
+  /// Same, starting from default options.
+  static CommOptions from_env(const Environment& env);
+  /// Same, reading the process environment once.
+  static CommOptions from_env();
+};
+
+}  // namespace ringfence

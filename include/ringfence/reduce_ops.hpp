@@ -1,0 +1,156 @@
+#pragma once
+/// \file reduce_ops.hpp
+/// Reduction functors shared by the CPU loops and (later) the CUDA kernels, plus the
+/// type-erased `Reducer` the engines use so that they work on bytes, not templates.
+///
+/// Semantics, identical on host and device:
+/// - Integer sum/prod wrap modulo 2^bits (two's complement), like NCCL; no UB on overflow.
+/// - float16/bfloat16 convert to float, operate, and round once (ties to even).
+/// - min/max return the first operand when the operands compare equal or unordered.
+/// - avg = sum, then one division by the rank count by the element's owner (integer division
+///   truncates toward zero for integer types).
+
+#include <cstddef>
+#include <cstdint>
+#include <ringfence/config.hpp>
+#include <ringfence/half.hpp>
+#include <ringfence/types.hpp>
+#include <type_traits>
+
+namespace ringfence {
+
+/// Maps a `DataType` to its C++ storage type.
+template <DataType T>
+struct StorageOf;
+template <> struct StorageOf<DataType::Int8> { using type = std::int8_t; };
+template <> struct StorageOf<DataType::Uint8> { using type = std::uint8_t; };
+template <> struct StorageOf<DataType::Int32> { using type = std::int32_t; };
+template <> struct StorageOf<DataType::Uint32> { using type = std::uint32_t; };
+template <> struct StorageOf<DataType::Int64> { using type = std::int64_t; };
+template <> struct StorageOf<DataType::Uint64> { using type = std::uint64_t; };
+template <> struct StorageOf<DataType::Float16> { using type = Half; };
+template <> struct StorageOf<DataType::BFloat16> { using type = BFloat16; };
+template <> struct StorageOf<DataType::Float32> { using type = float; };
+template <> struct StorageOf<DataType::Float64> { using type = double; };
+
+namespace detail {
+/// Arithmetic type used to compute on a storage type: float for the 16-bit floats,
+/// the unsigned counterpart for integers (wrapping arithmetic), the type itself otherwise.
+template <class T> struct ComputeOf { using type = T; };
+template <> struct ComputeOf<Half> { using type = float; };
+template <> struct ComputeOf<BFloat16> { using type = float; };
+template <> struct ComputeOf<std::int8_t> { using type = std::uint32_t; };
+template <> struct ComputeOf<std::uint8_t> { using type = std::uint32_t; };
+template <> struct ComputeOf<std::int32_t> { using type = std::uint32_t; };
+template <> struct ComputeOf<std::int64_t> { using type = std::uint64_t; };
+
+template <class T>
+RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE auto load(T v) noexcept {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return to_float(v);
+  else
+    return static_cast<typename ComputeOf<T>::type>(v);
+}
+template <class T, class C>
+RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T store(C v) noexcept {
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(v);
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bfloat16(v);
+  else
+    return static_cast<T>(v);
+}
+}  // namespace detail
+
+/// Sum functor: `a + b` with the wrapping/rounding rules above.
+template <class T>
+struct SumOp {
+  RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T operator()(T a, T b) const noexcept {
+    return detail::store<T>(detail::load(a) + detail::load(b));
+  }
+};
+
+/// Product functor.
+template <class T>
+struct ProdOp {
+  RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T operator()(T a, T b) const noexcept {
+    return detail::store<T>(detail::load(a) * detail::load(b));
+  }
+};
+
+/// Minimum functor (compares in the element's own type).
+template <class T>
+struct MinOp {
+  RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      return to_float(b) < to_float(a) ? b : a;
+    else
+      return b < a ? b : a;
+  }
+};
+
+/// Maximum functor.
+template <class T>
+struct MaxOp {
+  RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      return to_float(a) < to_float(b) ? b : a;
+    else
+      return a < b ? b : a;
+  }
+};
+
+/// Final step of avg: `(a + b) / divisor`, computed in the compute type and rounded once.
+template <class T>
+struct SumDivOp {
+  int divisor;  ///< number of ranks (> 0)
+  RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16> || std::is_floating_point_v<T>) {
+      using C = typename detail::ComputeOf<T>::type;
+      return detail::store<T>((detail::load(a) + detail::load(b)) / static_cast<C>(divisor));
+    } else if constexpr (std::is_signed_v<T>) {
+      const T sum = static_cast<T>(detail::load(a) + detail::load(b));  // wraps
+      return static_cast<T>(sum / static_cast<T>(divisor));
+    } else {
+      return static_cast<T>(static_cast<T>(a + b) / static_cast<T>(divisor));
+    }
+  }
+};
+
+/// Applies `op` element-wise: `dst[i] = op(a[i], b[i])` for i < n. `dst` may equal `a` or `b`
+/// exactly; any other overlap is undefined. Written so the host compiler vectorises it.
+template <class T, class Op>
+RINGFENCE_HOST_DEVICE inline void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, Op op) noexcept {
+  if (dst == b) {
+    T* __restrict d = dst;
+    const T* __restrict x = a;
+    for (std::size_t i = 0; i < n; ++i) d[i] = op(x[i], d[i]);
+  } else if (dst == a) {
+    T* __restrict d = dst;
+    const T* __restrict y = b;
+    for (std::size_t i = 0; i < n; ++i) d[i] = op(d[i], y[i]);
+  } else {
+    T* __restrict d = dst;
+    const T* __restrict x = a;
+    const T* __restrict y = b;
+    for (std::size_t i = 0; i < n; ++i) d[i] = op(x[i], y[i]);
+  }
+}
+
+/// Type-erased element-wise combine: `dst = a op b` over `n` elements. Never throws.
+using CombineFn = void (*)(void* dst, const void* a, const void* b, std::size_t n, int divisor) noexcept;
+
+/// The two kernels an engine needs for one (type, op): `combine` for intermediate steps and
+/// `finish` for the step that produces the final value (differs from `combine` only for avg).
+/// Plain function pointers: cheap to copy, no allocation, safe on the data path.
+struct Reducer {
+  CombineFn combine = nullptr;  ///< dst = a op b (avg: a + b)
+  CombineFn finish = nullptr;   ///< dst = a op b (avg: (a + b) / divisor)
+  std::size_t elem_size = 0;    ///< bytes per element
+};
+
+/// Returns the host reducer for (type, op). Thread-safe; returns a reducer with null
+/// functions for out-of-range enumerators.
+Reducer host_reducer(DataType type, ReduceOp op) noexcept;
+
+}  // namespace ringfence

@@ -1,0 +1,245 @@
+#pragma once
+/// \file transport.hpp
+/// The transport SPI (design §3): one-sided writes and ordered signals over per-peer links.
+///
+/// Control plane (`Transport`, `PendingLink`): may block, allocate and throw.
+/// Data plane (`Link`): returns `Status`, never throws, never allocates, and is used from one
+/// thread at a time (the rank's progress thread or the thread in a blocking collective).
+///
+/// Setup sequence, identical for every transport:
+/// `can_reach` → `listen` → exchange `ListenHandle::address()` bytes through the bootstrap
+/// store → `connect` on both ends → `PendingLink::try_finish` until Ok (against a deadline) →
+/// `register_memory` / exchange `MemoryRegion::key()` / `import_region`.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <ringfence/status.hpp>
+#include <ringfence/types.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ringfence {
+
+class Logger;
+struct CommOptions;
+using Bytes = std::vector<std::byte>;
+
+/// Identity of one rank as transports see it.
+struct PeerInfo {
+  int rank = -1;        ///< global rank
+  std::string host_id;  ///< equal strings = same host (shared memory possible)
+  std::int32_t pid = 0; ///< process id on that host
+};
+
+/// Serialises a `PeerInfo` for the bootstrap store.
+Bytes serialize(const PeerInfo& info);
+/// Parses bytes made by `serialize(PeerInfo)`; throws `InvalidUsage` on malformed input.
+PeerInfo deserialize_peer_info(std::span<const std::byte> bytes);
+
+/// Whether, and how well, a transport connects two ranks.
+struct Reachability {
+  bool ok = false;               ///< the transport can connect these ranks
+  double bandwidth_gbps = 0.0;   ///< expected bandwidth, GB/s (1e9 bytes/s), one direction
+  double latency_us = 0.0;       ///< expected one-way latency, microseconds
+  std::string reason;            ///< why not, when `ok` is false
+};
+
+/// A 64-byte-aligned signal word living in registered memory. Writers (the peer, through
+/// `Link::signal`) store `value` with release semantics after all earlier writes on the link;
+/// the owner waits with `Link::wait`. `waiters` lets signallers skip the wake-up syscall when
+/// nobody sleeps. Values are 32-bit counters compared with wrap-around (`reached`).
+struct alignas(64) SignalFlag {
+  std::atomic<std::uint32_t> value{0};    ///< last signalled value
+  std::atomic<std::uint32_t> waiters{0};  ///< threads sleeping on `value`
+};
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "signal flags must be lock-free in shared memory");
+
+/// True when counter `value` has reached `target` (wrap-around aware, window 2^31).
+constexpr bool reached(std::uint32_t value, std::uint32_t target) noexcept {
+  return static_cast<std::int32_t>(value - target) >= 0;
+}
+
+/// Memory registered with one transport. Move-only RAII: destruction deregisters.
+/// `key()` is the opaque byte string a peer passes to `Transport::import_region`.
+class MemoryRegion {
+ public:
+  /// Transport-specific state; each transport derives its own.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    /// Bytes that let a peer address this region.
+    virtual Bytes key() const = 0;
+  };
+  MemoryRegion() = default;
+  /// Wraps `impl` describing `bytes` bytes at `ptr` of `kind`.
+  MemoryRegion(std::unique_ptr<Impl> impl, void* ptr, std::size_t bytes, MemoryKind kind)
+      : impl_(std::move(impl)), ptr_(ptr), bytes_(bytes), kind_(kind) {}
+  /// Opaque key for the peer (empty for an empty region).
+  Bytes key() const { return impl_ ? impl_->key() : Bytes{}; }
+  /// Start of the region.
+  void* data() const noexcept { return ptr_; }
+  /// Length in bytes.
+  std::size_t size() const noexcept { return bytes_; }
+  /// Host or device.
+  MemoryKind kind() const noexcept { return kind_; }
+  /// The transport's state (to be downcast by the transport that made it).
+  Impl* impl() const noexcept { return impl_.get(); }
+  /// True when a region is held.
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  MemoryKind kind_ = MemoryKind::Host;
+};
+
+/// A peer's region, imported from its key. Move-only; destruction unmaps.
+class RemoteRegion {
+ public:
+  /// Transport-specific state; each transport derives its own.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+  };
+  RemoteRegion() = default;
+  /// Wraps `impl` describing a remote region of `bytes` bytes.
+  RemoteRegion(std::unique_ptr<Impl> impl, std::size_t bytes) : impl_(std::move(impl)), bytes_(bytes) {}
+  /// Length in bytes; writes beyond it are rejected with InvalidUsage.
+  std::size_t size() const noexcept { return bytes_; }
+  /// The transport's state.
+  Impl* impl() const noexcept { return impl_.get(); }
+  /// True when a region is held.
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::size_t bytes_ = 0;
+};
+
+/// One one-sided put: `bytes` bytes from `src` into `dst` at `dst_offset`.
+struct WriteOp {
+  const void* src = nullptr;                ///< local source (registered or not)
+  const MemoryRegion* src_region = nullptr; ///< registration covering `src`, when there is one
+  const RemoteRegion* dst = nullptr;        ///< imported peer region
+  std::size_t dst_offset = 0;               ///< byte offset in `dst`
+  std::size_t bytes = 0;                    ///< length in bytes
+  std::uint64_t wr_id = 0;                  ///< echoed in the completion
+};
+
+/// One signal: store `value` into the `SignalFlag` at `offset` of `dst`; visible at the peer
+/// only after every earlier write on the same link.
+struct SignalOp {
+  const RemoteRegion* dst = nullptr;  ///< imported peer region holding the flag
+  std::size_t offset = 0;             ///< byte offset of the SignalFlag (64-aligned)
+  std::uint32_t value = 0;            ///< value to store
+  std::uint64_t wr_id = 0;            ///< echoed in the completion
+};
+
+/// Completion of one write or signal.
+struct Completion {
+  std::uint64_t wr_id = 0;  ///< the operation's id
+  Status status;            ///< Ok, or why it failed (Fenced after `fence`)
+};
+
+/// Lifecycle state of a link.
+enum class LinkState : std::uint8_t { Connecting, Up, Degraded, Fenced, Closed };
+/// "connecting", "up", "degraded", "fenced", "closed".
+std::string_view to_string(LinkState state) noexcept;
+
+/// Why a link was fenced.
+enum class FenceReason : std::uint8_t { User, HealthPolicy, Error, Shutdown };
+
+/// Counters every link keeps for the health layer and `ringfence-health`. Updated only by the
+/// link's owning thread; read racily (relaxed) by observers.
+struct LinkStats {
+  std::atomic<std::uint64_t> bytes_written{0};  ///< payload bytes put
+  std::atomic<std::uint64_t> writes{0};         ///< write operations
+  std::atomic<std::uint64_t> signals{0};        ///< signal operations
+  std::atomic<std::uint64_t> errors{0};         ///< failed operations
+  std::atomic<std::uint64_t> retries{0};        ///< re-sent operations
+  std::atomic<std::uint64_t> wait_ns{0};        ///< time spent waiting on this peer's signals
+};
+
+/// A connection to one peer. Data plane: every method is noexcept and allocation-free.
+class Link {
+ public:
+  virtual ~Link() = default;
+  /// Starts a one-sided put. Ok = accepted (a completion follows from `poll`); errors are
+  /// returned at once (InvalidUsage for out-of-bounds, PeerUnreachable, Fenced).
+  [[nodiscard]] virtual Status write(const WriteOp& op) noexcept = 0;
+  /// Starts a signal, ordered after every earlier write on this link.
+  [[nodiscard]] virtual Status signal(const SignalOp& op) noexcept = 0;
+  /// Drives progress and returns up to `out.size()` completions in `out[0..n)`. The only
+  /// progress call; never blocks.
+  [[nodiscard]] virtual Status poll(std::span<Completion> out, std::size_t& n) noexcept = 0;
+  /// Waits, for at most `max`, until the local `flag` reaches `target` (written by this link's
+  /// peer). Ok = reached; InProgress = not yet (call again; the caller owns the deadline);
+  /// PeerUnreachable when the peer is known to be gone. May sleep (futex, epoll).
+  [[nodiscard]] virtual Status wait(SignalFlag& flag, std::uint32_t target,
+                                    std::chrono::nanoseconds max) noexcept = 0;
+  /// Fences the link: idempotent; pending operations complete with `Fenced`, later ones fail.
+  virtual void fence(FenceReason why) noexcept = 0;
+  /// Current state.
+  virtual LinkState state() const noexcept = 0;
+  /// Peer rank.
+  virtual int peer() const noexcept = 0;
+  /// Counters.
+  virtual const LinkStats& stats() const noexcept = 0;
+};
+
+/// A connection being established; polled until done. Never blocks.
+class PendingLink {
+ public:
+  virtual ~PendingLink() = default;
+  /// Ok (and `out` set) when connected; InProgress to call again; an error otherwise.
+  [[nodiscard]] virtual Status try_finish(std::unique_ptr<Link>& out) noexcept = 0;
+};
+
+/// Listening endpoint of one transport in one rank. `address()` travels to peers.
+class ListenHandle {
+ public:
+  virtual ~ListenHandle() = default;
+  /// Bytes a peer passes to `Transport::connect`.
+  virtual Bytes address() const = 0;
+};
+
+/// Per-communicator facts given to a transport factory.
+struct TransportContext {
+  PeerInfo self;                      ///< this rank
+  int size = 1;                       ///< ranks in the communicator
+  const CommOptions* options = nullptr;  ///< communicator options (outlive the transport)
+  const Logger* log = nullptr;        ///< communicator logger (outlives the transport)
+};
+
+/// One transport instance per communicator. Control plane: thread-safe, may block and throw.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Short stable name ("shm", "tcp", ...), as used in RINGFENCE_TRANSPORTS.
+  virtual std::string_view name() const noexcept = 0;
+  /// Whether this transport can connect `self` and `peer`, and how well.
+  virtual Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const = 0;
+  /// Allocates `bytes` of memory of `kind` that this transport can share with peers without
+  /// copies; nullptr when it has no such allocator. Freed with `deallocate`.
+  virtual void* allocate(std::size_t bytes, MemoryKind kind) { (void)bytes; (void)kind; return nullptr; }
+  /// Frees memory from `allocate`; false when `ptr` is not this transport's.
+  virtual bool deallocate(void* ptr) noexcept { (void)ptr; return false; }
+  /// Registers `bytes` at `ptr` so peers can address it. The region must outlive its use.
+  virtual MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) = 0;
+  /// Imports a peer's region from its key. Throws `InvalidUsage` on a malformed key.
+  virtual RemoteRegion import_region(std::span<const std::byte> peer_key) = 0;
+  /// Opens this rank's listening endpoint.
+  virtual std::unique_ptr<ListenHandle> listen() = 0;
+  /// Starts connecting to `peer`, whose listen address is `peer_address`. Both ends call it;
+  /// the transport decides which side dials. `local` is this rank's own listen handle.
+  virtual std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer,
+                                               std::span<const std::byte> peer_address) = 0;
+};
+
+}  // namespace ringfence

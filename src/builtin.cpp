@@ -1,0 +1,36 @@
+// Built-in transport registration and the constructors that need it. Kept out of the core
+// library so the core does not depend on any transport (each transport is its own target).
+#include <ringfence/communicator.hpp>
+#include <ringfence/env.hpp>
+#include <ringfence/transports/shm.hpp>
+
+namespace ringfence {
+
+TransportRegistry builtin_transports() {
+  TransportRegistry registry;
+  registry.add(std::string(transports::shm::kName), &transports::shm::make_transport);
+  return registry;
+}
+
+Communicator Communicator::from_env() {
+  const Environment env = Environment::from_process();
+  CommOptions options = CommOptions::from_env(env);
+  const LaunchInfo launch = detect_launch(env);
+  return from_launch(launch, builtin_transports(), std::move(options));
+}
+
+Communicator::Communicator(const UniqueId& id, int rank, int size, CommOptions options)
+    : Communicator(from_launch(
+          [&] {
+            LaunchInfo launch;
+            launch.rank = rank;
+            launch.size = size;
+            launch.store_host = id.host();
+            launch.store_port = id.port();
+            launch.token = id.token();
+            launch.host_store = rank == 0;
+            return launch;
+          }(),
+          builtin_transports(), std::move(options))) {}
+
+}  // namespace ringfence

@@ -1,0 +1,393 @@
+// Communicator: setup (control plane: may block, allocate, throw) and the API boundary that
+// validates arguments, runs the executor (which returns Status) and turns failures into
+// exceptions naming the rank, peer and link.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <ringfence/communicator.hpp>
+#include <ringfence/env.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/reduce_ops.hpp>
+#include <thread>
+
+#include "engine.hpp"
+
+namespace ringfence {
+
+namespace {
+
+std::string default_host_id() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return boot.empty() ? std::string(host) : fmt::format("{}/{}", host, boot);
+}
+
+// Frames several byte strings into one store value: u32 count, then (u32 length, bytes)*.
+Bytes pack(const std::vector<Bytes>& parts) {
+  Bytes out;
+  auto put32 = [&](std::uint32_t v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + 4);
+  };
+  put32(static_cast<std::uint32_t>(parts.size()));
+  for (const auto& p : parts) {
+    put32(static_cast<std::uint32_t>(p.size()));
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+std::vector<Bytes> unpack(std::span<const std::byte> in, std::string_view what) {
+  auto get32 = [&](std::size_t& pos) {
+    RINGFENCE_EXPECTS(in.size() - pos >= 4, "malformed {} in the bootstrap store", what);
+    std::uint32_t v;
+    std::memcpy(&v, in.data() + pos, 4);
+    pos += 4;
+    return v;
+  };
+  std::size_t pos = 0;
+  const std::uint32_t n = get32(pos);
+  RINGFENCE_EXPECTS(n <= 64, "malformed {} in the bootstrap store", what);
+  std::vector<Bytes> parts;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const std::uint32_t len = get32(pos);
+    RINGFENCE_EXPECTS(in.size() - pos >= len, "malformed {} in the bootstrap store", what);
+    parts.emplace_back(in.begin() + static_cast<std::ptrdiff_t>(pos), in.begin() + static_cast<std::ptrdiff_t>(pos + len));
+    pos += len;
+  }
+  return parts;
+}
+
+}  // namespace
+
+struct Communicator::Impl {
+  CommOptions options;
+  Logger log;
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<TcpStoreServer> server;  // when this rank hosts the store
+  PeerInfo self;
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<detail::Channel>> channels;
+  detail::Channel* left = nullptr;
+  detail::Channel* right = nullptr;
+  detail::EngineConfig engine;
+  // Internal memory (flags + inboxes) and user allocations: pointer -> allocating transport
+  // (nullptr = plain heap).
+  std::vector<std::pair<void*, Transport*>> allocations;
+  void* flags_mem = nullptr;
+  void* inbox_mem = nullptr;
+  detail::FlagBlock flags;
+  std::uint64_t seq = 0;
+  mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
+  Status failure;
+  std::string failure_message;
+
+  ~Impl() {
+    for (auto& ch : channels)
+      if (ch->link) ch->link->fence(FenceReason::Shutdown);
+    channels.clear();  // regions and links go before the memory they describe
+    for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);
+  }
+
+  static void release(void* ptr, Transport* t) noexcept {
+    if (t)
+      t->deallocate(ptr);
+    else
+      std::free(ptr);
+  }
+
+  void* allocate(std::size_t bytes) {
+    for (auto& t : transports)
+      if (void* p = t->allocate(bytes, MemoryKind::Host)) {
+        allocations.emplace_back(p, t.get());
+        return p;
+      }
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!p) throw SystemError(fmt::format("rank {}: out of memory allocating {} bytes", rank, bytes), ENOMEM);
+    std::memset(p, 0, bytes);
+    allocations.emplace_back(p, nullptr);
+    return p;
+  }
+
+  void store_barrier(const std::string& name) {
+    const std::string key = fmt::format("barrier/{}", name);
+    if (store->add(key, 1) == size) store->set(key + "/done", to_bytes("1"));
+    (void)store->get(key + "/done", options.timeout);
+  }
+
+  detail::Channel& channel_to(int peer) {
+    for (auto& ch : channels)
+      if (ch->peer == peer) return *ch;
+    channels.push_back(std::make_unique<detail::Channel>());
+    channels.back()->peer = peer;
+    return *channels.back();
+  }
+
+  void setup(const TransportRegistry& registry) {
+    RINGFENCE_EXPECTS(size >= 1, "Communicator: size must be >= 1 (got {})", size);
+    RINGFENCE_EXPECTS(rank >= 0 && rank < size, "Communicator: rank {} is out of range for size {}", rank, size);
+    RINGFENCE_EXPECTS(options.timeout.count() > 0, "rank {}: CommOptions::timeout must be positive", rank);
+    RINGFENCE_EXPECTS(options.slots >= 1 && options.slots <= 64, "rank {}: CommOptions::slots must be in [1, 64] (got {})", rank,
+                      options.slots);
+    RINGFENCE_EXPECTS(options.chunk_bytes > 0, "rank {}: CommOptions::chunk_bytes must be positive", rank);
+    RINGFENCE_EXPECTS(store != nullptr, "rank {}: store must not be null", rank);
+    log = Logger(options.log_level, rank);
+
+    self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};
+    const TransportContext ctx{self, size, &options, &log};
+    for (const auto& name : registry.select(options.transports)) transports.push_back(registry.create(name, ctx));
+    RINGFENCE_EXPECTS(!transports.empty(), "rank {}: no transports registered", rank);
+
+    engine.rank = rank;
+    engine.size = size;
+    engine.slots = options.slots;
+    engine.slot_bytes = std::max<std::size_t>(64, (options.chunk_bytes + 63) / 64 * 64);
+    engine.timeout = options.timeout;
+    log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
+             fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
+
+    if (size == 1) return;
+
+    // Ring neighbours. With two ranks left == right: one channel carries both directions.
+    const int left_rank = (rank + size - 1) % size, right_rank = (rank + 1) % size;
+    channel_to(left_rank);
+    channel_to(right_rank);
+
+    flags_mem = allocate(detail::FlagBlock::bytes(size));
+    flags.data = static_cast<SignalFlag*>(flags_mem);
+    flags.credit = flags.data + size;
+    const std::size_t inbox_bytes = engine.slot_bytes * static_cast<std::size_t>(engine.slots);
+    inbox_mem = allocate(inbox_bytes * channels.size());
+    for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
+
+    // 1. Publish who we are; learn who the neighbours are.
+    store->set(fmt::format("peer/{}", rank), serialize(self));
+    std::vector<PeerInfo> peers;
+    for (auto& ch : channels) {
+      PeerInfo p = deserialize_peer_info(store->get(fmt::format("peer/{}", ch->peer), options.timeout));
+      RINGFENCE_EXPECTS(p.rank == ch->peer, "rank {}: the store holds inconsistent peer info for rank {}", rank, ch->peer);
+      peers.push_back(std::move(p));
+    }
+
+    // 2. Choose a transport per neighbour: the first (highest priority) that reaches it. Both
+    //    ends evaluate the same list on the same facts, so they agree.
+    std::vector<std::unique_ptr<ListenHandle>> listeners(transports.size());
+    for (std::size_t i = 0; i < channels.size(); ++i) {
+      std::string reasons;
+      for (std::size_t t = 0; t < transports.size(); ++t) {
+        const Reachability r = transports[t]->can_reach(self, peers[i]);
+        if (r.ok) {
+          channels[i]->transport = transports[t].get();
+          channels[i]->transport_name = std::string(transports[t]->name());
+          if (!listeners[t]) listeners[t] = transports[t]->listen();
+          break;
+        }
+        reasons += fmt::format(" {}: {};", transports[t]->name(), r.reason);
+      }
+      if (!channels[i]->transport)
+        throw Error(ErrorCode::PeerUnreachable,
+                    fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
+    }
+    for (std::size_t t = 0; t < transports.size(); ++t)
+      if (listeners[t]) store->set(fmt::format("addr/{}/{}", rank, transports[t]->name()), listeners[t]->address());
+
+    // 3. Connect (non-blocking, polled against the deadline).
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    for (std::size_t i = 0; i < channels.size(); ++i) {
+      auto& ch = *channels[i];
+      const auto t = static_cast<std::size_t>(
+          std::find_if(transports.begin(), transports.end(), [&](auto& x) { return x.get() == ch.transport; }) - transports.begin());
+      const Bytes address = store->get(fmt::format("addr/{}/{}", ch.peer, ch.transport_name), options.timeout);
+      auto pending = ch.transport->connect(*listeners[t], peers[i], address);
+      for (;;) {
+        const Status s = pending->try_finish(ch.link);
+        if (s.is_ok()) break;
+        if (s.is_error()) throw_status(s, fmt::format("rank {}: connecting to rank {} over {} failed", rank, ch.peer, ch.transport_name));
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw TimeoutError(fmt::format("rank {}: connecting to rank {} over {} timed out after {} ms", rank, ch.peer,
+                                         ch.transport_name, options.timeout.count()));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+
+    // 4. Register our flags and the inbox each neighbour writes into; import theirs.
+    for (auto& ch : channels) {
+      ch->flags_region = ch->transport->register_memory(flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
+      ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, MemoryKind::Host);
+      store->set(fmt::format("regions/{}/for/{}", rank, ch->peer), pack({ch->inbox_region.key(), ch->flags_region.key()}));
+    }
+    for (auto& ch : channels) {
+      const auto parts = unpack(store->get(fmt::format("regions/{}/for/{}", ch->peer, rank), options.timeout), "region keys");
+      RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {}", rank, ch->peer);
+      ch->peer_inbox = ch->transport->import_region(parts[0]);
+      ch->peer_flags = ch->transport->import_region(parts[1]);
+      RINGFENCE_EXPECTS(ch->peer_inbox.size() == inbox_bytes,
+                        "rank {}: rank {} uses a different chunk size or slot count ({} vs {} staging bytes); "
+                        "RINGFENCE_CHUNK_BYTES and RINGFENCE_SLOTS must match on every rank",
+                        rank, ch->peer, ch->peer_inbox.size(), inbox_bytes);
+    }
+    left = &channel_to(left_rank);
+    right = &channel_to(right_rank);
+
+    // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
+    store_barrier("setup");
+    log.info("connected: left rank {} over {}, right rank {} over {}", left->peer, left->transport_name, right->peer,
+             right->transport_name);
+  }
+
+  void check_usable(const char* call) const {
+    std::lock_guard lock(status_mutex);
+    if (!failure.is_ok())
+      throw Error(failure.code(), fmt::format("rank {}: {} on a communicator that already failed: {}", rank, call, failure_message));
+  }
+
+  [[noreturn]] void raise(const char* call, const detail::Failure& f) {
+    const auto* ch = f.peer >= 0 ? &channel_to(f.peer) : nullptr;
+    const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
+    std::string why;
+    switch (f.status.code()) {
+      case ErrorCode::Timeout:
+        why = fmt::format("timed out after {} ms waiting for {} from rank {}", options.timeout.count(), f.what, f.peer);
+        break;
+      case ErrorCode::PeerUnreachable: why = fmt::format("rank {} is unreachable (process exited?) while waiting for {}", f.peer, f.what); break;
+      default:
+        why = fmt::format("{} while {} (native code {})", to_string(f.status.code()), f.what, f.status.native());
+        break;
+    }
+    const std::string message = fmt::format("rank {}: {} #{} failed: {} ({}, message {})", rank, call, seq, why, link, f.message);
+    {
+      std::lock_guard lock(status_mutex);
+      failure = f.status;
+      failure_message = message;
+    }
+    log.error("{}", message);
+    throw_status(f.status, message);
+  }
+};
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+Communicator::~Communicator() = default;
+
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const TransportRegistry& registry,
+                           CommOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->rank = rank;
+  impl_->size = size;
+  impl_->store = std::move(store);
+  impl_->setup(registry);
+}
+
+Communicator Communicator::from_launch(const LaunchInfo& launch, const TransportRegistry& registry, CommOptions options) {
+  std::unique_ptr<TcpStoreServer> server;
+  if (launch.host_store) {
+    const Logger log(options.log_level, launch.rank);
+    server = std::make_unique<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
+  }
+  auto store = std::make_shared<TcpStoreClient>(launch.store_host, launch.store_port, launch.token, options.timeout);
+  Communicator comm(std::move(store), launch.rank, launch.size, registry, std::move(options));
+  comm.impl_->server = std::move(server);
+  return comm;
+}
+
+int Communicator::rank() const noexcept { return impl_->rank; }
+int Communicator::size() const noexcept { return impl_->size; }
+const CommOptions& Communicator::options() const noexcept { return impl_->options; }
+std::uint64_t Communicator::sequence() const noexcept { return impl_->seq; }
+
+Status Communicator::async_error() const noexcept {
+  std::lock_guard lock(impl_->status_mutex);
+  return impl_->failure;
+}
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+  Impl& m = *impl_;
+  m.check_usable("allreduce");
+  RINGFENCE_EXPECTS(is_valid(type), "rank {}: allreduce: invalid datatype value {}", m.rank, static_cast<int>(type));
+  RINGFENCE_EXPECTS(is_valid(op), "rank {}: allreduce: invalid reduce op value {}", m.rank, static_cast<int>(op));
+  const std::size_t elem = size_of(type);
+  RINGFENCE_EXPECTS(count <= static_cast<std::size_t>(PTRDIFF_MAX) / elem,
+                    "rank {}: allreduce: count {} of {} overflows the address space", m.rank, count, to_string(type));
+  const std::size_t bytes = count * elem;
+  if (count > 0) {
+    RINGFENCE_EXPECTS(send != nullptr, "rank {}: allreduce: sendbuff is null with count {}", m.rank, count);
+    RINGFENCE_EXPECTS(recv != nullptr, "rank {}: allreduce: recvbuff is null with count {}", m.rank, count);
+    const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
+    RINGFENCE_EXPECTS(s == r || s + bytes <= r || r + bytes <= s,
+                      "rank {}: allreduce: sendbuff {} and recvbuff {} overlap without being identical ({} bytes)", m.rank, send,
+                      recv, bytes);
+  }
+  const Reducer reducer = host_reducer(type, op);
+  ++m.seq;
+  detail::Failure failure;
+  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, failure);
+  if (!s.is_ok()) m.raise("allreduce", failure);
+}
+
+void Communicator::barrier() {
+  std::uint8_t token = 0;
+  // A one-element allreduce: every rank's result depends on every rank's input, so nobody
+  // leaves before everybody arrived.
+  allreduce(&token, &token, 1, DataType::Uint8, ReduceOp::Max);
+}
+
+void* Communicator::alloc(std::size_t bytes, MemoryKind kind) {
+  RINGFENCE_EXPECTS(kind == MemoryKind::Host, "rank {}: alloc: {} memory is not supported by this build", impl_->rank, to_string(kind));
+  RINGFENCE_EXPECTS(bytes > 0, "rank {}: alloc: bytes must be positive", impl_->rank);
+  return impl_->allocate(bytes);
+}
+
+void Communicator::free(void* ptr) {
+  if (!ptr) return;
+  auto& a = impl_->allocations;
+  const auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == ptr; });
+  RINGFENCE_EXPECTS(it != a.end() && ptr != impl_->flags_mem && ptr != impl_->inbox_mem,
+                    "rank {}: free: pointer {} was not returned by alloc()", impl_->rank, ptr);
+  Impl::release(it->first, it->second);
+  a.erase(it);
+}
+
+std::vector<LinkInfo> Communicator::links() const {
+  std::vector<LinkInfo> out;
+  for (const auto& ch : impl_->channels) {
+    LinkInfo info;
+    info.rank = impl_->rank;
+    info.peer = ch->peer;
+    info.transport = ch->transport_name;
+    if (ch->link) {
+      const LinkStats& s = ch->link->stats();
+      info.state = ch->link->state();
+      info.bytes_written = s.bytes_written.load(std::memory_order_relaxed);
+      info.writes = s.writes.load(std::memory_order_relaxed);
+      info.signals = s.signals.load(std::memory_order_relaxed);
+      info.errors = s.errors.load(std::memory_order_relaxed);
+      info.retries = s.retries.load(std::memory_order_relaxed);
+      info.wait_ms = static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string Communicator::link_table() const { return format_link_table(links()); }
+
+std::string format_link_table(const std::vector<LinkInfo>& links) {
+  std::string out = fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>8} {:>10}\n", "rank", "peer", "transport",
+                                "state", "bytes", "writes", "signals", "errors", "retries", "wait(ms)");
+  for (const auto& l : links)
+    out += fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>8} {:>10.1f}\n", l.rank, l.peer, l.transport,
+                       to_string(l.state), l.bytes_written, l.writes, l.signals, l.errors, l.retries, l.wait_ms);
+  return out;
+}
+
+}  // namespace ringfence

@@ -1,0 +1,281 @@
+// The only translation unit that reads environment variables (style §6). Everything else
+// parses an `Environment` snapshot, so tests drive it with fake environments.
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <ringfence/env.hpp>
+#include <ringfence/error.hpp>
+#include <ringfence/options.hpp>
+#include <sstream>
+
+extern char** environ;  // NOLINT: POSIX
+
+namespace ringfence {
+
+Environment Environment::from_process() {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    vars.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  return Environment(std::move(vars));
+}
+
+std::optional<std::string> Environment::get(std::string_view name) const {
+  const auto it = vars_.find(name);
+  if (it == vars_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> Environment::names_with_prefix(std::string_view prefix) const {
+  std::vector<std::string> out;
+  for (auto it = vars_.lower_bound(prefix); it != vars_.end() && it->first.starts_with(prefix); ++it)
+    out.push_back(it->first);
+  return out;
+}
+
+namespace {
+
+[[noreturn]] void bad_value(std::string_view name, std::string_view value, std::string_view expected) {
+  throw InvalidUsage(fmt::format("environment variable {}='{}' is invalid: expected {}", name, value, expected));
+}
+
+long long parse_integer(std::string_view name, std::string_view text, long long lo, long long hi) {
+  long long v = 0;
+  const auto* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end || v < lo || v > hi)
+    bad_value(name, text, fmt::format("an integer in [{}, {}]", lo, hi));
+  return v;
+}
+
+bool parse_bool(std::string_view name, std::string_view text) {
+  if (text == "1" || text == "true" || text == "on" || text == "yes") return true;
+  if (text == "0" || text == "false" || text == "off" || text == "no") return false;
+  bad_value(name, text, "0 or 1");
+}
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const auto comma = text.find(',', start);
+    const auto item = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// 64-bit FNV-1a; used only to derive non-secret tokens and ports from job identifiers.
+std::uint64_t fnv1a(std::string_view text, std::uint64_t seed) {
+  std::uint64_t h = seed;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::size_t parse_bytes(std::string_view text, std::string_view what) {
+  std::string_view digits = text;
+  std::size_t mult = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'K': case 'k': mult = 1ull << 10; break;
+      case 'M': case 'm': mult = 1ull << 20; break;
+      case 'G': case 'g': mult = 1ull << 30; break;
+      default: break;
+    }
+    if (mult != 1) digits.remove_suffix(1);
+  }
+  unsigned long long v = 0;
+  const auto* end = digits.data() + digits.size();
+  const auto [ptr, ec] = std::from_chars(digits.data(), end, v);
+  if (digits.empty() || ec != std::errc() || ptr != end || v == 0 ||
+      v > std::numeric_limits<std::size_t>::max() / mult)
+    bad_value(what, text, "a positive byte count such as 65536, 64K, 1M or 1G");
+  return static_cast<std::size_t>(v * mult);
+}
+
+CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
+  if (auto v = env.get("RINGFENCE_TIMEOUT_MS"))
+    o.timeout = std::chrono::milliseconds(parse_integer("RINGFENCE_TIMEOUT_MS", *v, 1, 365ll * 24 * 3600 * 1000));
+  if (auto v = env.get("RINGFENCE_CHUNK_BYTES")) o.chunk_bytes = parse_bytes(*v, "RINGFENCE_CHUNK_BYTES");
+  if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
+  if (auto v = env.get("RINGFENCE_TRANSPORTS")) {
+    o.transports = split_list(*v);
+    if (o.transports.empty()) bad_value("RINGFENCE_TRANSPORTS", *v, "a comma-separated list such as shm,tcp");
+  }
+  if (auto v = env.get("RINGFENCE_LOG")) {
+    const auto level = parse_log_level(*v);
+    if (!level) bad_value("RINGFENCE_LOG", *v, "one of error, warn, info, debug, trace");
+    o.log_level = *level;
+  }
+  if (auto v = env.get("RINGFENCE_HOST_ID")) {
+    if (v->empty()) bad_value("RINGFENCE_HOST_ID", *v, "a non-empty host identity");
+    o.host_id = *v;
+  }
+  if (auto v = env.get("RINGFENCE_SHM_SPIN"))
+    o.shm.spin_count = static_cast<int>(parse_integer("RINGFENCE_SHM_SPIN", *v, 0, 1ll << 30));
+  if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
+  return o;
+}
+
+CommOptions CommOptions::from_env(const Environment& env) { return from_env(env, CommOptions{}); }
+
+CommOptions CommOptions::from_env() { return from_env(Environment::from_process()); }
+
+std::string_view to_string(Launcher launcher) noexcept {
+  switch (launcher) {
+    case Launcher::Ringfence: return "ringfence-run";
+    case Launcher::Torchrun: return "torchrun";
+    case Launcher::OpenMpi: return "openmpi";
+    case Launcher::Slurm: return "slurm";
+  }
+  return "unknown";
+}
+
+std::string to_hex(const JobToken& token) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(token.size() * 2);
+  for (std::uint8_t b : token) {
+    out.push_back(kDigits[b >> 4]);
+    out.push_back(kDigits[b & 15]);
+  }
+  return out;
+}
+
+std::optional<JobToken> parse_token(std::string_view hex) noexcept {
+  JobToken token{};
+  if (hex.size() != token.size() * 2) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    token[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return token;
+}
+
+LaunchInfo detect_launch(const Environment& env) {
+  LaunchInfo info;
+  struct Source {
+    Launcher launcher;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  static constexpr Source kSources[] = {
+      {Launcher::Ringfence, "RINGFENCE_RANK", "RINGFENCE_WORLD_SIZE", "RINGFENCE_LOCAL_RANK", "RINGFENCE_LOCAL_SIZE"},
+      {Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {Launcher::OpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+  };
+  const Source* src = nullptr;
+  for (const Source& s : kSources)
+    if (env.has(s.rank) || env.has(s.size)) {
+      src = &s;
+      break;
+    }
+  if (!src)
+    throw InvalidUsage(
+        "no launcher variables found: set RINGFENCE_RANK and RINGFENCE_WORLD_SIZE, or start under ringfence-run, "
+        "torchrun, mpirun or srun");
+  constexpr long long kMaxRanks = 1 << 20;
+  const auto rank_s = env.get(src->rank);
+  const auto size_s = env.get(src->size);
+  if (!rank_s) throw InvalidUsage(fmt::format("{} is set but {} is missing", src->size, src->rank));
+  if (!size_s) throw InvalidUsage(fmt::format("{} is set but {} is missing", src->rank, src->size));
+  info.launcher = src->launcher;
+  info.size = static_cast<int>(parse_integer(src->size, *size_s, 1, kMaxRanks));
+  info.rank = static_cast<int>(parse_integer(src->rank, *rank_s, 0, info.size - 1));
+  info.local_rank = 0;
+  info.local_size = 0;  // unknown
+  if (auto v = env.get(src->local_rank)) info.local_rank = static_cast<int>(parse_integer(src->local_rank, *v, 0, kMaxRanks));
+  if (src->local_size)
+    if (auto v = env.get(src->local_size))
+      info.local_size = static_cast<int>(parse_integer(src->local_size, *v, 1, kMaxRanks));
+
+  // Job identity: used to derive a (non-secret) token and, on one node, a store port.
+  std::string job_id;
+  bool single_node = false;
+  switch (info.launcher) {
+    case Launcher::Torchrun: job_id = "torchrun:" + env.get("TORCHELASTIC_RUN_ID").value_or(""); break;
+    case Launcher::OpenMpi:
+      job_id = "ompi:" + env.get("OMPI_MCA_ess_base_jobid").value_or("");
+      single_node = info.local_size == info.size;
+      break;
+    case Launcher::Slurm:
+      job_id = "slurm:" + env.get("SLURM_JOB_ID").value_or("") + "." + env.get("SLURM_STEP_ID").value_or("");
+      single_node = env.get("SLURM_NNODES").value_or("") == "1";
+      break;
+    case Launcher::Ringfence: break;
+  }
+
+  auto parse_port = [](std::string_view name, std::string_view text) {
+    return static_cast<std::uint16_t>(parse_integer(name, text, 1, 65535));
+  };
+  if (auto addr = env.get("RINGFENCE_STORE_ADDR")) {
+    const auto colon = addr->rfind(':');
+    if (colon == std::string::npos || colon == 0) bad_value("RINGFENCE_STORE_ADDR", *addr, "host:port");
+    info.store_host = addr->substr(0, colon);
+    info.store_port = parse_port("RINGFENCE_STORE_ADDR", std::string_view(*addr).substr(colon + 1));
+    info.host_store = false;
+    if (auto h = env.get("RINGFENCE_STORE_HOST")) info.host_store = parse_bool("RINGFENCE_STORE_HOST", *h);
+  } else if (auto master = env.get("MASTER_ADDR")) {
+    const auto port_s = env.get("MASTER_PORT");
+    if (!port_s) throw InvalidUsage("MASTER_ADDR is set but MASTER_PORT is missing");
+    std::uint16_t port = parse_port("MASTER_PORT", *port_s);
+    // torchrun's agent already serves its own store on MASTER_PORT; ringfence's store uses the next port.
+    if (env.has("TORCHELASTIC_RUN_ID")) {
+      if (port == 65535) bad_value("MASTER_PORT", *port_s, "a port below 65535 under torchrun (ringfence uses MASTER_PORT+1)");
+      ++port;
+    }
+    info.store_host = *master;
+    info.store_port = port;
+    info.host_store = info.rank == 0;
+    job_id += ":" + *master + ":" + *port_s;
+  } else if (single_node && !job_id.empty()) {
+    info.store_host = "127.0.0.1";
+    info.store_port = static_cast<std::uint16_t>(20000 + fnv1a(job_id, 14695981039346656037ull) % 20000);
+    info.host_store = info.rank == 0;
+  } else {
+    throw InvalidUsage(fmt::format(
+        "rank {}: no bootstrap store address for launcher {}: set RINGFENCE_STORE_ADDR=host:port, or MASTER_ADDR "
+        "and MASTER_PORT (rank 0 hosts the store there)",
+        info.rank, to_string(info.launcher)));
+  }
+
+  if (auto t = env.get("RINGFENCE_JOB_TOKEN")) {
+    const auto token = parse_token(*t);
+    if (!token) bad_value("RINGFENCE_JOB_TOKEN", "<hidden>", "32 hexadecimal digits");
+    info.token = *token;
+  } else {
+    if (info.launcher == Launcher::Ringfence)
+      throw InvalidUsage("RINGFENCE_JOB_TOKEN is required with RINGFENCE_RANK/RINGFENCE_WORLD_SIZE (ringfence-run sets it)");
+    const std::string seed = fmt::format("ringfence:{}:{}", job_id, info.size);
+    const std::uint64_t a = fnv1a(seed, 14695981039346656037ull), b = fnv1a(seed, 0x9e3779b97f4a7c15ull);
+    for (int i = 0; i < 8; ++i) {
+      info.token[i] = static_cast<std::uint8_t>(a >> (8 * i));
+      info.token[8 + i] = static_cast<std::uint8_t>(b >> (8 * i));
+    }
+    info.token_is_derived = true;
+  }
+  return info;
+}
+
+}  // namespace ringfence

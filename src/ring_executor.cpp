@@ -1,0 +1,140 @@
+// The ring executor: runs `RingAllreduceSchedule` steps over two channels.
+//
+// Flow control per directed link (sender S -> receiver R), message m (0-based):
+//   S waits until credit[R] >= m + 1 - slots (R consumed message m - slots, so slot m % slots is
+//   free), writes the chunk into R's inbox slot m % slots, then signals data[S] = m + 1 at R.
+//   R waits until data[S] >= m + 1, consumes the slot, then signals credit[R] = m + 1 at S.
+// `signal` is ordered after the preceding `write` on the same link (SPI guarantee), so R never
+// reads a slot before its bytes have landed. Counters never reset, so nothing needs clearing
+// between collectives.
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace ringfence::detail {
+namespace {
+
+class RingRunner {
+ public:
+  RingRunner(const EngineConfig& c, FlagBlock flags, Channel* left, Channel* right, const Reducer& reducer,
+             Failure& failure) noexcept
+      : c_(c), flags_(flags), left_(left), right_(right), reducer_(reducer), failure_(failure) {}
+
+  Status run(const void* send, void* recv, std::size_t count) noexcept {
+    const std::size_t elem = reducer_.elem_size;
+    const auto* in = static_cast<const std::byte*>(send);
+    auto* out = static_cast<std::byte*>(recv);
+    RingAllreduceSchedule schedule(c_.rank, c_.size, count, c_.slot_bytes / elem);
+    Step step;
+    while (schedule.next(step)) {
+      const std::size_t off = step.offset * elem, bytes = step.count * elem;
+      switch (step.kind) {
+        case StepKind::CopyInput:
+          if (in != out) std::memcpy(out + off, in + off, bytes);
+          break;
+        case StepKind::SendInput: RINGFENCE_TRY(send_chunk(*right_, in + off, bytes)); break;
+        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(*right_, out + off, bytes)); break;
+        case StepKind::RecvReduce:
+        case StepKind::RecvReduceLast:
+        case StepKind::RecvCopy: {
+          const std::byte* slot = nullptr;
+          RINGFENCE_TRY(wait_chunk(*left_, slot));
+          if (step.kind == StepKind::RecvCopy)
+            std::memcpy(out + off, slot, bytes);
+          else if (step.kind == StepKind::RecvReduce)
+            reducer_.combine(out + off, slot, in + off, step.count, c_.size);
+          else
+            reducer_.finish(out + off, slot, in + off, step.count, c_.size);
+          RINGFENCE_TRY(release_chunk(*left_));
+          break;
+        }
+      }
+    }
+    return Status::ok();
+  }
+
+ private:
+  Status fail(Status s, const Channel& ch, const char* what, std::uint64_t message) noexcept {
+    failure_ = Failure{s, ch.peer, what, message};
+    return s;
+  }
+
+  // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
+  // communicator timeout.
+  Status wait_flag(Channel& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
+      const Status s = ch.link->wait(flag, target, deadline - now);
+      if (s.is_ok()) return s;
+      if (s.is_error()) return fail(s, ch, what, message);
+    }
+  }
+
+  Status drain(Channel& ch, const char* what) noexcept {
+    Completion done[8];
+    for (;;) {
+      std::size_t n = 0;
+      const Status s = ch.link->poll(done, n);
+      if (!s.is_ok()) return fail(s, ch, what, ch.sent);
+      for (std::size_t i = 0; i < n; ++i)
+        if (!done[i].status.is_ok()) return fail(done[i].status, ch, what, done[i].wr_id);
+      if (n < std::size(done)) return Status::ok();
+    }
+  }
+
+  Status send_chunk(Channel& ch, const std::byte* src, std::size_t bytes) noexcept {
+    const std::uint64_t m = ch.sent;
+    const auto slots = static_cast<std::uint64_t>(c_.slots);
+    if (m >= slots)
+      RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
+                              "a free staging slot (credit)", m));
+    WriteOp w{src, nullptr, &ch.peer_inbox, static_cast<std::size_t>(m % slots) * c_.slot_bytes, bytes, m};
+    Status s = ch.link->write(w);
+    if (s.in_progress()) {  // completion queue full: drain and retry once
+      RINGFENCE_TRY(drain(ch, "draining completions"));
+      s = ch.link->write(w);
+    }
+    if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
+    SignalOp sig{&ch.peer_flags, FlagBlock::data_offset(c_.rank), static_cast<std::uint32_t>(m + 1), m};
+    s = ch.link->signal(sig);
+    if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
+    ch.sent = m + 1;
+    return drain(ch, "completing a chunk");
+  }
+
+  Status wait_chunk(Channel& ch, const std::byte*& slot) noexcept {
+    const std::uint64_t m = ch.received;
+    RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
+    slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_bytes;
+    return Status::ok();
+  }
+
+  Status release_chunk(Channel& ch) noexcept {
+    const std::uint64_t m = ch.received;
+    SignalOp sig{&ch.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
+    const Status s = ch.link->signal(sig);
+    if (!s.is_ok()) return fail(s, ch, "returning a credit", m);
+    ch.received = m + 1;
+    return drain(ch, "completing a credit");
+  }
+
+  const EngineConfig& c_;
+  FlagBlock flags_;
+  Channel* left_;
+  Channel* right_;
+  const Reducer& reducer_;
+  Failure& failure_;
+};
+
+}  // namespace
+
+Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
+                          const void* send, void* recv, std::size_t count, const Reducer& reducer,
+                          Failure& failure) noexcept {
+  return RingRunner(config, flags, left, right, reducer, failure).run(send, recv, count);
+}
+
+}  // namespace ringfence::detail

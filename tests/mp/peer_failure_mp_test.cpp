@@ -1,0 +1,71 @@
+// A rank that disappears ("exit") or stops answering ("stall") must turn into a clear error on
+// every other rank, within the configured timeout, never a hang.
+//   exit:  the last rank _exit(0)s while an allreduce is in flight; survivors must see
+//          PeerUnreachableError or TimeoutError naming a rank, well within the timeout.
+//   stall: the last rank sleeps for 3x the timeout instead of joining; survivors must see
+//          TimeoutError after roughly the timeout (RINGFENCE_TIMEOUT_MS), not later than 2x.
+// The failing rank exits 0 so the launcher lets the survivors report.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ringfence/ringfence.hpp>
+#include <thread>
+#include <vector>
+
+using namespace ringfence;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  const bool stall = argc > 1 && std::strcmp(argv[1], "stall") == 0;
+  try {
+    Communicator comm = Communicator::from_env();
+    const int victim = comm.size() - 1;
+    const auto timeout = comm.options().timeout;
+    std::vector<float> buf(8u << 20, 1.0f);
+    comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);  // everyone healthy
+    if (comm.rank() == victim) {
+      if (stall) {
+        std::this_thread::sleep_for(3 * timeout);
+        _exit(0);
+      }
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        _exit(0);
+      }).detach();
+      for (;;) comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    }
+    const auto start = Clock::now();
+    try {
+      for (int i = 0; i < 1000; ++i) comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      std::fprintf(stderr, "FAIL: no error although rank %d is gone\n", victim);
+      return 1;
+    } catch (const Error& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+      const bool right_kind = stall ? e.code() == ErrorCode::Timeout
+                                    : (e.code() == ErrorCode::PeerUnreachable || e.code() == ErrorCode::Timeout);
+      const bool names_rank = std::strstr(e.what(), "rank ") != nullptr;
+      const long long bound = 2 * timeout.count();
+      const bool in_time = ms <= bound && (!stall || ms >= timeout.count() / 2);
+      std::printf("rank %d saw after %lld ms (bound %lld ms): %s\n", comm.rank(), static_cast<long long>(ms), bound, e.what());
+      if (!right_kind || !names_rank || !in_time) {
+        std::fprintf(stderr, "FAIL: kind ok=%d names rank=%d in time=%d\n", right_kind, names_rank, in_time);
+        return 1;
+      }
+      // The communicator refuses further use, without hanging.
+      try {
+        comm.allreduce(buf.data(), buf.data(), 1, DataType::Float32, ReduceOp::Sum);
+        return 1;
+      } catch (const Error& again) {
+        if (!std::strstr(again.what(), "already failed")) return 1;
+      }
+      if (comm.async_error().is_ok()) return 1;
+      std::printf("1 passed, 0 failed\n");
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "unexpected error: %s\n", e.what());
+    return 1;
+  }
+}

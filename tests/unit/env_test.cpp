@@ -1,0 +1,177 @@
+// Environment parsing: options, launchers, and the errors that name the variable.
+#include <ringfence/env.hpp>
+#include <ringfence/error.hpp>
+#include <ringfence/options.hpp>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+namespace {
+Environment env(const std::map<std::string, std::string>& vars) { return Environment(vars); }
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InvalidUsage& e) {
+    return e.what();
+  }
+  return "<no InvalidUsage thrown>";
+}
+const std::string kToken = "00112233445566778899aabbccddeeff";
+}  // namespace
+
+TEST_CASE("defaults hold without variables", "[env]") {
+  const CommOptions o = CommOptions::from_env(env({}));
+  REQUIRE(o.timeout == std::chrono::milliseconds(60000));
+  REQUIRE(o.chunk_bytes == 256 * 1024);
+  REQUIRE(o.slots == 4);
+  REQUIRE(o.transports.empty());
+  REQUIRE(o.log_level == LogLevel::Warn);
+}
+
+TEST_CASE("RINGFENCE_* variables override options", "[env]") {
+  const CommOptions o = CommOptions::from_env(env({{"RINGFENCE_TIMEOUT_MS", "1500"},
+                                                   {"RINGFENCE_CHUNK_BYTES", "64K"},
+                                                   {"RINGFENCE_SLOTS", "2"},
+                                                   {"RINGFENCE_TRANSPORTS", "shm,tcp"},
+                                                   {"RINGFENCE_LOG", "debug"},
+                                                   {"RINGFENCE_HOST_ID", "hostA"},
+                                                   {"RINGFENCE_SHM_SPIN", "0"},
+                                                   {"RINGFENCE_SHM_CMA", "0"}}));
+  REQUIRE(o.timeout == std::chrono::milliseconds(1500));
+  REQUIRE(o.chunk_bytes == 64 * 1024);
+  REQUIRE(o.slots == 2);
+  REQUIRE(o.transports == std::vector<std::string>{"shm", "tcp"});
+  REQUIRE(o.log_level == LogLevel::Debug);
+  REQUIRE(o.host_id == "hostA");
+  REQUIRE(o.shm.spin_count == 0);
+  REQUIRE_FALSE(o.shm.cross_memory_attach);
+  // A base passed in keeps fields the environment does not mention.
+  CommOptions base;
+  base.slots = 7;
+  REQUIRE(CommOptions::from_env(env({}), base).slots == 7);
+}
+
+TEST_CASE("bad values are errors naming the variable", "[env]") {
+  struct Case {
+    const char* name;
+    const char* value;
+  };
+  const Case cases[] = {{"RINGFENCE_TIMEOUT_MS", "abc"}, {"RINGFENCE_TIMEOUT_MS", "0"},   {"RINGFENCE_TIMEOUT_MS", "-5"},
+                        {"RINGFENCE_CHUNK_BYTES", "1X"}, {"RINGFENCE_CHUNK_BYTES", "0"}, {"RINGFENCE_SLOTS", "65"},
+                        {"RINGFENCE_LOG", "loud"},       {"RINGFENCE_TRANSPORTS", ","},  {"RINGFENCE_SHM_CMA", "maybe"}};
+  for (const Case& c : cases) {
+    INFO(c.name << "=" << c.value);
+    const std::string msg = error_of([&] { (void)CommOptions::from_env(env({{c.name, c.value}})); });
+    REQUIRE_THAT(msg, Catch::Contains(c.name) && Catch::Contains(std::string("'") + c.value + "'"));
+  }
+}
+
+TEST_CASE("parse_bytes accepts suffixes and rejects junk", "[env]") {
+  REQUIRE(parse_bytes("8", "x") == 8);
+  REQUIRE(parse_bytes("4k", "x") == 4096);
+  REQUIRE(parse_bytes("256M", "x") == 256u << 20);
+  REQUIRE(parse_bytes("1G", "x") == 1u << 30);
+  REQUIRE_THROWS_AS(parse_bytes("", "x"), InvalidUsage);
+  REQUIRE_THROWS_AS(parse_bytes("M", "x"), InvalidUsage);
+  REQUIRE_THROWS_AS(parse_bytes("99999999999999999999", "x"), InvalidUsage);
+}
+
+TEST_CASE("ringfence-run variables", "[env][launch]") {
+  const LaunchInfo l = detect_launch(env({{"RINGFENCE_RANK", "2"},
+                                          {"RINGFENCE_WORLD_SIZE", "4"},
+                                          {"RINGFENCE_LOCAL_RANK", "2"},
+                                          {"RINGFENCE_LOCAL_SIZE", "4"},
+                                          {"RINGFENCE_STORE_ADDR", "127.0.0.1:29500"},
+                                          {"RINGFENCE_JOB_TOKEN", kToken}}));
+  REQUIRE(l.launcher == Launcher::Ringfence);
+  REQUIRE(l.rank == 2);
+  REQUIRE(l.size == 4);
+  REQUIRE(l.local_rank == 2);
+  REQUIRE(l.local_size == 4);
+  REQUIRE(l.store_host == "127.0.0.1");
+  REQUIRE(l.store_port == 29500);
+  REQUIRE_FALSE(l.host_store);
+  REQUIRE(to_hex(l.token) == kToken);
+  REQUIRE_FALSE(l.token_is_derived);
+}
+
+TEST_CASE("torchrun variables: rank 0 hosts the store on MASTER_PORT+1", "[env][launch]") {
+  const auto vars = std::map<std::string, std::string>{{"RANK", "0"},          {"WORLD_SIZE", "2"},
+                                                       {"LOCAL_RANK", "0"},    {"LOCAL_WORLD_SIZE", "2"},
+                                                       {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29500"},
+                                                       {"TORCHELASTIC_RUN_ID", "job7"}};
+  const LaunchInfo l = detect_launch(env(vars));
+  REQUIRE(l.launcher == Launcher::Torchrun);
+  REQUIRE(l.store_host == "node1");
+  REQUIRE(l.store_port == 29501);
+  REQUIRE(l.host_store);
+  REQUIRE(l.token_is_derived);
+  auto other = vars;
+  other["RANK"] = "1";
+  const LaunchInfo l1 = detect_launch(env(other));
+  REQUIRE_FALSE(l1.host_store);
+  REQUIRE(l1.token == l.token);  // every rank derives the same token
+  other["TORCHELASTIC_RUN_ID"] = "job8";
+  REQUIRE(detect_launch(env(other)).token != l.token);  // another job, another token
+}
+
+TEST_CASE("Open MPI on one node derives a local store", "[env][launch]") {
+  const LaunchInfo l = detect_launch(env({{"OMPI_COMM_WORLD_RANK", "1"},
+                                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                          {"OMPI_MCA_ess_base_jobid", "1652162561"}}));
+  REQUIRE(l.launcher == Launcher::OpenMpi);
+  REQUIRE(l.rank == 1);
+  REQUIRE(l.store_host == "127.0.0.1");
+  REQUIRE(l.store_port >= 20000);
+  REQUIRE(l.store_port < 40000);
+  REQUIRE_FALSE(l.host_store);
+}
+
+TEST_CASE("Slurm across nodes needs an address", "[env][launch]") {
+  const std::string msg = error_of([] {
+    (void)detect_launch(env({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NNODES", "2"}}));
+  });
+  REQUIRE_THAT(msg, Catch::Contains("RINGFENCE_STORE_ADDR") && Catch::Contains("slurm"));
+  const LaunchInfo l = detect_launch(env({{"SLURM_PROCID", "3"},
+                                          {"SLURM_NTASKS", "8"},
+                                          {"SLURM_LOCALID", "1"},
+                                          {"SLURM_NNODES", "2"},
+                                          {"MASTER_ADDR", "10.0.0.1"},
+                                          {"MASTER_PORT", "12345"}}));
+  REQUIRE(l.launcher == Launcher::Slurm);
+  REQUIRE(l.store_port == 12345);  // not torchrun: the port is used as is
+  REQUIRE(l.local_rank == 1);
+}
+
+TEST_CASE("launch errors name the variable", "[env][launch]") {
+  REQUIRE_THAT(error_of([] { (void)detect_launch(env({})); }), Catch::Contains("RINGFENCE_RANK"));
+  REQUIRE_THAT(error_of([] { (void)detect_launch(env({{"RANK", "0"}})); }), Catch::Contains("WORLD_SIZE"));
+  REQUIRE_THAT(error_of([] {
+                 (void)detect_launch(env({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+               }),
+               Catch::Contains("RANK='4'"));
+  REQUIRE_THAT(error_of([] {
+                 (void)detect_launch(env({{"RINGFENCE_RANK", "0"},
+                                          {"RINGFENCE_WORLD_SIZE", "1"},
+                                          {"RINGFENCE_STORE_ADDR", "h:1"},
+                                          {"RINGFENCE_JOB_TOKEN", "xyz"}}));
+               }),
+               Catch::Contains("RINGFENCE_JOB_TOKEN"));
+  REQUIRE_THAT(error_of([] {
+                 (void)detect_launch(env({{"RINGFENCE_RANK", "0"}, {"RINGFENCE_WORLD_SIZE", "1"}, {"RINGFENCE_STORE_ADDR", "nohost"}}));
+               }),
+               Catch::Contains("RINGFENCE_STORE_ADDR"));
+}
+
+TEST_CASE("token hex round trip", "[env]") {
+  const auto t = parse_token(kToken);
+  REQUIRE(t.has_value());
+  REQUIRE(to_hex(*t) == kToken);
+  REQUIRE_FALSE(parse_token("0011").has_value());
+  REQUIRE_FALSE(parse_token("zz112233445566778899aabbccddeeff").has_value());
+}

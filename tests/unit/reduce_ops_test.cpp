@@ -1,0 +1,228 @@
+// Reduction functors and the 16-bit float conversions they rely on.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <ringfence/reduce_ops.hpp>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+namespace {
+float bits_to_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint32_t float_to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// Reference conversions through the compiler's IEEE binary16 type (libgcc soft-float).
+std::uint16_t ref_half(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  std::uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float ref_half_to_float(std::uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+// Nearest bfloat16 by comparing the two neighbours exactly in double (ties to even).
+std::uint16_t ref_bf16(float f) {
+  if (std::isnan(f)) return 0;  // checked separately
+  const std::uint32_t u = float_to_bits(f);
+  const std::uint32_t lo = u & 0xffff0000u;
+  const std::uint32_t hi = lo + 0x10000u;
+  const double dl = std::fabs(static_cast<double>(bits_to_float(lo)) - f);
+  const double dh = std::isinf(bits_to_float(hi)) && !std::isinf(f)
+                        ? std::fabs(std::copysign(std::ldexp(1.0, 128), static_cast<double>(f)) - static_cast<double>(f))
+                        : std::fabs(static_cast<double>(bits_to_float(hi)) - f);
+  if (dl < dh) return static_cast<std::uint16_t>(lo >> 16);
+  if (dh < dl) return static_cast<std::uint16_t>(hi >> 16);
+  return static_cast<std::uint16_t>(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
+}
+}  // namespace
+
+TEST_CASE("float16 widening is exact for all 65536 values", "[reduce][half]") {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float got = to_float(Half{static_cast<std::uint16_t>(b)});
+    const float want = ref_half_to_float(static_cast<std::uint16_t>(b));
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(got));
+    } else {
+      INFO("bits " << b);
+      REQUIRE(float_to_bits(got) == float_to_bits(want));
+    }
+  }
+}
+
+TEST_CASE("float16 rounding matches IEEE round-to-nearest-even", "[reduce][half]") {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.0f, 65520.0f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 2.99e-8f,
+                               6.1035156e-05f, 6.1e-05f, std::numeric_limits<float>::infinity(), 1.00048828125f,
+                               1.000732421875f, 2049.0f, 2051.0f, std::numeric_limits<float>::denorm_min()};
+  // Every float16 value, every midpoint between neighbours, and nudges either side.
+  for (std::uint32_t b = 0; b < 0x7c00; ++b) {
+    const float v = ref_half_to_float(static_cast<std::uint16_t>(b));
+    const float next = ref_half_to_float(static_cast<std::uint16_t>(b + 1));
+    const float mid = static_cast<float>((static_cast<double>(v) + next) / 2);
+    for (float x : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      values.push_back(x);
+      values.push_back(-x);
+    }
+  }
+  std::mt19937 rng(42);
+  for (int i = 0; i < 200000; ++i) values.push_back(bits_to_float(rng()));
+  for (float f : values) {
+    if (std::isnan(f)) {
+      REQUIRE(std::isnan(to_float(to_half(f))));
+      continue;
+    }
+    INFO("value " << f << " bits " << float_to_bits(f));
+    REQUIRE(to_half(f).bits == ref_half(f));
+  }
+  REQUIRE(std::isnan(to_float(to_half(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST_CASE("bfloat16 conversions round to nearest even and keep NaN", "[reduce][bf16]") {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 300000; ++i) {
+    const float f = bits_to_float(rng());
+    if (std::isnan(f)) {
+      REQUIRE(std::isnan(to_float(to_bfloat16(f))));
+      continue;
+    }
+    INFO("bits " << float_to_bits(f));
+    REQUIRE(to_bfloat16(f).bits == ref_bf16(f));
+  }
+  REQUIRE(to_bfloat16(1.0f).bits == 0x3f80);
+  REQUIRE(to_float(BFloat16{0x3f80}) == 1.0f);
+  REQUIRE(to_bfloat16(bits_to_float(0x3f808000u)).bits == 0x3f80);  // tie -> even
+  REQUIRE(to_bfloat16(bits_to_float(0x3f818000u)).bits == 0x3f82);  // tie -> even (up)
+}
+
+namespace {
+
+// Reference result of `a op b` computed in a wide type, then stored as T.
+template <class T>
+T reference(ReduceOp op, T a, T b, int divisor, bool last) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    const float x = to_float(a), y = to_float(b);
+    float r = 0;
+    switch (op) {
+      case ReduceOp::Sum: r = x + y; break;
+      case ReduceOp::Prod: r = x * y; break;
+      case ReduceOp::Min: r = y < x ? y : x; break;
+      case ReduceOp::Max: r = x < y ? y : x; break;
+      case ReduceOp::Avg: r = last ? (x + y) / static_cast<float>(divisor) : x + y; break;
+    }
+    if constexpr (std::is_same_v<T, Half>) return to_half(r);
+    else return to_bfloat16(r);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case ReduceOp::Sum: return a + b;
+      case ReduceOp::Prod: return a * b;
+      case ReduceOp::Min: return b < a ? b : a;
+      case ReduceOp::Max: return a < b ? b : a;
+      case ReduceOp::Avg: return last ? (a + b) / static_cast<T>(divisor) : a + b;
+    }
+  } else {
+    using U = std::make_unsigned_t<T>;
+    const U ua = static_cast<U>(a), ub = static_cast<U>(b);
+    switch (op) {
+      case ReduceOp::Sum: return static_cast<T>(static_cast<U>(ua + ub));
+      case ReduceOp::Prod: return static_cast<T>(static_cast<U>(static_cast<std::uint64_t>(ua) * ub));
+      case ReduceOp::Min: return b < a ? b : a;
+      case ReduceOp::Max: return a < b ? b : a;
+      case ReduceOp::Avg: {
+        const T sum = static_cast<T>(static_cast<U>(ua + ub));
+        return last ? static_cast<T>(sum / static_cast<T>(divisor)) : sum;
+      }
+    }
+  }
+  return T{};
+}
+
+template <class T>
+T make_value(std::mt19937& rng) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 8);
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 8);
+  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(static_cast<int>(rng() % 200001) - 100000) / 64;
+  else return static_cast<T>(rng());  // full range: exercises wrap-around
+}
+
+template <class T>
+std::uint64_t bits_of(T v) {
+  std::uint64_t u = 0;
+  std::memcpy(&u, &v, sizeof v);
+  return u;
+}
+
+template <class T>
+void check_type(DataType type) {
+  std::mt19937 rng(static_cast<unsigned>(type) + 1);
+  constexpr std::size_t n = 1037;  // odd: exercises the vector loop's remainder
+  std::vector<T> a(n), b(n), out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = make_value<T>(rng);
+    b[i] = make_value<T>(rng);
+  }
+  for (int o = 0; o < kNumReduceOps; ++o) {
+    const auto op = static_cast<ReduceOp>(o);
+    const Reducer r = host_reducer(type, op);
+    REQUIRE(r.elem_size == sizeof(T));
+    for (bool last : {false, true}) {
+      INFO(to_string(type) << " " << to_string(op) << " last=" << last);
+      const CombineFn fn = last ? r.finish : r.combine;
+      fn(out.data(), a.data(), b.data(), n, 3);
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(bits_of(out[i]) == bits_of(reference(op, a[i], b[i], 3, last)));
+      // In place on either operand gives the same bits.
+      std::vector<T> x = a;
+      fn(x.data(), x.data(), b.data(), n, 3);
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(bits_of(x[i]) == bits_of(out[i]));
+      std::vector<T> y = b;
+      fn(y.data(), a.data(), y.data(), n, 3);
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(bits_of(y[i]) == bits_of(out[i]));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("host reducers match a reference for every type and op", "[reduce]") {
+  check_type<std::int8_t>(DataType::Int8);
+  check_type<std::uint8_t>(DataType::Uint8);
+  check_type<std::int32_t>(DataType::Int32);
+  check_type<std::uint32_t>(DataType::Uint32);
+  check_type<std::int64_t>(DataType::Int64);
+  check_type<std::uint64_t>(DataType::Uint64);
+  check_type<Half>(DataType::Float16);
+  check_type<BFloat16>(DataType::BFloat16);
+  check_type<float>(DataType::Float32);
+  check_type<double>(DataType::Float64);
+}
+
+TEST_CASE("integer sums wrap instead of invoking undefined behaviour", "[reduce]") {
+  const std::int32_t a[] = {std::numeric_limits<std::int32_t>::max()}, b[] = {1};
+  std::int32_t out[1];
+  host_reducer(DataType::Int32, ReduceOp::Sum).combine(out, a, b, 1, 1);
+  REQUIRE(out[0] == std::numeric_limits<std::int32_t>::min());
+  const std::int8_t c[] = {-7}, d[] = {0};
+  std::int8_t avg[1];
+  host_reducer(DataType::Int8, ReduceOp::Avg).finish(avg, c, d, 1, 2);
+  REQUIRE(avg[0] == -3);  // truncates toward zero
+}
+
+TEST_CASE("invalid enumerators give an empty reducer", "[reduce]") {
+  REQUIRE(host_reducer(static_cast<DataType>(99), ReduceOp::Sum).combine == nullptr);
+  REQUIRE(host_reducer(DataType::Float32, static_cast<ReduceOp>(99)).combine == nullptr);
+  REQUIRE(size_of(DataType::BFloat16) == 2);
+  REQUIRE(parse_data_type("bf16") == DataType::BFloat16);
+  REQUIRE(parse_reduce_op("avg") == ReduceOp::Avg);
+  REQUIRE_FALSE(parse_reduce_op("mean").has_value());
+}

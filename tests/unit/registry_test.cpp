@@ -1,0 +1,22 @@
+#include <ringfence/communicator.hpp>
+#include <ringfence/registry.hpp>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+TEST_CASE("registry keeps order, rejects duplicates and unknown names", "[registry]") {
+  TransportRegistry reg = builtin_transports();
+  REQUIRE(reg.names() == std::vector<std::string>{"shm"});
+  REQUIRE(reg.contains("shm"));
+  REQUIRE_FALSE(reg.contains("tcp"));
+  REQUIRE_THROWS_AS(reg.add("shm", [](const TransportContext&) { return std::unique_ptr<Transport>{}; }), InvalidUsage);
+  REQUIRE(reg.select({}) == std::vector<std::string>{"shm"});
+  REQUIRE(reg.select({"shm", "shm"}) == std::vector<std::string>{"shm"});
+  try {
+    (void)reg.select({"shm", "nvlink"});
+    FAIL("expected InvalidUsage");
+  } catch (const InvalidUsage& e) {
+    REQUIRE_THAT(e.what(), Catch::Contains("'nvlink'") && Catch::Contains("available: shm"));
+  }
+}

@@ -1,0 +1,467 @@
+// Shared-memory transport. Control plane (segments, mappings, registration) takes a mutex and
+// may throw; the Link data path is noexcept and allocation-free: a write is a memcpy into a
+// mapped segment or one process_vm_writev, a signal is a release store plus a futex wake.
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <ringfence/error.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/options.hpp>
+#include <ringfence/transports/shm.hpp>
+#include <string>
+#include <vector>
+
+namespace ringfence::transports::shm {
+namespace {
+
+constexpr std::string_view kSegmentPrefix = "rf-";  // /dev/shm/rf-<pid>-<nonce>-<n>
+
+// ---- key encoding --------------------------------------------------------------------------
+// Region key: u8 kind, u8[3] pad, i32 pid, u64 offset-or-address, u64 bytes, u32 name length,
+// name bytes. Parsed with bounds checks: a malformed key is an InvalidUsage, never a crash.
+enum class RegionKind : std::uint8_t { Segment = 1, Cma = 2 };
+constexpr std::size_t kKeyHeader = 28;
+constexpr std::size_t kMaxNameBytes = 255;
+
+struct KeyFields {
+  RegionKind kind{};
+  std::int32_t pid = 0;
+  std::uint64_t where = 0;
+  std::uint64_t bytes = 0;
+  std::string name;
+};
+
+Bytes encode_key(const KeyFields& k) {
+  Bytes out(kKeyHeader + k.name.size());
+  const auto kind = static_cast<std::uint8_t>(k.kind);
+  const auto len = static_cast<std::uint32_t>(k.name.size());
+  std::memcpy(out.data(), &kind, 1);
+  std::memcpy(out.data() + 4, &k.pid, 4);
+  std::memcpy(out.data() + 8, &k.where, 8);
+  std::memcpy(out.data() + 16, &k.bytes, 8);
+  std::memcpy(out.data() + 24, &len, 4);
+  std::memcpy(out.data() + kKeyHeader, k.name.data(), k.name.size());
+  return out;
+}
+
+KeyFields decode_key(std::span<const std::byte> key) {
+  RINGFENCE_EXPECTS(key.size() >= kKeyHeader, "shm: malformed region key ({} bytes)", key.size());
+  KeyFields k;
+  std::uint8_t kind = 0;
+  std::uint32_t len = 0;
+  std::memcpy(&kind, key.data(), 1);
+  std::memcpy(&k.pid, key.data() + 4, 4);
+  std::memcpy(&k.where, key.data() + 8, 8);
+  std::memcpy(&k.bytes, key.data() + 16, 8);
+  std::memcpy(&len, key.data() + 24, 4);
+  RINGFENCE_EXPECTS(kind == 1 || kind == 2, "shm: malformed region key (kind {})", kind);
+  RINGFENCE_EXPECTS(len <= kMaxNameBytes && len == key.size() - kKeyHeader, "shm: malformed region key (name length {})", len);
+  k.kind = static_cast<RegionKind>(kind);
+  k.name.assign(reinterpret_cast<const char*>(key.data() + kKeyHeader), len);
+  if (k.kind == RegionKind::Segment)
+    RINGFENCE_EXPECTS(k.name.starts_with(kSegmentPrefix) && k.name.find('/') == std::string::npos,
+                      "shm: region key names an invalid segment '{}'", k.name);
+  return k;
+}
+
+// ---- OS helpers ----------------------------------------------------------------------------
+long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+int pidfd_open(pid_t pid) noexcept { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool process_alive(pid_t pid) noexcept { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A peer segment mapped into this process; shared by every RemoteRegion importing it.
+struct Mapping {
+  std::byte* base = nullptr;
+  std::size_t bytes = 0;
+  ~Mapping() {
+    if (base) ::munmap(base, bytes);
+  }
+};
+
+struct LocalRegion final : MemoryRegion::Impl {
+  KeyFields fields;
+  Bytes key() const override { return encode_key(fields); }
+};
+
+struct Remote final : RemoteRegion::Impl {
+  RegionKind kind{};
+  std::shared_ptr<Mapping> mapping;  // Segment: keeps the mapping alive
+  std::byte* base = nullptr;         // Segment: start of the region in our address space
+  pid_t pid = 0;                     // Cma: owner process
+  std::uint64_t address = 0;         // Cma: start of the region in the owner's address space
+};
+
+// ---- Link ------------------------------------------------------------------------------------
+class ShmLink final : public Link {
+ public:
+  ShmLink(int peer, pid_t peer_pid, int pidfd, const ShmOptions& options)
+      : peer_(peer), peer_pid_(peer_pid), pidfd_(pidfd), options_(options), self_(peer_pid == ::getpid()) {}
+  ~ShmLink() override {
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+
+  Status write(const WriteOp& op) noexcept override {
+    RINGFENCE_TRY(check_usable());
+    const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
+    if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
+      return fail(ErrorCode::InvalidUsage);
+    if (!has_room()) return Status(ErrorCode::InProgress);
+    if (dst->kind == RegionKind::Segment) {
+      std::memcpy(dst->base + op.dst_offset, op.src, op.bytes);
+    } else {
+      RINGFENCE_TRY(cma_write(*dst, op));
+    }
+    stats_.writes.fetch_add(1, std::memory_order_relaxed);
+    stats_.bytes_written.fetch_add(op.bytes, std::memory_order_relaxed);
+    push(op.wr_id, Status::ok());
+    return Status::ok();
+  }
+
+  Status signal(const SignalOp& op) noexcept override {
+    RINGFENCE_TRY(check_usable());
+    const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
+    if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || op.offset % alignof(SignalFlag) != 0 ||
+                           op.offset > op.dst->size() || op.dst->size() - op.offset < sizeof(SignalFlag)))
+      return fail(ErrorCode::InvalidUsage);
+    if (!has_room()) return Status(ErrorCode::InProgress);
+    auto* flag = reinterpret_cast<SignalFlag*>(dst->base + op.offset);
+    // seq_cst store + seq_cst load of `waiters` pairs with the waiter's seq_cst increment and
+    // re-check (Dekker): either we see the sleeper and wake it, or it sees the new value.
+    // The store also releases every earlier memcpy on this link to the acquiring reader.
+    flag->value.store(op.value, std::memory_order_seq_cst);
+    if (flag->waiters.load(std::memory_order_seq_cst) != 0) futex(&flag->value, FUTEX_WAKE, INT_MAX, nullptr);
+    stats_.signals.fetch_add(1, std::memory_order_relaxed);
+    push(op.wr_id, Status::ok());
+    return Status::ok();
+  }
+
+  Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
+    n = 0;
+    while (n < out.size() && tail_ != head_) {
+      out[n++] = queue_[tail_ % kQueue];
+      ++tail_;
+    }
+    return Status::ok();
+  }
+
+  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < options_.spin_count; ++i) {
+      if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
+      cpu_relax();
+    }
+    if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
+    if (!peer_alive()) return fail(ErrorCode::PeerUnreachable);
+    // Sleep in slices so a peer death is noticed within one slice even without a signal.
+    constexpr auto kSlice = std::chrono::milliseconds(20);
+    const auto slice = std::min<std::chrono::nanoseconds>(max, kSlice);
+    flag.waiters.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = flag.value.load(std::memory_order_seq_cst);
+    if (!reached(seen, target)) {
+      timespec ts{static_cast<time_t>(slice.count() / 1000000000), static_cast<long>(slice.count() % 1000000000)};
+      futex(&flag.value, FUTEX_WAIT, seen, &ts);
+    }
+    flag.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
+    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
+                             std::memory_order_relaxed);
+    return Status(ErrorCode::InProgress);
+  }
+
+  void fence(FenceReason) noexcept override {
+    // Every shm operation completes inside write()/signal(), so nothing is pending: fencing
+    // only refuses later operations. Idempotent.
+    state_ = LinkState::Fenced;
+  }
+  LinkState state() const noexcept override { return state_; }
+  int peer() const noexcept override { return peer_; }
+  const LinkStats& stats() const noexcept override { return stats_; }
+
+ private:
+  static constexpr std::size_t kQueue = 256;
+
+  Status check_usable() const noexcept {
+    if (RINGFENCE_UNLIKELY(state_ == LinkState::Fenced)) return Status(ErrorCode::Fenced);
+    return Status::ok();
+  }
+  Status fail(ErrorCode code, int native = 0) noexcept {
+    stats_.errors.fetch_add(1, std::memory_order_relaxed);
+    return Status(code, native);
+  }
+  Status done(std::chrono::steady_clock::time_point start) noexcept {
+    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
+                             std::memory_order_relaxed);
+    return Status::ok();
+  }
+  bool has_room() const noexcept { return head_ - tail_ < kQueue; }
+  void push(std::uint64_t id, Status s) noexcept { queue_[head_++ % kQueue] = Completion{id, s}; }
+
+  bool peer_alive() const noexcept {
+    if (self_) return true;
+    if (pidfd_ >= 0) {
+      pollfd p{pidfd_, POLLIN, 0};
+      return ::poll(&p, 1, 0) == 0;  // readable = the process has exited
+    }
+    return process_alive(peer_pid_);
+  }
+
+  Status cma_write(const Remote& dst, const WriteOp& op) noexcept {
+    if (!options_.cross_memory_attach) return fail(ErrorCode::InvalidUsage);
+    std::size_t done_bytes = 0;
+    while (done_bytes < op.bytes) {
+      iovec local{const_cast<std::byte*>(static_cast<const std::byte*>(op.src)) + done_bytes, op.bytes - done_bytes};
+      iovec remote{reinterpret_cast<void*>(dst.address + op.dst_offset + done_bytes), op.bytes - done_bytes};
+      const ssize_t n = ::process_vm_writev(dst.pid, &local, 1, &remote, 1, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        return fail(err == ESRCH ? ErrorCode::PeerUnreachable : err == EFAULT ? ErrorCode::InvalidUsage : ErrorCode::System, err);
+      }
+      if (n == 0) return fail(ErrorCode::System, EIO);
+      done_bytes += static_cast<std::size_t>(n);
+    }
+    return Status::ok();
+  }
+
+  int peer_;
+  pid_t peer_pid_;
+  int pidfd_;
+  ShmOptions options_;
+  bool self_;
+  LinkState state_ = LinkState::Up;
+  LinkStats stats_;
+  Completion queue_[kQueue];
+  std::size_t head_ = 0, tail_ = 0;
+};
+
+class ShmPending final : public PendingLink {
+ public:
+  explicit ShmPending(std::unique_ptr<Link> link) : link_(std::move(link)) {}
+  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
+    if (!link_) return Status(ErrorCode::InvalidUsage);
+    out = std::move(link_);
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<Link> link_;
+};
+
+class ShmListen final : public ListenHandle {
+ public:
+  explicit ShmListen(Bytes address) : address_(std::move(address)) {}
+  Bytes address() const override { return address_; }
+
+ private:
+  Bytes address_;
+};
+
+// ---- Transport -------------------------------------------------------------------------------
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(const TransportContext& ctx)
+      : self_(ctx.self), options_(ctx.options ? ctx.options->shm : ShmOptions{}), log_(ctx.log) {
+    std::random_device rd;
+    nonce_ = fmt::format("{:08x}", static_cast<std::uint32_t>(rd()));
+    remove_stale_segments();
+  }
+  ~ShmTransport() override {
+    for (auto& s : segments_) {
+      ::munmap(s.base, s.bytes);
+      ::shm_unlink(s.name.c_str());
+    }
+  }
+
+  std::string_view name() const noexcept override { return kName; }
+
+  Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const override {
+    Reachability r;
+    if (self.host_id != peer.host_id) {
+      r.reason = fmt::format("rank {} is on host '{}', rank {} on host '{}'", self.rank, self.host_id, peer.rank, peer.host_id);
+      return r;
+    }
+    r.ok = true;
+    r.bandwidth_gbps = 10.0;  // one memcpy stream on a typical server; refined by the tuner's probe
+    r.latency_us = 0.5;
+    return r;
+  }
+
+  void* allocate(std::size_t bytes, MemoryKind kind) override {
+    if (kind != MemoryKind::Host || bytes == 0) return nullptr;
+    std::lock_guard lock(mutex_);
+    const std::string name = fmt::format("/{}{}-{}-{}", kSegmentPrefix, ::getpid(), nonce_, next_segment_++);
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw SystemError(fmt::format("shm_open({}) failed: {}", name, std::strerror(errno)), errno);
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw SystemError(fmt::format("ftruncate({}, {}) failed: {} (is /dev/shm large enough?)", name, bytes, std::strerror(err)), err);
+    }
+    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      ::shm_unlink(name.c_str());
+      throw SystemError(fmt::format("mmap of {} bytes of {} failed: {}", bytes, name, std::strerror(err)), err);
+    }
+    segments_.push_back(Segment{name, static_cast<std::byte*>(base), bytes});
+    return base;
+  }
+
+  bool deallocate(void* ptr) noexcept override {
+    std::lock_guard lock(mutex_);
+    for (auto it = segments_.begin(); it != segments_.end(); ++it) {
+      if (it->base != ptr) continue;
+      ::munmap(it->base, it->bytes);
+      ::shm_unlink(it->name.c_str());
+      segments_.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
+    RINGFENCE_EXPECTS(kind == MemoryKind::Host, "shm: cannot register {} memory", to_string(kind));
+    RINGFENCE_EXPECTS(ptr != nullptr || bytes == 0, "shm: register_memory(nullptr, {})", bytes);
+    auto impl = std::make_unique<LocalRegion>();
+    {
+      std::lock_guard lock(mutex_);
+      const auto* p = static_cast<const std::byte*>(ptr);
+      for (const auto& s : segments_) {
+        if (p >= s.base && p <= s.base + s.bytes && bytes <= static_cast<std::size_t>(s.base + s.bytes - p)) {
+          impl->fields = KeyFields{RegionKind::Segment, self_.pid, static_cast<std::uint64_t>(p - s.base), bytes,
+                                   s.name.substr(1)};
+          return MemoryRegion(std::move(impl), ptr, bytes, kind);
+        }
+      }
+    }
+    RINGFENCE_EXPECTS(options_.cross_memory_attach,
+                      "rank {}: shm: buffer {} is not from comm.alloc() and cross-memory attach is disabled (RINGFENCE_SHM_CMA=0)",
+                      self_.rank, ptr);
+    impl->fields = KeyFields{RegionKind::Cma, self_.pid, reinterpret_cast<std::uint64_t>(ptr), bytes, {}};
+    return MemoryRegion(std::move(impl), ptr, bytes, kind);
+  }
+
+  RemoteRegion import_region(std::span<const std::byte> peer_key) override {
+    const KeyFields k = decode_key(peer_key);
+    auto remote = std::make_unique<Remote>();
+    remote->kind = k.kind;
+    if (k.kind == RegionKind::Cma) {
+      remote->pid = k.pid;
+      remote->address = k.where;
+      return RemoteRegion(std::move(remote), k.bytes);
+    }
+    std::shared_ptr<Mapping> mapping = map_segment("/" + k.name);
+    RINGFENCE_EXPECTS(k.where <= mapping->bytes && k.bytes <= mapping->bytes - k.where,
+                      "shm: region [{}, +{}) lies outside segment {} of {} bytes", k.where, k.bytes, k.name, mapping->bytes);
+    remote->base = mapping->base + k.where;
+    remote->mapping = std::move(mapping);
+    return RemoteRegion(std::move(remote), k.bytes);
+  }
+
+  std::unique_ptr<ListenHandle> listen() override { return std::make_unique<ShmListen>(serialize(self_)); }
+
+  std::unique_ptr<PendingLink> connect(ListenHandle&, const PeerInfo& peer, std::span<const std::byte> address) override {
+    const PeerInfo remote = deserialize_peer_info(address);
+    RINGFENCE_EXPECTS(remote.rank == peer.rank && remote.host_id == self_.host_id,
+                      "rank {}: shm cannot reach rank {} (host '{}' vs '{}')", self_.rank, peer.rank, remote.host_id,
+                      self_.host_id);
+    int fd = -1;
+    if (remote.pid != ::getpid()) {
+      fd = pidfd_open(remote.pid);
+      if (fd < 0 && errno == ESRCH)
+        throw PeerUnreachableError(fmt::format("rank {}: shm peer rank {} (pid {}) has exited", self_.rank, peer.rank, remote.pid));
+    }
+    return std::make_unique<ShmPending>(std::make_unique<ShmLink>(peer.rank, remote.pid, fd, options_));
+  }
+
+ private:
+  struct Segment {
+    std::string name;
+    std::byte* base;
+    std::size_t bytes;
+  };
+
+  std::shared_ptr<Mapping> map_segment(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    if (auto it = mappings_.find(name); it != mappings_.end())
+      if (auto live = it->second.lock()) return live;
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw SystemError(fmt::format("rank {}: shm_open({}) of a peer segment failed: {}", self_.rank, name, std::strerror(errno)), errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw SystemError(fmt::format("fstat({}) failed: {}", name, std::strerror(err)), err);
+    }
+    auto mapping = std::make_shared<Mapping>();
+    void* base = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) throw SystemError(fmt::format("mmap({}) failed: {}", name, std::strerror(err)), err);
+    mapping->base = static_cast<std::byte*>(base);
+    mapping->bytes = static_cast<std::size_t>(st.st_size);
+    mappings_[name] = mapping;
+    return mapping;
+  }
+
+  // Segments are named rf-<pid>-...; those whose creator no longer exists were leaked by a
+  // crash (a clean exit unlinks them). Remove them so /dev/shm does not fill up.
+  void remove_stale_segments() noexcept {
+    DIR* dir = ::opendir("/dev/shm");
+    if (!dir) return;
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string_view n(e->d_name);
+      if (!n.starts_with(kSegmentPrefix)) continue;
+      const long pid = std::strtol(e->d_name + kSegmentPrefix.size(), nullptr, 10);
+      if (pid > 0 && !process_alive(static_cast<pid_t>(pid))) {
+        const std::string path = "/" + std::string(n);
+        if (::shm_unlink(path.c_str()) == 0 && log_) log_->debug("shm: removed stale segment {}", path);
+      }
+    }
+    ::closedir(dir);
+  }
+
+  PeerInfo self_;
+  ShmOptions options_;
+  const Logger* log_;
+  std::string nonce_;
+  std::mutex mutex_;
+  std::vector<Segment> segments_;
+  std::map<std::string, std::weak_ptr<Mapping>> mappings_;
+  std::uint64_t next_segment_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_transport(const TransportContext& context) { return std::make_unique<ShmTransport>(context); }
+
+}  // namespace ringfence::transports::shm
