@@ -104,7 +104,8 @@ Fd bind_socket(const std::string& host, std::uint16_t port, int type_flags) {
   if (int rc = resolve_ipv4(host, port, true, addr); rc != 0)
     throw SystemError(fmt::format("cannot resolve store bind address '{}': {}", host, gai_text(rc)), EINVAL);
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | type_flags, 0));
-  if (!fd.valid()) throw SystemError(fmt::format("socket() for store on {}:{}: {}", host, port, errno_text(errno)), errno);
+  if (!fd.valid())
+    throw SystemError(fmt::format("socket() for store on {}:{}: {}", host, port, errno_text(errno)), errno);
   int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
@@ -278,7 +279,8 @@ ParseResult RequestParser::feed(std::span<const std::byte>& in) {
 }
 
 std::string_view RequestParser::key() const noexcept {
-  return std::string_view(reinterpret_cast<const char*>(body_.data()), std::min<std::size_t>(header_.key_len, body_.size()));
+  return std::string_view(reinterpret_cast<const char*>(body_.data()),
+                          std::min<std::size_t>(header_.key_len, body_.size()));
 }
 
 std::span<const std::byte> RequestParser::value() const noexcept {
@@ -747,7 +749,8 @@ Bytes TcpStoreClient::request(store_wire::Op op, std::string_view key, std::span
       int n = ::poll(&p, 1, remaining_ms(deadline));
       if (n > 0) return;
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw SystemError(fmt::format("poll() on store connection to {}: {}", peer_, errno_text(errno)), errno);
+      if (n < 0)
+        throw SystemError(fmt::format("poll() on store connection to {}: {}", peer_, errno_text(errno)), errno);
       throw TimeoutError(fmt::format("store at {} did not {} within {} ms", peer_, what, io_timeout_.count()));
     }
   };
@@ -823,8 +826,8 @@ Bytes TcpStoreClient::get(std::string_view key, std::chrono::milliseconds timeou
     }
     if (reply == store_wire::Reply::Ok) return value;
     if (reply != store_wire::Reply::NotFound)
-      throw InvalidUsage(fmt::format("store at {} rejected get of key '{}' (reply {})", peer_, key,
-                                     static_cast<int>(reply)));
+      throw InvalidUsage(
+          fmt::format("store at {} rejected get of key '{}' (reply {})", peer_, key, static_cast<int>(reply)));
     const auto now = Clock::now();
     if (now >= deadline)
       throw TimeoutError(
@@ -863,8 +866,8 @@ constexpr std::size_t kIdMaxHost = 128 - kIdHostOffset - 1;
 }  // namespace
 
 UniqueId UniqueId::make(const std::string& host, std::uint16_t port, const JobToken& token) {
-  RINGFENCE_EXPECTS(!host.empty() && host.size() <= kIdMaxHost,
-                    "UniqueId host '{}' must be 1..{} characters (got {})", host, kIdMaxHost, host.size());
+  RINGFENCE_EXPECTS(!host.empty() && host.size() <= kIdMaxHost, "UniqueId host '{}' must be 1..{} characters (got {})",
+                    host, kIdMaxHost, host.size());
   RINGFENCE_EXPECTS(host.find('\0') == std::string::npos, "UniqueId host contains a NUL character");
   UniqueId id;
   std::memcpy(id.bytes.data(), &kUniqueIdMagic, 4);

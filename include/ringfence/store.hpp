@@ -4,6 +4,7 @@
 /// the job token, every frame length-bounded, every wait bounded by a deadline) and an
 /// in-process store for thread ranks. Control plane: these calls block and throw.
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -132,6 +133,7 @@ struct TcpStoreServerOptions {
 class TcpStoreServer {
  public:
   /// Binds `bind_host:port` (port 0 = any free port; see `port()`) and starts serving.
+  /// `log` (optional, not owned) must outlive the server.
   /// Throws `SystemError` when the address cannot be bound.
   TcpStoreServer(const JobToken& token, const std::string& bind_host, std::uint16_t port,
                  TcpStoreServerOptions options = {}, const Logger* log = nullptr);

@@ -47,8 +47,8 @@ constexpr int kExitUsage = 2;
 constexpr int kExitTimeout = 124;
 constexpr int kMaxRanks = 4096;
 constexpr auto kKillGrace = std::chrono::seconds(2);
-// After the last rank is reaped, output still held by orphaned grandchildren is drained for at
-// most this long.
+// After the last rank is reaped (and its leftover process group killed), output is drained for
+// at most this long.
 constexpr auto kDrainGrace = std::chrono::seconds(1);
 // A line longer than this is printed in pieces rather than buffered without bound.
 constexpr std::size_t kMaxLineBytes = 64u << 10;
@@ -143,8 +143,8 @@ void write_all(int fd, std::string_view data) {
 
 /// One captured stream of one rank.
 struct Stream {
-  int fd = -1;      // read end; -1 once EOF was seen
-  int out_fd = 1;   // where prefixed lines go
+  int fd = -1;     // read end; -1 once EOF was seen
+  int out_fd = 1;  // where prefixed lines go
   std::string partial;
 
   /// Emits every complete line of `partial` (and everything when `at_eof`).
@@ -203,7 +203,7 @@ class Launcher {
   Args args_;
   std::vector<Rank> ranks_;
   sigset_t old_mask_{};
-  std::optional<int> exit_code_;         // first failure (or 124 / 128+sig) decides the exit code
+  std::optional<int> exit_code_;  // first failure (or 124 / 128+sig) decides the exit code
   std::optional<Clock::time_point> kill_at_;
   bool timed_out_ = false;
 };
@@ -401,7 +401,14 @@ int Launcher::run() {
     const auto now = Clock::now();
     if (alive_count() == 0) {
       if (!streams_open()) break;
-      if (!drain_until) drain_until = now + kDrainGrace;
+      if (!drain_until) {
+        // Every rank has exited but a pipe is still open: a descendant (e.g. a background job of
+        // `sh -c`) outlived its rank. Kill what is left of those ranks' process groups so no
+        // orphan of the job survives the launcher.
+        for (const auto& r : ranks_)
+          if (r.out.fd >= 0 || r.err.fd >= 0) ::kill(-r.pid, SIGKILL);
+        drain_until = now + kDrainGrace;
+      }
       if (now >= *drain_until) break;  // a grandchild still holds a pipe open: stop waiting
     }
     if (!timed_out_ && now >= timeout_at && alive_count() > 0) {
@@ -432,8 +439,8 @@ int Launcher::run() {
     if (drain_until) wake = std::min(wake, *drain_until);
     int timeout_ms = -1;
     if (wake != Clock::time_point::max())
-      timeout_ms = static_cast<int>(
-          std::max<long long>(1, std::chrono::ceil<std::chrono::milliseconds>(wake - now).count()));
+      timeout_ms =
+          static_cast<int>(std::max<long long>(1, std::chrono::ceil<std::chrono::milliseconds>(wake - now).count()));
     int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;

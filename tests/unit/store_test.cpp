@@ -456,8 +456,7 @@ TEST_CASE("TcpStoreServer enforces max_connections", "[store]") {
   options.max_connections = 1;
   ringfence::TcpStoreServer server(token, "127.0.0.1", 0, options);
   ringfence::TcpStoreClient first("127.0.0.1", server.port(), token, 1000ms);
-  CHECK_THROWS_AS(ringfence::TcpStoreClient("127.0.0.1", server.port(), token, 500ms),
-                  ringfence::PeerUnreachableError);
+  CHECK_THROWS_AS(ringfence::TcpStoreClient("127.0.0.1", server.port(), token, 500ms), ringfence::PeerUnreachableError);
   CHECK(server.refused() == 1);
   first.set("still", to_bytes("works"));
   CHECK(to_string(first.get("still", 0ms)) == "works");
@@ -662,8 +661,8 @@ TEST_CASE("ringfence-run rank body", "[.][launcher-child]") {
   for (std::size_t i = 0; i < token.size(); ++i)
     token[i] = static_cast<std::uint8_t>(std::stoi(std::string(token_hex + 2 * i, 2), nullptr, 16));
   const int rank = std::atoi(rank_s), size = std::atoi(size_s);
-  ringfence::TcpStoreClient store(a.substr(0, colon), static_cast<std::uint16_t>(std::stoi(a.substr(colon + 1))),
-                                  token, 2000ms);
+  ringfence::TcpStoreClient store(a.substr(0, colon), static_cast<std::uint16_t>(std::stoi(a.substr(colon + 1))), token,
+                                  2000ms);
   store.set("rank/" + std::to_string(rank), to_bytes("r" + std::to_string(rank)));
   store.add("arrived", 1);
   for (int peer = 0; peer < size; ++peer)

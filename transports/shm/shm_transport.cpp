@@ -6,6 +6,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -176,6 +177,9 @@ class ShmLink final : public Link {
     for (int i = 0; i < options_.spin_count; ++i) {
       if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
       cpu_relax();
+      // With more ranks than cores the peer we wait for may need this core: yield now and then
+      // (a no-op syscall when nobody else is runnable).
+      if ((i & 31) == 31) sched_yield();
     }
     if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
     if (!peer_alive()) return fail(ErrorCode::PeerUnreachable);
