@@ -102,8 +102,13 @@ best() {
 }
 
 cores=$(nproc)
+llc=$(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo 0)
 echo "# ringfence vs MPI allreduce: dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
      "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores"
+# The bound counts DRAM traffic: it holds once the buffers are well beyond the last-level
+# cache; smaller messages run from cache and may exceed it.
+[[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&
+  echo "# bound = B(n-1)/n^2 applies to messages well above the L3 cache ($((llc >> 20)) MiB); smaller ones run from cache"
 printf '%6s %12s %12s %12s %8s %12s\n' "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
 for n in $ranks; do
   # Memory bandwidth with as many copying threads as ranks can run at once.
