@@ -143,3 +143,27 @@ TEST_CASE("ranks on different hosts with only shm fail with a clear error", "[en
   REQUIRE_THAT(message[0], Catch::Contains("no transport reaches rank 1") && Catch::Contains("host1"));
   REQUIRE_THAT(message[1], Catch::Contains("no transport reaches rank 0"));
 }
+
+TEST_CASE("thread ranks: NCCL-style unique id bootstraps through rank 0's TCP store", "[engine][store]") {
+  const UniqueId id = get_unique_id("127.0.0.1");
+  const int n = 3;
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<int> good{0};
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator comm(id, r, n, CommOptions{.timeout = std::chrono::seconds(20), .host_id = "uid-host"});
+        std::int64_t v = 10 + r;
+        comm.allreduce(&v, &v, 1, DataType::Int64, ReduceOp::Sum);
+        if (v == 33) ++good;
+        comm.barrier();  // rank 0 (the store host) must outlive the others' setup
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  REQUIRE(good == n);
+}
