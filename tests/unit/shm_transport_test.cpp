@@ -1,0 +1,208 @@
+// The shm transport against the SPI contract: segment and cross-memory-attach writes, signal
+// ordering and waiting, completion ids, bounds, fencing, malformed keys, dead peers.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <ringfence/error.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/options.hpp>
+#include <ringfence/transports/shm.hpp>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+namespace {
+
+struct Pair {
+  CommOptions options;
+  Logger log;
+  std::unique_ptr<Transport> a, b;
+  std::unique_ptr<Link> a_to_b;
+  Pair() {
+    options.shm.spin_count = 10;
+    PeerInfo pa{0, "h", static_cast<std::int32_t>(::getpid())}, pb{1, "h", static_cast<std::int32_t>(::getpid())};
+    a = transports::shm::make_transport(TransportContext{pa, 2, &options, &log});
+    b = transports::shm::make_transport(TransportContext{pb, 2, &options, &log});
+    auto la = a->listen(), lb = b->listen();
+    auto pending = a->connect(*la, pb, lb->address());
+    REQUIRE(pending->try_finish(a_to_b).is_ok());
+    REQUIRE(a_to_b->state() == LinkState::Up);
+    REQUIRE(a_to_b->peer() == 1);
+  }
+};
+
+std::vector<Completion> drain(Link& link) {
+  std::vector<Completion> out(16);
+  std::size_t n = 0;
+  REQUIRE(link.poll(out, n).is_ok());
+  out.resize(n);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("shm: reachability follows the host id", "[shm][conformance]") {
+  Pair p;
+  REQUIRE(p.a->name() == "shm");
+  REQUIRE(p.a->can_reach(PeerInfo{0, "h", 1}, PeerInfo{1, "h", 2}).ok);
+  const Reachability r = p.a->can_reach(PeerInfo{0, "h", 1}, PeerInfo{1, "other", 2});
+  REQUIRE_FALSE(r.ok);
+  REQUIRE_THAT(r.reason, Catch::Contains("other"));
+}
+
+TEST_CASE("shm: write into a shared segment, then signal, in order with completion ids", "[shm][conformance]") {
+  Pair p;
+  auto* mem = static_cast<std::byte*>(p.b->allocate(4096 + sizeof(SignalFlag), MemoryKind::Host));
+  REQUIRE(mem != nullptr);
+  MemoryRegion region = p.b->register_memory(mem, 4096 + sizeof(SignalFlag), MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  REQUIRE(remote.size() == 4096 + sizeof(SignalFlag));
+  std::vector<std::uint8_t> src(1000);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 7);
+  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &remote, 64, src.size(), 11}).is_ok());
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 4096, 5, 12}).is_ok());
+  auto done = drain(*p.a_to_b);
+  REQUIRE(done.size() == 2);
+  REQUIRE(done[0].wr_id == 11);
+  REQUIRE(done[1].wr_id == 12);
+  REQUIRE(done[0].status.is_ok());
+  auto& flag = *reinterpret_cast<SignalFlag*>(mem + 4096);
+  REQUIRE(p.a_to_b->wait(flag, 5, std::chrono::milliseconds(10)).is_ok());
+  REQUIRE(std::memcmp(mem + 64, src.data(), src.size()) == 0);
+  REQUIRE(p.a_to_b->wait(flag, 6, std::chrono::milliseconds(5)).in_progress());  // not reached: bounded wait
+  REQUIRE(p.a_to_b->stats().bytes_written == 1000);
+  REQUIRE_FALSE(p.a->deallocate(mem));  // not a's memory
+  REQUIRE(p.b->deallocate(mem));
+  REQUIRE_FALSE(p.b->deallocate(mem));
+}
+
+TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another thread", "[shm][conformance]") {
+  Pair p;
+  auto* mem = static_cast<std::byte*>(p.b->allocate(sizeof(SignalFlag), MemoryKind::Host));
+  MemoryRegion region = p.b->register_memory(mem, sizeof(SignalFlag), MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  auto& flag = *reinterpret_cast<SignalFlag*>(mem);
+  std::thread signaller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(p.a_to_b->signal(SignalOp{&remote, 0, 1, 1}).is_ok());
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = Status(ErrorCode::InProgress);
+  while (s.in_progress()) s = p.a_to_b->wait(flag, 1, std::chrono::seconds(5));
+  signaller.join();
+  REQUIRE(s.is_ok());
+  REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+}
+
+TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach copy", "[shm][conformance][cma]") {
+  Pair p;
+  std::vector<std::uint32_t> target(1024, 0);
+  MemoryRegion region = p.b->register_memory(target.data(), target.size() * 4, MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  std::vector<std::uint32_t> src(512);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &remote, 256 * 4, src.size() * 4, 1}).is_ok());
+  for (std::size_t i = 0; i < 512; ++i) REQUIRE(target[256 + i] == src[i]);
+  REQUIRE(target[255] == 0);
+  REQUIRE(target[768] == 0);
+  // Signals need shared memory: a CMA region cannot hold a flag.
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 0, 1, 2}).code() == ErrorCode::InvalidUsage);
+}
+
+TEST_CASE("shm: cross-memory attach works across processes", "[shm][conformance][cma]") {
+  // The child writes into the parent's plain heap buffer through the parent's region key.
+  Pair p;
+  std::vector<std::uint64_t> target(4096, 0);
+  MemoryRegion region = p.b->register_memory(target.data(), target.size() * 8, MemoryKind::Host);
+  const Bytes key = region.key();
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    CommOptions options;
+    Logger log;
+    PeerInfo self{0, "h", static_cast<std::int32_t>(::getpid())}, parent{1, "h", static_cast<std::int32_t>(::getppid())};
+    auto t = transports::shm::make_transport(TransportContext{self, 2, &options, &log});
+    auto listen = t->listen();
+    std::unique_ptr<Link> link;
+    if (!t->connect(*listen, parent, serialize(parent))->try_finish(link).is_ok()) _exit(2);
+    RemoteRegion remote = t->import_region(key);
+    std::vector<std::uint64_t> src(4096);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = i * i + 1;
+    _exit(link->write(WriteOp{src.data(), nullptr, &remote, 0, src.size() * 8, 1}).is_ok() ? 0 : 3);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  for (std::size_t i = 0; i < target.size(); ++i) REQUIRE(target[i] == i * i + 1);
+}
+
+TEST_CASE("shm: out-of-bounds writes and signals are refused, nothing is written", "[shm][conformance]") {
+  Pair p;
+  auto* mem = static_cast<std::byte*>(p.b->allocate(256, MemoryKind::Host));
+  std::memset(mem, 0, 256);
+  MemoryRegion region = p.b->register_memory(mem, 128, MemoryKind::Host);  // half the segment
+  RemoteRegion remote = p.a->import_region(region.key());
+  std::byte src[256];
+  std::memset(src, 0xff, sizeof src);
+  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 100, 29, 1}).code() == ErrorCode::InvalidUsage);
+  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, SIZE_MAX, 2, 1}).code() == ErrorCode::InvalidUsage);
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 96, 1, 2}).code() == ErrorCode::InvalidUsage);  // flag would cross the end
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 8, 1, 2}).code() == ErrorCode::InvalidUsage);   // misaligned
+  for (int i = 0; i < 256; ++i) REQUIRE(mem[i] == std::byte{0});
+  REQUIRE(p.a_to_b->stats().errors == 4);
+  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 100, 28, 1}).is_ok());  // exactly to the end
+}
+
+TEST_CASE("shm: fence is idempotent and refuses later operations", "[shm][conformance]") {
+  Pair p;
+  auto* mem = static_cast<std::byte*>(p.b->allocate(128, MemoryKind::Host));
+  MemoryRegion region = p.b->register_memory(mem, 128, MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  std::byte src[8] = {};
+  p.a_to_b->fence(FenceReason::User);
+  p.a_to_b->fence(FenceReason::User);
+  REQUIRE(p.a_to_b->state() == LinkState::Fenced);
+  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 0, 8, 1}).code() == ErrorCode::Fenced);
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 0, 1, 2}).code() == ErrorCode::Fenced);
+}
+
+TEST_CASE("shm: malformed region keys are rejected", "[shm][conformance]") {
+  Pair p;
+  REQUIRE_THROWS_AS(p.a->import_region(Bytes(5)), InvalidUsage);
+  auto* mem = p.b->allocate(64, MemoryKind::Host);
+  Bytes key = p.b->register_memory(mem, 64, MemoryKind::Host).key();
+  Bytes bad = key;
+  bad[0] = std::byte{9};  // unknown kind
+  REQUIRE_THROWS_AS(p.a->import_region(bad), InvalidUsage);
+  bad = key;
+  bad.push_back(std::byte{'x'});  // name length disagrees with the key size
+  REQUIRE_THROWS_AS(p.a->import_region(bad), InvalidUsage);
+  bad = key;
+  bad[16] = std::byte{0xff};  // region larger than the segment
+  REQUIRE_THROWS_AS(p.a->import_region(bad), InvalidUsage);
+}
+
+TEST_CASE("shm: waiting on a peer that exited reports PeerUnreachable at once", "[shm][conformance]") {
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  CommOptions options;
+  options.shm.spin_count = 0;
+  Logger log;
+  PeerInfo self{0, "h", static_cast<std::int32_t>(::getpid())}, peer{1, "h", static_cast<std::int32_t>(child)};
+  auto t = transports::shm::make_transport(TransportContext{self, 2, &options, &log});
+  auto listen = t->listen();
+  std::unique_ptr<Link> link;
+  REQUIRE(t->connect(*listen, peer, serialize(peer))->try_finish(link).is_ok());  // pidfd taken while it lives (zombie)
+  int status = 0;
+  waitpid(child, &status, 0);
+  SignalFlag flag;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(link->wait(flag, 1, std::chrono::seconds(5)).code() == ErrorCode::PeerUnreachable);
+  REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+}
