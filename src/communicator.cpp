@@ -86,6 +86,23 @@ struct Communicator::Impl {
   void* inbox_mem = nullptr;
   detail::FlagBlock flags;
   std::uint64_t seq = 0;
+  // Direct-write caches: our output buffers registered with the left link's transport, and the
+  // right neighbour's output keys imported. Bounded; misses allocate (like NCCL's lazy
+  // registration), hits do not.
+  struct LocalReg {
+    const void* ptr;
+    std::size_t bytes;
+    MemoryRegion region;
+    Bytes key;
+  };
+  struct RemoteReg {
+    Bytes key;
+    RemoteRegion region;
+  };
+  static constexpr std::size_t kRegCacheEntries = 32;
+  std::vector<LocalReg> local_regs;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> user_allocs;  // alloc()ed ranges
+  std::vector<RemoteReg> remote_regs;
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
   Status failure;
   std::string failure_message;
@@ -93,6 +110,8 @@ struct Communicator::Impl {
   ~Impl() {
     for (auto& ch : channels)
       if (ch->link) ch->link->fence(FenceReason::Shutdown);
+    remote_regs.clear();
+    local_regs.clear();
     channels.clear();  // regions and links go before the memory they describe
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);
   }
@@ -162,8 +181,7 @@ struct Communicator::Impl {
     channel_to(right_rank);
 
     flags_mem = allocate(detail::FlagBlock::bytes(size));
-    flags.data = static_cast<SignalFlag*>(flags_mem);
-    flags.credit = flags.data + size;
+    flags.bind(flags_mem, size);
     const std::size_t inbox_bytes = engine.slot_bytes * static_cast<std::size_t>(engine.slots);
     inbox_mem = allocate(inbox_bytes * channels.size());
     for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
@@ -222,17 +240,18 @@ struct Communicator::Impl {
     for (auto& ch : channels) {
       ch->flags_region = ch->transport->register_memory(flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
       ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, MemoryKind::Host);
-      store->set(fmt::format("regions/{}/for/{}", rank, ch->peer), pack({ch->inbox_region.key(), ch->flags_region.key()}));
+      store->set(fmt::format("regions/{}/for/{}", rank, ch->peer),
+                 pack({ch->inbox_region.key(), ch->flags_region.key(), to_bytes(protocol_fingerprint())}));
     }
     for (auto& ch : channels) {
       const auto parts = unpack(store->get(fmt::format("regions/{}/for/{}", ch->peer, rank), options.timeout), "region keys");
-      RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {}", rank, ch->peer);
+      RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
+      RINGFENCE_EXPECTS(to_string(parts[2]) == protocol_fingerprint(),
+                        "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
+                        "RINGFENCE_SLOTS and RINGFENCE_DIRECT_WRITE_MIN_BYTES must match on every rank",
+                        rank, ch->peer, to_string(parts[2]), protocol_fingerprint());
       ch->peer_inbox = ch->transport->import_region(parts[0]);
       ch->peer_flags = ch->transport->import_region(parts[1]);
-      RINGFENCE_EXPECTS(ch->peer_inbox.size() == inbox_bytes,
-                        "rank {}: rank {} uses a different chunk size or slot count ({} vs {} staging bytes); "
-                        "RINGFENCE_CHUNK_BYTES and RINGFENCE_SLOTS must match on every rank",
-                        rank, ch->peer, ch->peer_inbox.size(), inbox_bytes);
     }
     left = &channel_to(left_rank);
     right = &channel_to(right_rank);
@@ -241,6 +260,45 @@ struct Communicator::Impl {
     store_barrier("setup");
     log.info("connected: left rank {} over {}, right rank {} over {}", left->peer, left->transport_name, right->peer,
              right->transport_name);
+  }
+
+  // True when [ptr, ptr+bytes) lies in memory from alloc() (shareable without copies).
+  bool is_allocated(const void* ptr, std::size_t bytes) const noexcept {
+    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+    for (const auto& a : user_allocs)
+      if (p >= a.first && p + bytes <= a.first + a.second) return true;
+    return false;
+  }
+
+  std::string protocol_fingerprint() const {
+    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={}", engine.slot_bytes, engine.slots,
+                       options.direct_write_min_bytes);  // the user threshold may differ per rank
+  }
+
+  // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
+  std::span<const std::byte> output_key(void* ptr, std::size_t bytes, Transport* t) {
+    for (auto& e : local_regs)
+      if (e.ptr == ptr && e.bytes == bytes) return e.key;
+    if (local_regs.size() == kRegCacheEntries) local_regs.erase(local_regs.begin());
+    MemoryRegion region = t->register_memory(ptr, bytes, MemoryKind::Host);
+    Bytes key = region.key();
+    local_regs.push_back(LocalReg{ptr, bytes, std::move(region), std::move(key)});
+    return local_regs.back().key;
+  }
+
+  static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept {
+    auto& self = *static_cast<Impl*>(ctx);
+    for (auto& e : self.remote_regs)
+      if (std::equal(e.key.begin(), e.key.end(), key.begin(), key.end())) return &e.region;
+    try {
+      if (self.remote_regs.size() == kRegCacheEntries) self.remote_regs.erase(self.remote_regs.begin());
+      RemoteRegion region = self.right->transport->import_region(key);
+      self.remote_regs.push_back(RemoteReg{Bytes(key.begin(), key.end()), std::move(region)});
+      return &self.remote_regs.back().region;
+    } catch (const std::exception& e) {
+      self.log.error("importing rank {}'s output buffer failed: {}", self.right->peer, e.what());
+      return nullptr;
+    }
   }
 
   void check_usable(const char* call) const {
@@ -329,8 +387,19 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   }
   const Reducer reducer = host_reducer(type, op);
   ++m.seq;
+  detail::DirectWrite direct;
+  if (m.size > 1 && bytes >= m.options.direct_write_min_bytes) {
+    // Every rank takes part in the key exchange (same decision everywhere: same count and
+    // options); each decides for its own output whether the left neighbour writes into it.
+    direct.enabled = true;
+    direct.call = static_cast<std::uint32_t>(m.seq);
+    if (m.is_allocated(recv, bytes) || bytes >= m.options.direct_write_user_min_bytes)
+      direct.own_key = m.output_key(recv, bytes, m.left->transport);
+    direct.resolve = &Impl::resolve_remote;
+    direct.ctx = &m;
+  }
   detail::Failure failure;
-  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, failure);
+  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, direct, failure);
   if (!s.is_ok()) m.raise("allreduce", failure);
 }
 
@@ -344,7 +413,9 @@ void Communicator::barrier() {
 void* Communicator::alloc(std::size_t bytes, MemoryKind kind) {
   RINGFENCE_EXPECTS(kind == MemoryKind::Host, "rank {}: alloc: {} memory is not supported by this build", impl_->rank, to_string(kind));
   RINGFENCE_EXPECTS(bytes > 0, "rank {}: alloc: bytes must be positive", impl_->rank);
-  return impl_->allocate(bytes);
+  void* p = impl_->allocate(bytes);
+  impl_->user_allocs.emplace_back(reinterpret_cast<std::uintptr_t>(p), bytes);
+  return p;
 }
 
 void Communicator::free(void* ptr) {
@@ -353,6 +424,8 @@ void Communicator::free(void* ptr) {
   const auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == ptr; });
   RINGFENCE_EXPECTS(it != a.end() && ptr != impl_->flags_mem && ptr != impl_->inbox_mem,
                     "rank {}: free: pointer {} was not returned by alloc()", impl_->rank, ptr);
+  impl_->local_regs.clear();  // cached keys may describe the memory being freed
+  std::erase_if(impl_->user_allocs, [&](auto& r) { return r.first == reinterpret_cast<std::uintptr_t>(ptr); });
   Impl::release(it->first, it->second);
   a.erase(it);
 }

@@ -1,6 +1,7 @@
 // The only translation unit that reads environment variables (style §6). Everything else
 // parses an `Environment` snapshot, so tests drive it with fake environments.
 #include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <ringfence/env.hpp>
@@ -107,6 +108,10 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_TIMEOUT_MS"))
     o.timeout = std::chrono::milliseconds(parse_integer("RINGFENCE_TIMEOUT_MS", *v, 1, 365ll * 24 * 3600 * 1000));
   if (auto v = env.get("RINGFENCE_CHUNK_BYTES")) o.chunk_bytes = parse_bytes(*v, "RINGFENCE_CHUNK_BYTES");
+  if (auto v = env.get("RINGFENCE_DIRECT_WRITE_MIN_BYTES"))
+    o.direct_write_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_MIN_BYTES");
+  if (auto v = env.get("RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES"))
+    o.direct_write_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
   if (auto v = env.get("RINGFENCE_TRANSPORTS")) {
     o.transports = split_list(*v);

@@ -17,14 +17,18 @@ namespace {
 class RingRunner {
  public:
   RingRunner(const EngineConfig& c, FlagBlock flags, Channel* left, Channel* right, const Reducer& reducer,
-             Failure& failure) noexcept
-      : c_(c), flags_(flags), left_(left), right_(right), reducer_(reducer), failure_(failure) {}
+             const DirectWrite& direct, Failure& failure) noexcept
+      : c_(c), flags_(flags), left_(left), right_(right), reducer_(reducer), direct_(direct), failure_(failure) {}
 
   Status run(const void* send, void* recv, std::size_t count) noexcept {
     const std::size_t elem = reducer_.elem_size;
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
     RingAllreduceSchedule schedule(c_.rank, c_.size, count, c_.slot_bytes / elem);
+    if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
+    const RemoteRegion* peer_out = nullptr;
+    bool peer_out_known = false;
+    const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
     Step step;
     while (schedule.next(step)) {
       const std::size_t off = step.offset * elem, bytes = step.count * elem;
@@ -34,13 +38,23 @@ class RingRunner {
           break;
         case StepKind::SendInput: RINGFENCE_TRY(send_chunk(*right_, in + off, bytes)); break;
         case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(*right_, out + off, bytes)); break;
+        case StepKind::SendFinal:
+          if (direct_.enabled) {
+            if (!peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
+            peer_out_known = true;
+            RINGFENCE_TRY(send_chunk(*right_, out + off, bytes, peer_out, off));  // peer_out null: staging
+          } else {
+            RINGFENCE_TRY(send_chunk(*right_, out + off, bytes));
+          }
+          break;
         case StepKind::RecvReduce:
         case StepKind::RecvReduceLast:
         case StepKind::RecvCopy: {
           const std::byte* slot = nullptr;
           RINGFENCE_TRY(wait_chunk(*left_, slot));
-          if (step.kind == StepKind::RecvCopy)
-            std::memcpy(out + off, slot, bytes);
+          if (step.kind == StepKind::RecvCopy) {
+            if (!own_out_direct) std::memcpy(out + off, slot, bytes);  // direct: already in place
+          }
           else if (step.kind == StepKind::RecvReduce)
             reducer_.combine(out + off, slot, in + off, step.count, c_.size);
           else
@@ -85,13 +99,49 @@ class RingRunner {
     }
   }
 
-  Status send_chunk(Channel& ch, const std::byte* src, std::size_t bytes) noexcept {
+  // Writes our output's key (empty = "use my staging slots") into the left neighbour's mailbox
+  // for this call, then signals it.
+  // Safe to overwrite: the left neighbour read the previous key before its first final-value
+  // write of the previous call, which we consumed before returning from that call.
+  Status publish_output_key() noexcept {
+    Channel& ch = *left_;
+    const std::uint32_t len = static_cast<std::uint32_t>(direct_.own_key.size());
+    if (len + 4 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
+    const std::size_t base = FlagBlock::mailbox_offset(c_.size, c_.rank);
+    Status s = ch.link->write(WriteOp{&len, nullptr, &ch.peer_flags, base, 4, 0});
+    if (s.is_ok() && len > 0) s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + 4, len, 0});
+    if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::mail_offset(c_.size, c_.rank), direct_.call, 0});
+    if (!s.is_ok()) return fail(s, ch, "publishing the output key", 0);
+    return drain(ch, "publishing the output key");
+  }
+
+  // Waits for the right neighbour's output key of this call and resolves it to a region
+  // (nullptr when the neighbour asked for staging).
+  Status fetch_peer_output(const RemoteRegion*& region) noexcept {
+    Channel& ch = *right_;
+    RINGFENCE_TRY(wait_flag(ch, flags_.mail[ch.peer], direct_.call, "the peer's output-buffer key", 0));
+    const std::byte* box = flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
+    std::uint32_t len = 0;
+    std::memcpy(&len, box, 4);
+    if (len + 4 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "reading the peer's output key", 0);
+    region = nullptr;
+    if (len == 0) return Status::ok();
+    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + 4, len));
+    if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
+    return Status::ok();
+  }
+
+  // `dst == nullptr`: into the peer's staging slot for message m; otherwise into `dst` at
+  // `dst_offset` (direct write of a final value; the slot of message m stays unused).
+  Status send_chunk(Channel& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
+                    std::size_t dst_offset = 0) noexcept {
     const std::uint64_t m = ch.sent;
     const auto slots = static_cast<std::uint64_t>(c_.slots);
     if (m >= slots)
       RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
                               "a free staging slot (credit)", m));
-    WriteOp w{src, nullptr, &ch.peer_inbox, static_cast<std::size_t>(m % slots) * c_.slot_bytes, bytes, m};
+    WriteOp w = dst ? WriteOp{src, nullptr, dst, dst_offset, bytes, m}
+                    : WriteOp{src, nullptr, &ch.peer_inbox, static_cast<std::size_t>(m % slots) * c_.slot_bytes, bytes, m};
     Status s = ch.link->write(w);
     if (s.in_progress()) {  // completion queue full: drain and retry once
       RINGFENCE_TRY(drain(ch, "draining completions"));
@@ -126,6 +176,7 @@ class RingRunner {
   Channel* left_;
   Channel* right_;
   const Reducer& reducer_;
+  const DirectWrite& direct_;
   Failure& failure_;
 };
 
@@ -133,8 +184,8 @@ class RingRunner {
 
 Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
                           const void* send, void* recv, std::size_t count, const Reducer& reducer,
-                          Failure& failure) noexcept {
-  return RingRunner(config, flags, left, right, reducer, failure).run(send, recv, count);
+                          const DirectWrite& direct, Failure& failure) noexcept {
+  return RingRunner(config, flags, left, right, reducer, direct, failure).run(send, recv, count);
 }
 
 }  // namespace ringfence::detail

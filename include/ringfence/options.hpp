@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <ringfence/log.hpp>
 #include <string>
 #include <vector>
@@ -34,6 +35,16 @@ struct CommOptions {
   std::size_t chunk_bytes = 256 * 1024;
   /// Chunks in flight per link (staging slots per peer). Env: RINGFENCE_SLOTS.
   int slots = 4;
+  /// Messages of at least this many bytes whose output buffer comes from `alloc()` receive
+  /// final values straight into that buffer (one memcpy by the sender into the shared
+  /// segment) instead of through staging slots plus a copy. SIZE_MAX disables it. Must match
+  /// on every rank. Env: RINGFENCE_DIRECT_WRITE_MIN_BYTES=<bytes>|off.
+  std::size_t direct_write_min_bytes = 256 * 1024;
+  /// The same for plain user buffers, written by cross-memory attach (process_vm_writev).
+  /// Off by default: on the development machines it measured no faster than staging (see
+  /// docs/architecture.md). Applies only at or above `direct_write_min_bytes`.
+  /// Env: RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES=<bytes>|off.
+  std::size_t direct_write_user_min_bytes = SIZE_MAX;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
   std::vector<std::string> transports;

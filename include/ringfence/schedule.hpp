@@ -13,12 +13,18 @@ namespace ringfence {
 /// (staging slot that the peer's matching Send wrote into).
 enum class StepKind : std::uint8_t {
   SendInput,      ///< send input[offset, +count) to `peer`
-  SendOutput,     ///< send output[offset, +count) to `peer`
+  SendOutput,     ///< send output[offset, +count) to `peer` (a partial result, into its staging slot)
+  SendFinal,      ///< send output[offset, +count) to `peer`, a final value: may go straight into its output
   RecvReduce,     ///< output[offset..] = inbox op input[offset..] (partial result)
   RecvReduceLast, ///< same, producing the final value (avg divides here)
-  RecvCopy,       ///< output[offset..] = inbox
+  RecvCopy,       ///< output[offset..] = inbox (or nothing, when the sender wrote the output directly)
   CopyInput,      ///< output[offset..] = input[offset..] (local, no peer)
 };
+
+/// True for the step kinds that send to `Step::peer`.
+constexpr bool is_send(StepKind kind) noexcept {
+  return kind == StepKind::SendInput || kind == StepKind::SendOutput || kind == StepKind::SendFinal;
+}
 
 /// One step of a schedule. Offsets and counts are in elements.
 struct Step {
@@ -102,7 +108,7 @@ class RingAllreduceSchedule {
       } else {  // allgather step k = p - (n - 1)
         const std::size_t k = p - (n - 1);
         seg = recv ? (r + n - k) % n : (r + 1 + n - k) % n;
-        kind = recv ? StepKind::RecvCopy : StepKind::SendOutput;
+        kind = recv ? StepKind::RecvCopy : StepKind::SendFinal;
       }
       const Range s = split(count_, n, seg);
       const std::size_t begin = c * chunk_;

@@ -19,11 +19,15 @@ struct Msg {
 struct SimResult {
   std::vector<std::vector<std::uint64_t>> out;  // per rank
   std::size_t finals = 0;                       // elements produced by RecvReduceLast, all ranks
+  std::size_t copies = 0;                       // elements received as final values, all ranks
   bool deadlock = false;
 };
 
-// Runs `n` schedules with at most `slots` undelivered messages per directed link.
-SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slots) {
+// Runs `n` schedules with at most `slots` undelivered messages per directed link. With
+// `direct`, a SendFinal also writes straight into the receiver's output at send time (as the
+// executor's direct-write path does), so an overwrite of data the receiver still needs shows up
+// as a double contribution. `reverse` changes the order ranks are stepped in.
+SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slots, bool direct = false, bool reverse = false) {
   std::vector<RingAllreduceSchedule> sched;
   std::vector<std::vector<std::uint64_t>> in(n), out(n);
   for (int r = 0; r < n; ++r) {
@@ -38,7 +42,8 @@ SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slot
   int finished = 0;
   while (finished < n) {
     bool progress = false;
-    for (int r = 0; r < n; ++r) {
+    for (int rr = 0; rr < n; ++rr) {
+      const int r = reverse ? n - 1 - rr : rr;
       while (!done[r]) {
         if (!has_pending[r]) {
           if (!sched[r].next(pending[r])) {
@@ -54,11 +59,15 @@ SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slot
         REQUIRE(s.offset + s.count <= count);
         if (s.kind == StepKind::CopyInput) {
           for (std::size_t i = 0; i < s.count; ++i) out[r][s.offset + i] = in[r][s.offset + i];
-        } else if (s.kind == StepKind::SendInput || s.kind == StepKind::SendOutput) {
+        } else if (is_send(s.kind)) {
           REQUIRE(s.peer == (r + 1) % n);
           if (queue[r].size() >= slots) break;  // no credit: blocked
           const auto& src = s.kind == StepKind::SendInput ? in[r] : out[r];
+          if (s.kind == StepKind::SendFinal)  // only final values may go straight to a peer's output
+            for (std::size_t i = 0; i < s.count; ++i) REQUIRE(out[r][s.offset + i] == (std::uint64_t{1} << n) - 1);
           queue[r].push_back(Msg{s.count, {src.begin() + s.offset, src.begin() + s.offset + s.count}});
+          if (direct && s.kind == StepKind::SendFinal)
+            for (std::size_t i = 0; i < s.count; ++i) out[(r + 1) % n][s.offset + i] = src[s.offset + i];
         } else {
           const int left = (r + n - 1) % n;
           REQUIRE(s.peer == left);
@@ -69,6 +78,7 @@ SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slot
           for (std::size_t i = 0; i < s.count; ++i) {
             auto& dst = out[r][s.offset + i];
             if (s.kind == StepKind::RecvCopy) {
+              if (direct) REQUIRE(dst == m.data[i]);  // already written by the sender
               dst = m.data[i];
             } else {
               REQUIRE((m.data[i] & in[r][s.offset + i]) == 0);  // nobody contributes twice
@@ -76,6 +86,7 @@ SimResult simulate(int n, std::size_t count, std::size_t chunk, std::size_t slot
             }
           }
           if (s.kind == StepKind::RecvReduceLast) res.finals += s.count;
+          if (s.kind == StepKind::RecvCopy) res.copies += s.count;
         }
         has_pending[r] = false;
         progress = true;
@@ -112,15 +123,19 @@ TEST_CASE("ring allreduce schedule reduces every element exactly once on every r
   for (int n = 1; n <= 9; ++n)
     for (std::size_t count : counts)
       for (std::size_t chunk : {std::size_t{1}, std::size_t{3}, std::size_t{16}, std::size_t{1} << 20})
-        for (std::size_t slots : {std::size_t{1}, std::size_t{4}}) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const SimResult res = simulate(n, count, chunk, slots);
+        for (std::size_t slots : {std::size_t{1}, std::size_t{4}})
+          for (int mode = 0; mode < 4; ++mode) {
+          const bool direct = mode & 1, reverse = mode & 2;
+          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots << " direct=" << direct
+                    << " reverse=" << reverse);
+          const SimResult res = simulate(n, count, chunk, slots, direct, reverse);
           REQUIRE_FALSE(res.deadlock);
           const std::uint64_t all = (std::uint64_t{1} << n) - 1;
           for (int r = 0; r < n; ++r)
             for (std::size_t i = 0; i < count; ++i) REQUIRE(res.out[r][i] == all);
           // Each element is finished exactly once (by its segment's last rank), then copied.
           if (n > 1) REQUIRE(res.finals == count);
+          if (n > 1) REQUIRE(res.copies == count * static_cast<std::size_t>(n - 1));
         }
 }
 
@@ -132,7 +147,7 @@ TEST_CASE("ring allreduce schedule sends to the right and receives from the left
   Step step;
   std::size_t sends = 0, recvs = 0;
   while (s.next(step)) {
-    if (step.kind == StepKind::SendInput || step.kind == StepKind::SendOutput) {
+    if (is_send(step.kind)) {
       ++sends;
       REQUIRE(step.peer == 3);
     } else {
