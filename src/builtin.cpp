@@ -2,6 +2,7 @@
 // library so the core does not depend on any transport (each transport is its own target).
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
+#include <ringfence/log.hpp>
 #include <ringfence/transports/shm.hpp>
 
 namespace ringfence {
@@ -16,6 +17,10 @@ Communicator Communicator::from_env() {
   const Environment env = Environment::from_process();
   CommOptions options = CommOptions::from_env(env);
   const LaunchInfo launch = detect_launch(env);
+  const Logger log(options.log_level, launch.rank);
+  for (const auto& name : unknown_variables(env)) log.warn("ignoring unknown environment variable {} (typo?)", name);
+  if (launch.token_is_derived)
+    log.info("job token derived from the {} job id (not secret); set RINGFENCE_JOB_TOKEN to authenticate", to_string(launch.launcher));
   return from_launch(launch, builtin_transports(), std::move(options));
 }
 

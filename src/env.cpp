@@ -1,5 +1,6 @@
 // The only translation unit that reads environment variables (style §6). Everything else
 // parses an `Environment` snapshot, so tests drive it with fake environments.
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
@@ -82,6 +83,20 @@ std::uint64_t fnv1a(std::string_view text, std::uint64_t seed) {
 }
 
 }  // namespace
+
+std::vector<std::string> unknown_variables(const Environment& env) {
+  static constexpr std::string_view kKnown[] = {
+      "RINGFENCE_RANK",         "RINGFENCE_WORLD_SIZE",   "RINGFENCE_LOCAL_RANK",
+      "RINGFENCE_LOCAL_SIZE",   "RINGFENCE_STORE_ADDR",   "RINGFENCE_STORE_HOST",
+      "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
+      "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
+      "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA",
+      "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES"};
+  std::vector<std::string> out;
+  for (auto& name : env.names_with_prefix("RINGFENCE_"))
+    if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
+  return out;
+}
 
 std::size_t parse_bytes(std::string_view text, std::string_view what) {
   std::string_view digits = text;

@@ -57,6 +57,10 @@ class Environment {
   std::map<std::string, std::string, std::less<>> vars_;
 };
 
+/// `RINGFENCE_*` variables in `env` that ringfence does not know (likely typos); the
+/// communicator logs a warning for each.
+std::vector<std::string> unknown_variables(const Environment& env);
+
 /// Parses a positive byte count with an optional K/M/G (binary) suffix: "65536", "64K", "1M".
 /// Throws `InvalidUsage` naming `what` on a malformed or out-of-range value.
 std::size_t parse_bytes(std::string_view text, std::string_view what);

@@ -175,3 +175,8 @@ TEST_CASE("token hex round trip", "[env]") {
   REQUIRE_FALSE(parse_token("0011").has_value());
   REQUIRE_FALSE(parse_token("zz112233445566778899aabbccddeeff").has_value());
 }
+
+TEST_CASE("unknown RINGFENCE_* variables are reported", "[env]") {
+  const auto unknown = unknown_variables(env({{"RINGFENCE_TIMEOUT_MS", "5"}, {"RINGFENCE_TIMEOUT", "5"}, {"OTHER", "1"}}));
+  REQUIRE(unknown == std::vector<std::string>{"RINGFENCE_TIMEOUT"});
+}
