@@ -9,6 +9,7 @@
 #include <mutex>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
+#include <ringfence/fault.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/reduce_ops.hpp>
 #include <thread>
@@ -162,7 +163,12 @@ struct Communicator::Impl {
 
     self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};
     const TransportContext ctx{self, size, &options, &log};
-    for (const auto& name : registry.select(options.transports)) transports.push_back(registry.create(name, ctx));
+    const std::vector<FaultRule> faults = parse_fault_spec(options.fault);
+    for (const auto& name : registry.select(options.transports)) {
+      auto t = registry.create(name, ctx);
+      transports.push_back(faults.empty() ? std::move(t) : make_fault_transport(std::move(t), faults, rank));
+    }
+    if (!faults.empty()) log.warn("fault injection active: {}", options.fault);
     RINGFENCE_EXPECTS(!transports.empty(), "rank {}: no transports registered", rank);
 
     engine.rank = rank;
@@ -170,6 +176,7 @@ struct Communicator::Impl {
     engine.slots = options.slots;
     engine.slot_bytes = std::max<std::size_t>(64, (options.chunk_bytes + 63) / 64 * 64);
     engine.timeout = options.timeout;
+    engine.checksum = options.checksum;
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
@@ -182,7 +189,7 @@ struct Communicator::Impl {
 
     flags_mem = allocate(detail::FlagBlock::bytes(size));
     flags.bind(flags_mem, size);
-    const std::size_t inbox_bytes = engine.slot_bytes * static_cast<std::size_t>(engine.slots);
+    const std::size_t inbox_bytes = engine.slot_stride() * static_cast<std::size_t>(engine.slots);
     inbox_mem = allocate(inbox_bytes * channels.size());
     for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
 
@@ -248,7 +255,7 @@ struct Communicator::Impl {
       RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
       RINGFENCE_EXPECTS(to_string(parts[2]) == protocol_fingerprint(),
                         "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
-                        "RINGFENCE_SLOTS and RINGFENCE_DIRECT_WRITE_MIN_BYTES must match on every rank",
+                        "RINGFENCE_SLOTS, RINGFENCE_DIRECT_WRITE_MIN_BYTES and RINGFENCE_CHECKSUM must match on every rank",
                         rank, ch->peer, to_string(parts[2]), protocol_fingerprint());
       ch->peer_inbox = ch->transport->import_region(parts[0]);
       ch->peer_flags = ch->transport->import_region(parts[1]);
@@ -271,8 +278,8 @@ struct Communicator::Impl {
   }
 
   std::string protocol_fingerprint() const {
-    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={}", engine.slot_bytes, engine.slots,
-                       options.direct_write_min_bytes);  // the user threshold may differ per rank
+    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={}", engine.slot_bytes, engine.slots,
+                       options.direct_write_min_bytes, engine.checksum);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -388,7 +395,9 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   const Reducer reducer = host_reducer(type, op);
   ++m.seq;
   detail::DirectWrite direct;
-  if (m.size > 1 && bytes >= m.options.direct_write_min_bytes) {
+  // With checksums every chunk goes through staging: a corrupted chunk must land where it can
+  // be verified and replaced, not in the output.
+  if (m.size > 1 && bytes >= m.options.direct_write_min_bytes && !m.engine.checksum) {
     // Every rank takes part in the key exchange (same decision everywhere: same count and
     // options); each decides for its own output whether the left neighbour writes into it.
     direct.enabled = true;
@@ -444,7 +453,8 @@ std::vector<LinkInfo> Communicator::links() const {
       info.writes = s.writes.load(std::memory_order_relaxed);
       info.signals = s.signals.load(std::memory_order_relaxed);
       info.errors = s.errors.load(std::memory_order_relaxed);
-      info.retries = s.retries.load(std::memory_order_relaxed);
+      info.retries = s.retries.load(std::memory_order_relaxed) + ch->resends;
+      info.checksum_errors = ch->checksum_errors;
       info.wait_ms = static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
     }
     out.push_back(std::move(info));
@@ -455,11 +465,13 @@ std::vector<LinkInfo> Communicator::links() const {
 std::string Communicator::link_table() const { return format_link_table(links()); }
 
 std::string format_link_table(const std::vector<LinkInfo>& links) {
-  std::string out = fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>8} {:>10}\n", "rank", "peer", "transport",
-                                "state", "bytes", "writes", "signals", "errors", "retries", "wait(ms)");
+  std::string out = fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>9} {:>8} {:>10}\n", "rank", "peer",
+                                "transport", "state", "bytes", "writes", "signals", "errors", "crc-errs", "resends",
+                                "wait(ms)");
   for (const auto& l : links)
-    out += fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>8} {:>10.1f}\n", l.rank, l.peer, l.transport,
-                       to_string(l.state), l.bytes_written, l.writes, l.signals, l.errors, l.retries, l.wait_ms);
+    out += fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>9} {:>8} {:>10.1f}\n", l.rank, l.peer,
+                       l.transport, to_string(l.state), l.bytes_written, l.writes, l.signals, l.errors, l.checksum_errors,
+                       l.retries, l.wait_ms);
   return out;
 }
 

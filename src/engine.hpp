@@ -14,36 +14,56 @@
 
 namespace ringfence::detail {
 
-/// Bytes of one mailbox: a u32 key length, then the key.
+/// Bytes of one mailbox: u32 key length, u32 crc32c of the key, then the key.
 inline constexpr std::size_t kMailboxBytes = 512;
+/// Bytes reserved after every staging slot for the chunk trailer (checksum mode).
+inline constexpr std::size_t kTrailerBytes = 64;
+/// Messages remembered by a sender for re-sends (>= the largest slot count).
+inline constexpr std::size_t kSentLog = 64;
 
-/// Local signal words of one rank: `data[p]` is bumped by peer p after it wrote a chunk into
-/// our inbox; `credit[p]` is bumped by peer p after it consumed a chunk we wrote into its inbox.
-/// Both are message counters (1 = first message), monotone for the communicator's lifetime.
-/// `mail[p]` is set to the call number after peer p wrote the region key of its output buffer
-/// for that call into `mailbox(p)` (direct writes of final values).
+/// Written after a chunk when checksums are on; verified by the receiver.
+struct ChunkTrailer {
+  std::uint32_t crc = 0;    ///< CRC32C of the chunk's bytes
+  std::uint32_t bytes = 0;  ///< chunk length
+  std::uint64_t message = 0;  ///< message number on the link
+};
+
+/// Local signal words of one rank, indexed by peer rank p:
+/// - `data[p]`: p wrote chunk m into our inbox (value m + 1);
+/// - `credit[p]`: p consumed (and verified) chunk m we wrote into its inbox (value m + 1);
+/// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
+/// - `nack[p]`: p found the chunk it is blocked on (number credit[p]) corrupted (value = p's nack count);
+/// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count).
+/// All values are monotone for the communicator's lifetime: nothing is ever reset.
 struct FlagBlock {
-  SignalFlag* data = nullptr;    ///< [size]
-  SignalFlag* credit = nullptr;  ///< [size]
-  SignalFlag* mail = nullptr;    ///< [size]
-  std::byte* mailboxes = nullptr;  ///< [size][kMailboxBytes]
+  SignalFlag* data = nullptr;
+  SignalFlag* credit = nullptr;
+  SignalFlag* mail = nullptr;
+  SignalFlag* nack = nullptr;
+  SignalFlag* retry = nullptr;
+  std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kWords };
+
   static std::size_t bytes(int size) noexcept {
-    return static_cast<std::size_t>(size) * (3 * sizeof(SignalFlag) + kMailboxBytes);
+    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + kMailboxBytes);
   }
-  static std::size_t data_offset(int rank) noexcept { return static_cast<std::size_t>(rank) * sizeof(SignalFlag); }
-  static std::size_t credit_offset(int size, int rank) noexcept {
-    return (static_cast<std::size_t>(size) + static_cast<std::size_t>(rank)) * sizeof(SignalFlag);
+  static std::size_t flag_offset(Word w, int size, int rank) noexcept {
+    return (static_cast<std::size_t>(w) * static_cast<std::size_t>(size) + static_cast<std::size_t>(rank)) *
+           sizeof(SignalFlag);
   }
-  static std::size_t mail_offset(int size, int rank) noexcept {
-    return (2 * static_cast<std::size_t>(size) + static_cast<std::size_t>(rank)) * sizeof(SignalFlag);
-  }
+  static std::size_t data_offset(int size, int rank) noexcept { return flag_offset(kData, size, rank); }
+  static std::size_t credit_offset(int size, int rank) noexcept { return flag_offset(kCredit, size, rank); }
+  static std::size_t mail_offset(int size, int rank) noexcept { return flag_offset(kMail, size, rank); }
   static std::size_t mailbox_offset(int size, int rank) noexcept {
-    return 3 * static_cast<std::size_t>(size) * sizeof(SignalFlag) + static_cast<std::size_t>(rank) * kMailboxBytes;
+    return static_cast<std::size_t>(size) * kWords * sizeof(SignalFlag) + static_cast<std::size_t>(rank) * kMailboxBytes;
   }
   void bind(void* base, int size) noexcept {
-    data = static_cast<SignalFlag*>(base);
-    credit = data + size;
-    mail = credit + size;
+    auto* f = static_cast<SignalFlag*>(base);
+    data = f;
+    credit = f + size;
+    mail = f + 2 * size;
+    nack = f + 3 * size;
+    retry = f + 4 * size;
     mailboxes = static_cast<std::byte*>(base) + mailbox_offset(size, 0);
   }
 };
@@ -74,6 +94,20 @@ struct Channel {
   RemoteRegion peer_flags;      ///< the peer's FlagBlock
   std::uint64_t sent = 0;       ///< messages written to the peer
   std::uint64_t received = 0;   ///< messages consumed from the peer
+  // Integrity (checksum mode). As a sender: what we wrote (for re-sends), NACKs seen, re-sends
+  // done. As a receiver: NACKs sent, re-sends seen.
+  struct SentChunk {
+    const std::byte* src = nullptr;
+    std::size_t bytes = 0;
+    const RemoteRegion* dst = nullptr;
+    std::size_t dst_offset = 0;
+    std::uint64_t message = ~0ull;
+  };
+  SentChunk sent_log[kSentLog];
+  ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
+  std::uint32_t mail_header[2] = {};  ///< {key length, crc32c(key)} of our last published key
+  std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0, retries_seen = 0;
+  std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
 };
 
 /// What went wrong in the data path, filled without allocation; the API layer formats it.
@@ -89,7 +123,11 @@ struct EngineConfig {
   int rank = 0;
   int size = 1;
   int slots = 4;
-  std::size_t slot_bytes = 0;  ///< bytes per staging slot (multiple of 64, >= 8)
+  std::size_t slot_bytes = 0;  ///< payload bytes per staging slot (multiple of 64, >= 64)
+  bool checksum = false;       ///< CRC32C per chunk, verified by the receiver, re-sent on mismatch
+  int max_attempts = 16;       ///< deliveries of one chunk before the link is declared corrupt
+  /// Distance between staging slots: payload plus the trailer.
+  std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
   std::chrono::nanoseconds timeout{};
 };
 

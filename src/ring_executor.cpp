@@ -7,7 +7,16 @@
 // `signal` is ordered after the preceding `write` on the same link (SPI guarantee), so R never
 // reads a slot before its bytes have landed. Counters never reset, so nothing needs clearing
 // between collectives.
+//
+// Integrity (config.checksum): S also writes a trailer {crc32c, bytes, m} after the slot. R
+// verifies before consuming; on a mismatch it bumps nack[R] at S and waits for retry[S]. The
+// chunk to re-send is the one R is blocked on: number credit[R] (R consumed 0..m-1), so no
+// payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside every wait (so no cycle of waiting ranks can
+// form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
+// overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
+// call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
 #include <cstring>
+#include <ringfence/crc32c.hpp>
 
 #include "engine.hpp"
 
@@ -50,20 +59,25 @@ class RingRunner {
         case StepKind::RecvReduce:
         case StepKind::RecvReduceLast:
         case StepKind::RecvCopy: {
+          const bool landed_in_output = step.kind == StepKind::RecvCopy && own_out_direct;
           const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(*left_, slot));
+          RINGFENCE_TRY(wait_chunk(*left_, slot, landed_in_output ? out + off : nullptr, bytes));
           if (step.kind == StepKind::RecvCopy) {
-            if (!own_out_direct) std::memcpy(out + off, slot, bytes);  // direct: already in place
-          }
-          else if (step.kind == StepKind::RecvReduce)
+            if (!landed_in_output) std::memcpy(out + off, slot, bytes);
+          } else if (step.kind == StepKind::RecvReduce) {
             reducer_.combine(out + off, slot, in + off, step.count, c_.size);
-          else
+          } else {
             reducer_.finish(out + off, slot, in + off, step.count, c_.size);
+          }
           RINGFENCE_TRY(release_chunk(*left_));
           break;
         }
       }
     }
+    // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
+    if (c_.checksum && c_.size > 1 && right_->sent > 0)
+      RINGFENCE_TRY(wait_flag(*right_, flags_.credit[right_->peer], static_cast<std::uint32_t>(right_->sent),
+                              "acceptance of the last chunks", right_->sent - 1));
     return Status::ok();
   }
 
@@ -74,14 +88,18 @@ class RingRunner {
   }
 
   // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
-  // communicator timeout.
+  // communicator timeout. Services re-send requests from the right neighbour meanwhile.
   Status wait_flag(Channel& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
+      if (c_.checksum) RINGFENCE_TRY(service_nacks());
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-      const Status s = ch.link->wait(flag, target, deadline - now);
+      // With checksums, sleep in short slices so a NACK is answered promptly.
+      const auto slice = c_.checksum ? std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(1))
+                                     : std::chrono::nanoseconds(deadline - now);
+      const Status s = ch.link->wait(flag, target, slice);
       if (s.is_ok()) return s;
       if (s.is_error()) return fail(s, ch, what, message);
     }
@@ -100,16 +118,20 @@ class RingRunner {
   }
 
   // Writes our output's key (empty = "use my staging slots") into the left neighbour's mailbox
-  // for this call, then signals it.
-  // Safe to overwrite: the left neighbour read the previous key before its first final-value
-  // write of the previous call, which we consumed before returning from that call.
+  // for this call, then signals it. Safe to overwrite: the left neighbour read the previous key
+  // before its first final-value write of the previous call, which we consumed before
+  // returning from that call.
   Status publish_output_key() noexcept {
     Channel& ch = *left_;
-    const std::uint32_t len = static_cast<std::uint32_t>(direct_.own_key.size());
-    if (len + 4 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
+    // Header {length, crc32c(key)}: a key damaged in flight must be refused, never used as an
+    // address to write into.
+    ch.mail_header[0] = static_cast<std::uint32_t>(direct_.own_key.size());
+    ch.mail_header[1] = crc32c(direct_.own_key.data(), direct_.own_key.size());
+    const std::uint32_t len = ch.mail_header[0];
+    if (len + 8 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
     const std::size_t base = FlagBlock::mailbox_offset(c_.size, c_.rank);
-    Status s = ch.link->write(WriteOp{&len, nullptr, &ch.peer_flags, base, 4, 0});
-    if (s.is_ok() && len > 0) s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + 4, len, 0});
+    Status s = ch.link->write(WriteOp{ch.mail_header, nullptr, &ch.peer_flags, base, 8, 0});
+    if (s.is_ok() && len > 0) s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + 8, len, 0});
     if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::mail_offset(c_.size, c_.rank), direct_.call, 0});
     if (!s.is_ok()) return fail(s, ch, "publishing the output key", 0);
     return drain(ch, "publishing the output key");
@@ -121,18 +143,41 @@ class RingRunner {
     Channel& ch = *right_;
     RINGFENCE_TRY(wait_flag(ch, flags_.mail[ch.peer], direct_.call, "the peer's output-buffer key", 0));
     const std::byte* box = flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
-    std::uint32_t len = 0;
-    std::memcpy(&len, box, 4);
-    if (len + 4 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "reading the peer's output key", 0);
+    std::uint32_t header[2] = {};
+    std::memcpy(header, box, 8);
+    const std::uint32_t len = header[0];
+    if (len + 8 > kMailboxBytes || crc32c(box + 8, len) != header[1])
+      return fail(Status(ErrorCode::Transient), ch, "an intact output-buffer key (it arrived corrupted)", 0);
     region = nullptr;
     if (len == 0) return Status::ok();
-    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + 4, len));
+    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + 8, len));
     if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
     return Status::ok();
   }
 
+  // Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
+  Status put_chunk(Channel& ch, std::uint64_t m) noexcept {
+    const Channel::SentChunk& c = ch.sent_log[m % kSentLog];
+    const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+    WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
+                      : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
+    Status s = ch.link->write(w);
+    if (s.in_progress()) {  // completion queue full: drain and retry once
+      RINGFENCE_TRY(drain(ch, "draining completions"));
+      s = ch.link->write(w);
+    }
+    if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
+    if (c_.checksum) {
+      ChunkTrailer& t = ch.trailers[m % kSentLog];
+      t = ChunkTrailer{crc32c(c.src, c.bytes), static_cast<std::uint32_t>(c.bytes), m};
+      s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
+      if (!s.is_ok()) return fail(s, ch, "writing a chunk trailer", m);
+    }
+    return Status::ok();
+  }
+
   // `dst == nullptr`: into the peer's staging slot for message m; otherwise into `dst` at
-  // `dst_offset` (direct write of a final value; the slot of message m stays unused).
+  // `dst_offset` (direct write of a final value; the slot of message m holds only the trailer).
   Status send_chunk(Channel& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept {
     const std::uint64_t m = ch.sent;
@@ -140,26 +185,60 @@ class RingRunner {
     if (m >= slots)
       RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
                               "a free staging slot (credit)", m));
-    WriteOp w = dst ? WriteOp{src, nullptr, dst, dst_offset, bytes, m}
-                    : WriteOp{src, nullptr, &ch.peer_inbox, static_cast<std::size_t>(m % slots) * c_.slot_bytes, bytes, m};
-    Status s = ch.link->write(w);
-    if (s.in_progress()) {  // completion queue full: drain and retry once
-      RINGFENCE_TRY(drain(ch, "draining completions"));
-      s = ch.link->write(w);
-    }
-    if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
-    SignalOp sig{&ch.peer_flags, FlagBlock::data_offset(c_.rank), static_cast<std::uint32_t>(m + 1), m};
-    s = ch.link->signal(sig);
+    ch.sent_log[m % kSentLog] = Channel::SentChunk{src, bytes, dst, dst_offset, m};
+    RINGFENCE_TRY(put_chunk(ch, m));
+    const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
+                                              static_cast<std::uint32_t>(m + 1), m});
     if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
     ch.sent = m + 1;
     return drain(ch, "completing a chunk");
   }
 
-  Status wait_chunk(Channel& ch, const std::byte*& slot) noexcept {
+  // Re-sends every chunk the right neighbour reported corrupted since we last looked.
+  Status service_nacks() noexcept {
+    Channel& ch = *right_;
+    const std::uint32_t seen = flags_.nack[ch.peer].value.load(std::memory_order_acquire);
+    while (ch.nacks_seen != seen) {
+      ++ch.nacks_seen;
+      // R signalled credit m (consumed 0..m-1) before the nack on the same link, so this load
+      // sees at least m; R stays blocked on m until we re-send, so it sees no more.
+      const std::uint32_t credit = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+      const std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - credit);
+      if (m >= ch.sent || ch.sent - m > static_cast<std::uint64_t>(c_.slots) || ch.sent_log[m % kSentLog].message != m)
+        return fail(Status(ErrorCode::Fatal), ch, "a re-send request for a chunk no longer held", m);
+      ++ch.resends;
+      RINGFENCE_TRY(put_chunk(ch, m));
+      const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank),
+                                                ch.resends, m});
+      if (!s.is_ok()) return fail(s, ch, "signalling a re-sent chunk", m);
+      RINGFENCE_TRY(drain(ch, "completing a re-sent chunk"));
+    }
+    return Status::ok();
+  }
+
+  // Waits for message m from `ch` and, in checksum mode, verifies it (asking for re-sends until
+  // it arrives intact). `landed` is where the data went when written directly (else the slot).
+  Status wait_chunk(Channel& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept {
     const std::uint64_t m = ch.received;
     RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
-    slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_bytes;
-    return Status::ok();
+    slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+    if (!c_.checksum) return Status::ok();
+    const std::byte* data = landed ? landed : slot;
+    for (int attempt = 1;; ++attempt) {
+      ChunkTrailer t;
+      std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+      if (t.message == m && t.bytes == bytes && t.crc == crc32c(data, bytes)) return Status::ok();
+      ++ch.checksum_errors;
+      if (attempt >= c_.max_attempts)
+        return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
+      // Ask for a re-send of the chunk we are blocked on (the sender derives which from our credit).
+      const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNack, c_.size, c_.rank),
+                                                ++ch.nacks_sent, m});
+      if (!s.is_ok()) return fail(s, ch, "requesting a re-send", m);
+      RINGFENCE_TRY(drain(ch, "requesting a re-send"));
+      ++ch.retries_seen;
+      RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.retries_seen, "a re-sent chunk", m));
+    }
   }
 
   Status release_chunk(Channel& ch) noexcept {

@@ -33,7 +33,8 @@ struct LinkInfo {
   std::uint64_t writes = 0;         ///< write operations
   std::uint64_t signals = 0;        ///< signal operations
   std::uint64_t errors = 0;         ///< failed operations
-  std::uint64_t retries = 0;        ///< re-sent operations
+  std::uint64_t retries = 0;        ///< chunks we re-sent because the peer found them corrupted
+  std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer (checksum mode)
   double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
 };
 

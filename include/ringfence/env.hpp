@@ -14,6 +14,8 @@
 /// | RINGFENCE_SLOTS | chunks in flight per link (1..64) | 4 |
 /// | RINGFENCE_DIRECT_WRITE_MIN_BYTES | from this size, final values go straight into `alloc()`ed outputs; `off` disables | 256K |
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
+/// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
+/// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |

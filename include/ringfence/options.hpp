@@ -55,6 +55,13 @@ struct CommOptions {
   std::string host_id;
   /// Shared-memory transport options. Env: RINGFENCE_SHM_SPIN, RINGFENCE_SHM_CMA.
   ShmOptions shm;
+  /// End-to-end integrity: every chunk carries a CRC32C that the receiver verifies; a corrupted
+  /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
+  /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.
+  bool checksum = false;
+  /// Fault injection rules (see fault.hpp for the grammar); empty = none.
+  /// Env: RINGFENCE_FAULT.
+  std::string fault;
 
   /// Returns `base` with every `RINGFENCE_*` variable of `env` applied. Unknown `RINGFENCE_*`
   /// names are logged as warnings by the caller (see `unknown_variables`). A malformed value

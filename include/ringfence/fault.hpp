@@ -1,0 +1,57 @@
+#pragma once
+/// \file fault.hpp
+/// Fault injection: a transport decorator that corrupts, delays or stalls the writes of chosen
+/// links. Configured by `CommOptions::fault` / `RINGFENCE_FAULT`; drives the integrity and
+/// health tests and the demos. Grammar (rules separated by `;`, fields by `,`):
+///
+///     rule  := kind ':' field (',' field)*
+///     kind  := flip | delay | stall
+///     field := link=A-B | link=* | rate=<p> | after=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
+///
+/// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
+///   the link between ranks 0 and 1 (either direction) is corrupted with probability `rate`
+///   (at most 64 corrupted bytes per write). Signals are not corrupted.
+/// - `delay:us=200,link=*` sleeps 200 µs before every write.
+/// - `stall:after=1000,ms=5000,link=2-3` sleeps 5 s in the 1001st write (a hung peer).
+/// `after=N` (all kinds) leaves the first N writes untouched. Example:
+/// `RINGFENCE_FAULT="flip:rate=1e-5,link=0-1,seed=7;delay:us=50,link=2-3"`.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <ringfence/transport.hpp>
+#include <string_view>
+#include <vector>
+
+namespace ringfence {
+
+/// What a rule does.
+enum class FaultKind : std::uint8_t { Flip, Delay, Stall };
+
+/// One parsed rule.
+struct FaultRule {
+  FaultKind kind = FaultKind::Flip;
+  int rank_a = -1;             ///< link end (-1 with rank_b -1: every link)
+  int rank_b = -1;             ///< other link end
+  double rate = 0.0;           ///< flip: probability per byte, in [0, 1]
+  std::uint64_t after = 0;     ///< writes left untouched first
+  std::chrono::microseconds delay{0};     ///< delay: per write
+  std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
+  std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)
+
+  /// True when this rule applies to the link between `self` and `peer`.
+  bool matches(int self, int peer) const noexcept {
+    return rank_a < 0 || (rank_a == self && rank_b == peer) || (rank_a == peer && rank_b == self);
+  }
+};
+
+/// Parses a fault specification (grammar above). Empty text gives no rules. Throws
+/// `InvalidUsage` naming the offending rule or field.
+std::vector<FaultRule> parse_fault_spec(std::string_view text);
+
+/// Wraps `inner` so that links created through it apply the `rules` that match them.
+/// `self_rank` is this rank. The decorator reports the inner transport's name.
+std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules,
+                                                int self_rank);
+
+}  // namespace ringfence

@@ -1,0 +1,246 @@
+// Fault-injection decorator. A corrupting write is issued as the real write followed by
+// one-byte writes of flipped bytes at random offsets, so it works over any transport without a
+// scratch copy of the payload; the extra writes carry internal ids and their completions are
+// filtered out of poll().
+#include <charconv>
+#include <cmath>
+#include <ringfence/error.hpp>
+#include <ringfence/fault.hpp>
+#include <string>
+#include <thread>
+
+namespace ringfence {
+namespace {
+
+constexpr std::uint64_t kInternalId = 1ull << 63;
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+template <class T>
+T parse_number(std::string_view rule, std::string_view key, std::string_view text) {
+  T v{};
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+    throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': {}='{}' is not a number", rule, key, text));
+  return v;
+}
+
+FaultRule parse_rule(std::string_view rule) {
+  FaultRule r;
+  const auto colon = rule.find(':');
+  const std::string_view kind = trim(rule.substr(0, colon));
+  if (kind == "flip") r.kind = FaultKind::Flip;
+  else if (kind == "delay") r.kind = FaultKind::Delay;
+  else if (kind == "stall") r.kind = FaultKind::Stall;
+  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, delay, stall)", rule, kind));
+  std::string_view fields = colon == std::string_view::npos ? std::string_view{} : rule.substr(colon + 1);
+  while (!fields.empty()) {
+    const auto comma = fields.find(',');
+    const std::string_view field = trim(fields.substr(0, comma));
+    fields = comma == std::string_view::npos ? std::string_view{} : fields.substr(comma + 1);
+    if (field.empty()) continue;
+    const auto eq = field.find('=');
+    if (eq == std::string_view::npos)
+      throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': field '{}' is not key=value", rule, field));
+    const std::string_view key = field.substr(0, eq), value = field.substr(eq + 1);
+    if (key == "link") {
+      if (value == "*") {
+        r.rank_a = r.rank_b = -1;
+      } else {
+        const auto dash = value.find('-');
+        if (dash == std::string_view::npos)
+          throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': link='{}' must be A-B or *", rule, value));
+        r.rank_a = parse_number<int>(rule, key, value.substr(0, dash));
+        r.rank_b = parse_number<int>(rule, key, value.substr(dash + 1));
+        if (r.rank_a < 0 || r.rank_b < 0 || r.rank_a == r.rank_b)
+          throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': link='{}' needs two different ranks", rule, value));
+      }
+    } else if (key == "rate") {
+      r.rate = parse_number<double>(rule, key, value);
+      if (!(r.rate >= 0.0 && r.rate <= 1.0))
+        throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': rate={} must be in [0, 1]", rule, value));
+    } else if (key == "after") {
+      r.after = parse_number<std::uint64_t>(rule, key, value);
+    } else if (key == "us") {
+      r.delay = std::chrono::microseconds(parse_number<std::uint32_t>(rule, key, value));
+    } else if (key == "ms") {
+      r.stall = std::chrono::milliseconds(parse_number<std::uint32_t>(rule, key, value));
+    } else if (key == "seed") {
+      r.seed = parse_number<std::uint64_t>(rule, key, value);
+    } else {
+      throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown field '{}'", rule, key));
+    }
+  }
+  return r;
+}
+
+// splitmix64: small, fast, good enough to place faults.
+struct Rng {
+  std::uint64_t state;
+  std::uint64_t next() noexcept {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() noexcept { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+};
+
+class FaultLink final : public Link {
+ public:
+  FaultLink(std::unique_ptr<Link> inner, std::vector<FaultRule> rules, int self)
+      : inner_(std::move(inner)), rules_(std::move(rules)) {
+    std::uint64_t seed = 0;
+    for (const auto& r : rules_) seed = seed * 31 + r.seed;
+    const int lo = std::min(self, inner_->peer()), hi = std::max(self, inner_->peer());
+    rng_.state = seed ^ (static_cast<std::uint64_t>(lo) << 32 | static_cast<std::uint64_t>(hi)) ^ (self == lo ? 0 : 0x5555);
+    for (const auto& r : rules_)
+      if (r.kind == FaultKind::Flip) flip_rate_ = std::max(flip_rate_, r.rate);
+    next_flip_ = draw_gap();
+  }
+
+  Status write(const WriteOp& op) noexcept override {
+    ++ops_;
+    for (const auto& r : rules_) {
+      if (ops_ <= r.after) continue;
+      if (r.kind == FaultKind::Delay && r.delay.count() > 0) std::this_thread::sleep_for(r.delay);
+      if (r.kind == FaultKind::Stall && ops_ == r.after + 1) std::this_thread::sleep_for(r.stall);
+    }
+    RINGFENCE_TRY(inner_->write(op));
+    if (flip_rate_ <= 0.0 || !flip_active()) return Status::ok();
+    // Flips at byte positions next_flip_, next_flip_ + gap, ... within this write; at most
+    // kMaxFlipsPerWrite so the extra one-byte writes cannot overrun a completion queue.
+    int flips = 0;
+    while (next_flip_ < op.bytes && flips++ < kMaxFlipsPerWrite) {
+      const std::size_t k = static_cast<std::size_t>(next_flip_);
+      std::uint8_t& b = corrupt_[corrupt_next_++ % kCorruptRing];
+      b = static_cast<std::uint8_t>(static_cast<const std::uint8_t*>(op.src)[k] ^ (1u << (rng_.next() & 7)));
+      WriteOp flip{&b, nullptr, op.dst, op.dst_offset + k, 1, kInternalId | op.wr_id};
+      RINGFENCE_TRY(inner_->write(flip));
+      ++flips_;
+      next_flip_ += 1 + draw_gap();
+    }
+    next_flip_ = next_flip_ < op.bytes ? draw_gap() : next_flip_ - op.bytes;
+    return Status::ok();
+  }
+  Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
+  Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
+    n = 0;
+    for (;;) {
+      std::size_t got = 0;
+      const std::size_t base = n;
+      RINGFENCE_TRY(inner_->poll(out.subspan(base), got));
+      for (std::size_t i = 0; i < got; ++i) {
+        const Completion c = out[base + i];
+        if ((c.wr_id & kInternalId) && c.status.is_ok()) continue;  // our extra one-byte writes
+        out[n++] = Completion{c.wr_id & ~kInternalId, c.status};
+      }
+      if (got == 0 || n == out.size()) return Status::ok();
+    }
+  }
+  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+    return inner_->wait(flag, target, max);
+  }
+  void fence(FenceReason why) noexcept override { inner_->fence(why); }
+  LinkState state() const noexcept override { return inner_->state(); }
+  int peer() const noexcept override { return inner_->peer(); }
+  const LinkStats& stats() const noexcept override { return inner_->stats(); }
+
+ private:
+  static constexpr std::size_t kCorruptRing = 256;
+  static constexpr int kMaxFlipsPerWrite = 64;
+
+  bool flip_active() const noexcept {
+    for (const auto& r : rules_)
+      if (r.kind == FaultKind::Flip && ops_ > r.after) return true;
+    return false;
+  }
+  // Bytes until the next corrupted byte: geometric with parameter flip_rate_.
+  double draw_gap() noexcept {
+    if (flip_rate_ <= 0.0) return 1e300;
+    if (flip_rate_ >= 1.0) return 0.0;
+    return std::floor(std::log(rng_.uniform()) / std::log1p(-flip_rate_));
+  }
+
+  std::unique_ptr<Link> inner_;
+  std::vector<FaultRule> rules_;
+  Rng rng_{};
+  double flip_rate_ = 0.0;
+  double next_flip_ = 0.0;
+  std::uint64_t ops_ = 0;
+  std::uint64_t flips_ = 0;
+  std::uint8_t corrupt_[kCorruptRing] = {};
+  std::size_t corrupt_next_ = 0;
+};
+
+class FaultPending final : public PendingLink {
+ public:
+  FaultPending(std::unique_ptr<PendingLink> inner, std::vector<FaultRule> rules, int self)
+      : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {}
+  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
+    std::unique_ptr<Link> link;
+    const Status s = inner_->try_finish(link);
+    if (!s.is_ok()) return s;
+    std::vector<FaultRule> mine;
+    try {
+      for (const auto& r : rules_)
+        if (r.matches(self_, link->peer())) mine.push_back(r);
+      out = mine.empty() ? std::move(link) : std::make_unique<FaultLink>(std::move(link), std::move(mine), self_);
+    } catch (...) {
+      return Status(ErrorCode::Fatal);
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<PendingLink> inner_;
+  std::vector<FaultRule> rules_;
+  int self_;
+};
+
+class FaultTransport final : public Transport {
+ public:
+  FaultTransport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules, int self)
+      : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {}
+  std::string_view name() const noexcept override { return inner_->name(); }
+  Reachability can_reach(const PeerInfo& a, const PeerInfo& b) const override { return inner_->can_reach(a, b); }
+  void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
+  bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }
+  MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
+    return inner_->register_memory(ptr, bytes, kind);
+  }
+  RemoteRegion import_region(std::span<const std::byte> key) override { return inner_->import_region(key); }
+  std::unique_ptr<ListenHandle> listen() override { return inner_->listen(); }
+  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
+    return std::make_unique<FaultPending>(inner_->connect(local, peer, address), rules_, self_);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::vector<FaultRule> rules_;
+  int self_;
+};
+
+}  // namespace
+
+std::vector<FaultRule> parse_fault_spec(std::string_view text) {
+  std::vector<FaultRule> rules;
+  while (!text.empty()) {
+    const auto semi = text.find(';');
+    const std::string_view rule = trim(text.substr(0, semi));
+    text = semi == std::string_view::npos ? std::string_view{} : text.substr(semi + 1);
+    if (!rule.empty()) rules.push_back(parse_rule(rule));
+  }
+  return rules;
+}
+
+std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules,
+                                                int self_rank) {
+  return std::make_unique<FaultTransport>(std::move(inner), std::move(rules), self_rank);
+}
+
+}  // namespace ringfence

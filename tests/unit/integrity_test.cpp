@@ -1,0 +1,176 @@
+// End-to-end integrity: CRC32C, the fault-injection grammar, and corrupted links that never
+// corrupt a result when checksums are on.
+#include <atomic>
+#include <functional>
+#include <random>
+#include <ringfence/communicator.hpp>
+#include <ringfence/crc32c.hpp>
+#include <ringfence/fault.hpp>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/verifiable.hpp"
+
+using namespace ringfence;
+
+TEST_CASE("crc32c matches the standard check values, in hardware and in the table", "[integrity][crc32c]") {
+  REQUIRE(crc32c("123456789", 9) == 0xE3069283u);
+  REQUIRE(crc32c_portable("123456789", 9) == 0xE3069283u);
+  REQUIRE(crc32c("", 0) == 0u);
+  std::vector<unsigned char> zeros(32, 0);
+  REQUIRE(crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);  // RFC 3720 B.4
+  std::mt19937 rng(3);
+  std::vector<unsigned char> buf(4099);
+  for (auto& b : buf) b = static_cast<unsigned char>(rng());
+  for (std::size_t len : {0u, 1u, 7u, 8u, 9u, 63u, 4099u}) {
+    REQUIRE(crc32c(buf.data(), len) == crc32c_portable(buf.data(), len));
+    // Incremental == one shot.
+    const std::size_t half = len / 2;
+    REQUIRE(crc32c(buf.data() + half, len - half, crc32c(buf.data(), half)) == crc32c(buf.data(), len));
+  }
+  // Any single bit flip changes the CRC.
+  const std::uint32_t good = crc32c(buf.data(), buf.size());
+  for (std::size_t bit = 0; bit < 64; ++bit) {
+    buf[bit * 13 % buf.size()] ^= static_cast<unsigned char>(1u << (bit % 8));
+    REQUIRE(crc32c(buf.data(), buf.size()) != good);
+    buf[bit * 13 % buf.size()] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+}
+
+TEST_CASE("fault spec grammar", "[integrity][fault]") {
+  const auto rules = parse_fault_spec("flip:rate=1e-5,link=0-1,seed=7; delay:us=50,link=*;stall:after=10,ms=200,link=2-3");
+  REQUIRE(rules.size() == 3);
+  REQUIRE(rules[0].kind == FaultKind::Flip);
+  REQUIRE(rules[0].rate == 1e-5);
+  REQUIRE(rules[0].seed == 7);
+  REQUIRE(rules[0].matches(0, 1));
+  REQUIRE(rules[0].matches(1, 0));
+  REQUIRE_FALSE(rules[0].matches(1, 2));
+  REQUIRE(rules[1].kind == FaultKind::Delay);
+  REQUIRE(rules[1].delay == std::chrono::microseconds(50));
+  REQUIRE(rules[1].matches(5, 9));
+  REQUIRE(rules[2].kind == FaultKind::Stall);
+  REQUIRE(rules[2].after == 10);
+  REQUIRE(rules[2].stall == std::chrono::milliseconds(200));
+  REQUIRE(parse_fault_spec("").empty());
+  for (const char* bad : {"boom:rate=1", "flip:rate=2", "flip:rate=x", "flip:link=1", "flip:link=1-1", "flip:speed=3",
+                          "flip:rate"}) {
+    INFO(bad);
+    REQUIRE_THROWS_AS(parse_fault_spec(bad), InvalidUsage);
+  }
+}
+
+namespace {
+
+// Thread ranks (see thread_ranks_test.cpp); returns the number of wrong elements over all
+// ranks, and the checksum errors / re-sends seen, for float32 sum allreduces.
+struct Outcome {
+  std::size_t wrong = 0;
+  std::uint64_t checksum_errors = 0;
+  std::uint64_t resends = 0;
+  std::string error;
+};
+
+Outcome run_with_faults(int n, CommOptions options, std::size_t count, int iterations) {
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::thread> threads;
+  std::atomic<std::size_t> wrong{0};
+  std::atomic<std::uint64_t> crc{0}, resends{0};
+  std::mutex mutex;
+  Outcome out;
+  options.host_id = "integrity";
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator comm(store, r, n, builtin_transports(), options);
+        std::vector<float> buf(count);
+        for (int it = 0; it < iterations; ++it) {
+          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), count);
+          comm.allreduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), count);
+        }
+        for (const auto& l : comm.links()) {
+          crc += l.checksum_errors;
+          resends += l.retries;
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        if (out.error.empty()) out.error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  out.wrong = wrong;
+  out.checksum_errors = crc;
+  out.resends = resends;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a corrupting link corrupts results without checksums", "[integrity][fault]") {
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.fault = "flip:rate=1e-4,link=0-1,seed=11";
+  const Outcome r = run_with_faults(3, o, 100000, 3);
+  INFO(r.error);
+  REQUIRE(r.error.empty());
+  REQUIRE(r.wrong > 0);  // the injector really corrupts: otherwise the next test proves nothing
+  REQUIRE(r.checksum_errors == 0);
+}
+
+TEST_CASE("with checksums a corrupting link never corrupts a result", "[integrity][fault]") {
+  for (const bool direct : {false, true}) {
+    CommOptions o;
+    o.chunk_bytes = 4096;
+    o.timeout = std::chrono::seconds(20);
+    o.checksum = true;
+    o.fault = "flip:rate=1e-4,link=0-1,seed=11";
+    if (direct) {
+      o.direct_write_min_bytes = 1;
+      o.direct_write_user_min_bytes = 1;
+    }
+    const Outcome r = run_with_faults(3, o, 100000, 3);
+    INFO("direct " << direct << ": " << r.error);
+    REQUIRE(r.error.empty());
+    REQUIRE(r.wrong == 0);
+    REQUIRE(r.checksum_errors > 0);
+    REQUIRE(r.resends == r.checksum_errors);  // every detected corruption was re-sent once
+  }
+}
+
+TEST_CASE("checksums on a clean link: exact, no errors, every dtype and op", "[integrity]") {
+  auto store = std::make_shared<InProcessStore>();
+  std::atomic<std::size_t> wrong{0};
+  std::atomic<std::uint64_t> errors{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Communicator comm(store, r, 2, builtin_transports(), CommOptions{.chunk_bytes = 512, .host_id = "clean", .checksum = true});
+      for (int t = 0; t < kNumDataTypes; ++t)
+        for (int o = 0; o < kNumReduceOps; ++o) {
+          const auto type = static_cast<DataType>(t);
+          const auto op = static_cast<ReduceOp>(o);
+          std::vector<std::byte> buf(3001 * size_of(type));
+          test::fill_input(type, op, r, 2, buf.data(), 3001);
+          comm.allreduce(buf.data(), buf.data(), 3001, type, op);
+          wrong += test::count_wrong(type, op, 2, buf.data(), 3001);
+        }
+      for (const auto& l : comm.links()) errors += l.checksum_errors + l.retries;
+    });
+  for (auto& t : threads) t.join();
+  REQUIRE(wrong == 0);
+  REQUIRE(errors == 0);
+}
+
+TEST_CASE("a link that corrupts every delivery fails with a clear error, not a wrong result", "[integrity][fault]") {
+  CommOptions o;
+  o.chunk_bytes = 256;
+  o.timeout = std::chrono::seconds(10);
+  o.checksum = true;
+  o.fault = "flip:rate=1,link=0-1";
+  const Outcome r = run_with_faults(2, o, 1000, 1);
+  REQUIRE_THAT(r.error, Catch::Contains("checksum") && Catch::Contains("rank"));
+  REQUIRE(r.wrong == 0);  // nobody returned a result
+}
