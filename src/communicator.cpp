@@ -10,6 +10,7 @@
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
 #include <ringfence/fault.hpp>
+#include <ringfence/plan.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/reduce_ops.hpp>
 #include <thread>
@@ -79,6 +80,9 @@ struct Communicator::Impl {
   std::vector<std::unique_ptr<detail::Channel>> channels;
   detail::Channel* left = nullptr;
   detail::Channel* right = nullptr;
+  std::vector<int> ring;        // current ring order
+  std::vector<LinkId> fenced;   // agreed fenced links
+  std::uint64_t epoch = 0;      // +1 per re-plan
   detail::EngineConfig engine;
   // Internal memory (flags + inboxes) and user allocations: pointer -> allocating transport
   // (nullptr = plain heap).
@@ -182,10 +186,11 @@ struct Communicator::Impl {
 
     if (size == 1) return;
 
-    // Ring neighbours. With two ranks left == right: one channel carries both directions.
-    const int left_rank = (rank + size - 1) % size, right_rank = (rank + 1) % size;
-    channel_to(left_rank);
-    channel_to(right_rank);
+    // A channel to every peer (one host, small rank counts): re-planning the ring around a
+    // fenced link then needs no new connections. With two ranks left == right: one channel
+    // carries both directions.
+    for (int p = 0; p < size; ++p)
+      if (p != rank) channel_to(p);
 
     flags_mem = allocate(detail::FlagBlock::bytes(size));
     flags.bind(flags_mem, size);
@@ -260,8 +265,9 @@ struct Communicator::Impl {
       ch->peer_inbox = ch->transport->import_region(parts[0]);
       ch->peer_flags = ch->transport->import_region(parts[1]);
     }
-    left = &channel_to(left_rank);
-    right = &channel_to(right_rank);
+    std::vector<int> identity(static_cast<std::size_t>(size));
+    for (int i = 0; i < size; ++i) identity[static_cast<std::size_t>(i)] = i;
+    set_ring(std::move(identity));
 
     // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
     store_barrier("setup");
@@ -278,8 +284,8 @@ struct Communicator::Impl {
   }
 
   std::string protocol_fingerprint() const {
-    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={}", engine.slot_bytes, engine.slots,
-                       options.direct_write_min_bytes, engine.checksum);  // the user threshold may differ per rank
+    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}", engine.slot_bytes,
+                       engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -306,6 +312,73 @@ struct Communicator::Impl {
       self.log.error("importing rank {}'s output buffer failed: {}", self.right->peer, e.what());
       return nullptr;
     }
+  }
+
+  void set_ring(std::vector<int> order) {
+    ring = std::move(order);
+    if (size == 1) return;
+    const auto pos = static_cast<std::size_t>(std::find(ring.begin(), ring.end(), rank) - ring.begin());
+    const std::size_t n = ring.size();
+    engine.position = static_cast<int>(pos);
+    left = &channel_to(ring[(pos + n - 1) % n]);
+    right = &channel_to(ring[(pos + 1) % n]);
+  }
+
+  // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
+  // wants fenced; a checksummed allreduce (max) of the n x n proposal matrix gives every rank
+  // the same union, so every rank fences the same links and switches to the same ring before
+  // the next collective. Returns Ok or the failure of the internal allreduce.
+  Status agree(detail::Failure& failure) {
+    std::vector<std::uint8_t> votes(static_cast<std::size_t>(size) * static_cast<std::size_t>(size), 0);
+    for (auto& ch : channels) {
+      if (ch->checksum_errors - ch->checksum_errors_judged >= options.health_fence_checksum_errors) {
+        const LinkId l = LinkId::of(rank, ch->peer);
+        votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
+        log.warn("proposing to fence link {}-{}: {} corrupted chunks from rank {} since the last agreement", l.a, l.b,
+                 ch->checksum_errors - ch->checksum_errors_judged, ch->peer);
+      }
+      ch->checksum_errors_judged = ch->checksum_errors;
+    }
+    detail::EngineConfig config = engine;
+    config.checksum = true;  // the votes themselves must not be corrupted on the way
+    const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
+    RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, votes.data(), votes.data(), votes.size(), max,
+                                             detail::DirectWrite{}, failure));
+    std::vector<LinkId> added;
+    for (int a = 0; a < size; ++a)
+      for (int b = a + 1; b < size; ++b) {
+        const LinkId l{a, b};
+        if (votes[static_cast<std::size_t>(a * size + b)] && std::find(fenced.begin(), fenced.end(), l) == fenced.end())
+          added.push_back(l);
+      }
+    if (added.empty()) return Status::ok();
+    std::vector<LinkId> all = fenced;
+    all.insert(all.end(), added.begin(), added.end());
+    auto plan = plan_ring(size, all);
+    std::string names;
+    for (const auto& l : added) names += fmt::format("{}{}-{}", names.empty() ? "" : ", ", l.a, l.b);
+    if (!plan) {
+      std::string every;
+      for (const auto& l : all) every += fmt::format("{}{}-{}", every.empty() ? "" : ", ", l.a, l.b);
+      const std::string message = fmt::format(
+          "rank {}: links {} must be fenced (agreed by all ranks) and no ring of {} ranks avoids the fenced links {}; "
+          "shrink the communicator or replace the hardware",
+          rank, names, size, every);
+      {
+        std::lock_guard lock(status_mutex);
+        failure_message = message;
+        this->failure = Status(ErrorCode::Fenced);
+      }
+      log.error("{}", message);
+      throw LinkFencedError(message, rank, added.front().a == rank ? added.front().b : added.front().a);
+    }
+    fenced = std::move(all);
+    for (const auto& l : added)
+      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+    set_ring(std::move(*plan));
+    ++epoch;
+    log.warn("fenced link {} at collective #{}; epoch {}: ring {}", names, seq, epoch, fmt::join(ring, "-"));
+    return Status::ok();
   }
 
   void check_usable(const char* call) const {
@@ -394,6 +467,11 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   }
   const Reducer reducer = host_reducer(type, op);
   ++m.seq;
+  if (m.size > 1 && m.engine.checksum && m.options.health_agree_every > 0 &&
+      m.seq % static_cast<std::uint64_t>(m.options.health_agree_every) == 0) {
+    detail::Failure failure;
+    if (!m.agree(failure).is_ok()) m.raise("fence agreement before allreduce", failure);
+  }
   detail::DirectWrite direct;
   // With checksums every chunk goes through staging: a corrupted chunk must land where it can
   // be verified and replaced, not in the output.
@@ -461,6 +539,10 @@ std::vector<LinkInfo> Communicator::links() const {
   }
   return out;
 }
+
+std::vector<int> Communicator::ring() const { return impl_->ring.empty() ? std::vector<int>{0} : impl_->ring; }
+std::vector<LinkId> Communicator::fenced_links() const { return impl_->fenced; }
+std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
 
 std::string Communicator::link_table() const { return format_link_table(links()); }
 

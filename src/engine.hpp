@@ -108,6 +108,7 @@ struct Channel {
   std::uint32_t mail_header[2] = {};  ///< {key length, crc32c(key)} of our last published key
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0, retries_seen = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
+  std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement
 };
 
 /// What went wrong in the data path, filled without allocation; the API layer formats it.
@@ -122,6 +123,7 @@ struct Failure {
 struct EngineConfig {
   int rank = 0;
   int size = 1;
+  int position = 0;  ///< our place in the current ring (the schedule's "rank"; 0 = ring start)
   int slots = 4;
   std::size_t slot_bytes = 0;  ///< payload bytes per staging slot (multiple of 64, >= 64)
   bool checksum = false;       ///< CRC32C per chunk, verified by the receiver, re-sent on mismatch

@@ -93,7 +93,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
       "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES",
-      "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT"};
+      "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
+      "RINGFENCE_HEALTH_FENCE_CRC_ERRORS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -147,6 +148,11 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.shm.spin_count = static_cast<int>(parse_integer("RINGFENCE_SHM_SPIN", *v, 0, 1ll << 30));
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
+  if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))
+    o.health_agree_every = static_cast<int>(parse_integer("RINGFENCE_HEALTH_AGREE_EVERY", *v, 0, 1 << 20));
+  if (auto v = env.get("RINGFENCE_HEALTH_FENCE_CRC_ERRORS"))
+    o.health_fence_checksum_errors =
+        static_cast<std::uint64_t>(parse_integer("RINGFENCE_HEALTH_FENCE_CRC_ERRORS", *v, 1, 1ll << 40));
   if (auto v = env.get("RINGFENCE_FAULT")) {
     (void)parse_fault_spec(*v);  // validate now: a bad spec is an error naming the variable's rule
     o.fault = *v;

@@ -33,7 +33,8 @@ class RingRunner {
     const std::size_t elem = reducer_.elem_size;
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
-    RingAllreduceSchedule schedule(c_.rank, c_.size, count, c_.slot_bytes / elem);
+    // The schedule works on ring positions; flags and links on ranks.
+    RingAllreduceSchedule schedule(c_.position, c_.size, count, c_.slot_bytes / elem);
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;

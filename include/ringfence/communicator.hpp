@@ -14,6 +14,7 @@
 #include <memory>
 #include <ringfence/error.hpp>
 #include <ringfence/options.hpp>
+#include <ringfence/plan.hpp>
 #include <ringfence/registry.hpp>
 #include <ringfence/store.hpp>
 #include <ringfence/transport.hpp>
@@ -100,6 +101,14 @@ class Communicator {
 
   /// Number of collectives issued so far (the call sequence number).
   std::uint64_t sequence() const noexcept;
+
+  /// The current ring: ranks in ring order, starting at rank 0. Changes only at fence
+  /// agreements, identically on every rank.
+  std::vector<int> ring() const;
+  /// Links fenced so far (agreed by every rank), in the order they were fenced.
+  std::vector<LinkId> fenced_links() const;
+  /// Plan epoch: 0 at start, +1 at every agreed re-plan.
+  std::uint64_t epoch() const noexcept;
 
   struct Impl;
 

@@ -16,6 +16,8 @@
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
+/// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode; 0 = never) | 8 |
+/// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer that make a rank propose a fence | 3 |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |

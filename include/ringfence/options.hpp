@@ -59,6 +59,14 @@ struct CommOptions {
   /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
   /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.
   bool checksum = false;
+  /// With checksums on: every this many collectives the ranks agree on which links to fence
+  /// (an internal, checksummed allreduce of everyone's proposals) and, when the set changed,
+  /// switch together to a ring that avoids the fenced links. 0 disables. Must match on every
+  /// rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
+  int health_agree_every = 8;
+  /// A rank proposes to fence the link from a peer after this many corrupted chunks from it
+  /// since the last agreement. Env: RINGFENCE_HEALTH_FENCE_CRC_ERRORS.
+  std::uint64_t health_fence_checksum_errors = 3;
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 namespace ringfence::health {
 
@@ -127,6 +128,58 @@ Verdict evaluate(const Evidence& e, const HealthThresholds& t) {
   if (e.timeouts > 0) j.fire(Severity::Warn, fmt::format("{} timeouts (ours)", e.timeouts));
   if (e.bandwidth_ratio) j.known = true;
   return j.done();
+}
+
+namespace {
+
+// Sum of the known window sums of `names`; nullopt when none is known. A partly unknown set
+// gives a lower bound, which is still evidence of errors (but see WindowStats::complete).
+struct Sum {
+  std::optional<std::uint64_t> count;
+  std::optional<double> rate;
+  Duration covered{};
+};
+Sum window_sum(const CounterBank& bank, const std::string& source, const std::string& device, int port,
+               std::initializer_list<const char*> names, TimePoint now) {
+  Sum out;
+  for (const char* name : names) {
+    const std::optional<WindowStats> st = bank.stats(CounterId{source, device, port, name}, now);
+    if (!st || !st->sum) continue;
+    out.count = out.count.value_or(0) + *st->sum;
+    if (st->rate_per_s) out.rate = out.rate.value_or(0.0) + *st->rate_per_s;
+    out.covered = std::max(out.covered, st->covered);
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_nvml_evidence(Evidence& e, const CounterBank& bank, const std::string& gpu, int link, TimePoint now) {
+  const Sum crc = window_sum(bank, "nvml", gpu, link, {"nvlink_crc_flit", "nvlink_crc_data"}, now);
+  e.nvlink_crc_count = crc.count;
+  e.nvlink_crc_per_s = crc.rate;
+  e.nvlink_replay_recovery_count = window_sum(bank, "nvml", gpu, link, {"nvlink_replay", "nvlink_recovery"}, now).count;
+  e.ecc_uncorrected_count = window_sum(bank, "nvml", gpu, 0, {"ecc_uncorrected"}, now).count;
+  const Sum replay = window_sum(bank, "nvml", gpu, 0, {"pcie_replay"}, now);
+  e.pcie_replay_count = replay.count;
+  e.pcie_replay_window = replay.covered;
+}
+
+void add_ib_evidence(Evidence& e, const CounterBank& bank, const std::string& device, int port, TimePoint now) {
+  e.ib_link_downed_count = window_sum(bank, "ib", device, port, {"link_downed"}, now).count;
+  e.ib_error_count = window_sum(bank, "ib", device, port,
+                                {"symbol_error", "link_error_recovery", "port_rcv_errors",
+                                 "port_rcv_remote_physical_errors", "port_xmit_discards",
+                                 "local_link_integrity_errors", "excessive_buffer_overrun_errors"},
+                                now)
+                         .count;
+}
+
+void add_pcie_evidence(Evidence& e, const CounterBank& bank, const std::string& bdf, TimePoint now) {
+  e.pcie_aer_uncorrectable_count =
+      window_sum(bank, "pcie", bdf, 0, {"aer_dev_fatal/TOTAL_ERR_FATAL", "aer_dev_nonfatal/TOTAL_ERR_NONFATAL"}, now)
+          .count;
+  e.pcie_aer_correctable_count = window_sum(bank, "pcie", bdf, 0, {"aer_dev_correctable/TOTAL_ERR_COR"}, now).count;
 }
 
 LinkPolicy::LinkPolicy(const HealthThresholds& thresholds, const PolicyTimings& timings)

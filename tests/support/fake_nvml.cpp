@@ -67,7 +67,9 @@ State load() {
   return s;
 }
 
-bool g_initialised = false;  // test support only; the library proper has no global state
+// Reference count of nvmlInit/nvmlShutdown pairs, as real NVML keeps one. Test support only:
+// the library proper has no global state.
+int g_init_count = 0;
 
 // Device handles are small integers disguised as pointers (index + 1).
 DeviceSt* handle_of(unsigned i) { return reinterpret_cast<DeviceSt*>(static_cast<std::uintptr_t>(i) + 1); }
@@ -105,23 +107,24 @@ extern "C" {
 
 int nvmlInit_v2() {
   const int rc = static_cast<int>(load().num("init", 0));
-  g_initialised = rc == kSuccess;
+  if (rc == kSuccess) ++g_init_count;
   return rc;
 }
 
 int nvmlShutdown() {
-  g_initialised = false;
+  if (g_init_count == 0) return kUninitialized;
+  --g_init_count;
   return kSuccess;
 }
 
 int nvmlDeviceGetCount_v2(unsigned int* count) {
-  if (!g_initialised) return kUninitialized;
+  if (g_init_count == 0) return kUninitialized;
   *count = static_cast<unsigned>(load().num("count", 1));
   return kSuccess;
 }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, DeviceSt** device) {
-  if (!g_initialised) return kUninitialized;
+  if (g_init_count == 0) return kUninitialized;
   if (index >= load().num("count", 1)) return kInvalidArgument;
   *device = handle_of(index);
   return kSuccess;

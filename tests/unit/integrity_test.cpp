@@ -174,3 +174,103 @@ TEST_CASE("a link that corrupts every delivery fails with a clear error, not a w
   REQUIRE_THAT(r.error, Catch::Contains("checksum") && Catch::Contains("rank"));
   REQUIRE(r.wrong == 0);  // nobody returned a result
 }
+
+TEST_CASE("a corrupting link is fenced by agreement and the ring re-planned around it", "[integrity][health]") {
+  const int n = 4;
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::thread> threads;
+  std::atomic<std::size_t> wrong{0};
+  std::mutex mutex;
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::uint64_t> epochs(n), errors_after(n);
+  std::string error;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.chunk_bytes = 4096;
+        o.timeout = std::chrono::seconds(20);
+        o.checksum = true;
+        o.health_agree_every = 4;
+        o.fault = "flip:rate=1e-4,link=0-1,seed=3";
+        o.host_id = "replan";
+        Communicator comm(store, r, n, builtin_transports(), o);
+        const std::size_t count = 50000;
+        std::vector<float> buf(count);
+        std::uint64_t errors_at_fence = 0;
+        for (int it = 0; it < 24; ++it) {
+          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), count);
+          comm.allreduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), count);
+          if (comm.epoch() == 1 && errors_at_fence == 0) {
+            for (const auto& l : comm.links()) errors_at_fence += l.checksum_errors + 1;
+          }
+        }
+        std::uint64_t errors_now = 0;
+        for (const auto& l : comm.links()) errors_now += l.checksum_errors + 1;
+        std::lock_guard lock(mutex);
+        rings[r] = comm.ring();
+        fences[r] = comm.fenced_links();
+        epochs[r] = comm.epoch();
+        errors_after[r] = errors_now - errors_at_fence;  // corruption seen after the re-plan
+        for (const auto& l : comm.links())
+          if ((r == 0 && l.peer == 1) || (r == 1 && l.peer == 0))
+            if (l.state != LinkState::Fenced) error = "link 0-1 is not fenced at rank " + std::to_string(r);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(epochs[r] == 1);
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{0, 1}});
+    REQUIRE(rings[r] == rings[0]);  // every rank runs the same plan
+    REQUIRE(errors_after[r] == 0);  // the bad link carries no more traffic
+  }
+  // The new ring does not use 0-1.
+  const auto& ring = rings[0];
+  for (int i = 0; i < n; ++i) REQUIRE_FALSE(LinkId::of(ring[i], ring[(i + 1) % n]) == (LinkId{0, 1}));
+}
+
+TEST_CASE("with three ranks a fenced link leaves no ring: a clear error naming the link", "[integrity][health]") {
+  const int n = 3;
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  std::atomic<std::size_t> wrong{0};
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.chunk_bytes = 4096;
+        o.timeout = std::chrono::seconds(20);
+        o.checksum = true;
+        o.health_agree_every = 2;
+        o.fault = "flip:rate=1e-4,link=1-2,seed=9";
+        o.host_id = "noplan";
+        Communicator comm(store, r, n, builtin_transports(), o);
+        std::vector<float> buf(20000);
+        for (int it = 0; it < 20; ++it) {
+          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
+        }
+      } catch (const LinkFencedError& e) {
+        errors[r] = e.what();
+      } catch (const std::exception& e) {
+        errors[r] = std::string("unexpected: ") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE_THAT(errors[r], Catch::Contains("links 1-2 must be fenced") && Catch::Contains("no ring"));
+  }
+}

@@ -101,6 +101,21 @@ struct Verdict {
 /// in `LinkPolicy`). Thread-safe, pure; may throw only `std::bad_alloc`.
 Verdict evaluate(const Evidence& e, const HealthThresholds& t);
 
+/// Fills the NVLink and GPU fields of `e` from the windows of `bank` (fed by
+/// `NvmlSource::read_counters`) for NVLink `link` of GPU `gpu` (the NVML index as a string):
+/// CRC flit + data count and rate, replay + recovery count, volatile uncorrectable ECC, PCIe
+/// replays and their window. Counters the bank has not seen or whose window holds nothing
+/// known stay unknown. Link state and remap failure are not counters: set them from the
+/// latest `NvmlDeviceSample`. Not thread-safe with respect to `bank`.
+void add_nvml_evidence(Evidence& e, const CounterBank& bank, const std::string& gpu, int link, TimePoint now);
+/// Fills the InfiniBand counter fields of `e` for port `port` of `device` from `bank` (fed by
+/// `SysfsSource::read_counters`): `link_downed`, and the sum of the other seven PMA error
+/// counters. Port state and rate are not counters: set them from the latest `IbPortSample`.
+void add_ib_evidence(Evidence& e, const CounterBank& bank, const std::string& device, int port, TimePoint now);
+/// Fills the PCIe AER fields of `e` for PCI device `bdf` from `bank`: TOTAL_ERR_FATAL +
+/// TOTAL_ERR_NONFATAL, and TOTAL_ERR_COR. Downtraining: set it from the latest `PcieSample`.
+void add_pcie_evidence(Evidence& e, const CounterBank& bank, const std::string& bdf, TimePoint now);
+
 /// PCIe replays allowed per minute on a link: ceil(lane GT/s × 1e9 × ber × 60 × width)
 /// (DCGM MonitorPcie; Gen4 x16 at 1e-12 → 16). Thread-safe.
 double pcie_replay_budget_per_minute(double lane_gts, int width, double ber) noexcept;

@@ -1,0 +1,29 @@
+#pragma once
+/// \file plan.hpp
+/// Ring planning over the live link graph: a ring is a cyclic order of all ranks in which no
+/// two neighbours are joined by a fenced link. Pure functions, identical on every rank for the
+/// same input, so ranks that agree on the fenced set agree on the ring.
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace ringfence {
+
+/// An undirected link between two ranks, stored with `a < b`.
+struct LinkId {
+  int a = 0;
+  int b = 0;
+  /// Normalises the order of the two ranks.
+  static LinkId of(int x, int y) noexcept { return x < y ? LinkId{x, y} : LinkId{y, x}; }
+  friend bool operator==(LinkId, LinkId) = default;
+};
+
+/// Finds a ring of `size` ranks that uses none of `fenced`, starting at rank 0 and preferring
+/// low ranks first (so with nothing fenced it is 0, 1, ..., size-1). Returns nullopt when no
+/// such ring exists (for example any fence with 2 or 3 ranks). Deterministic; exhaustive search
+/// with pruning, fine for the rank counts of one communicator (it gives up after `max_steps`
+/// search steps and returns nullopt).
+std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& fenced, long max_steps = 1'000'000);
+
+}  // namespace ringfence
