@@ -9,6 +9,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libibverbs-dev rdma-core
   iproute2 procps
+  gnuplot-nox
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 // Communicator: setup (control plane: may block, allocate, throw) and the API boundary that
 // validates arguments, runs the executor (which returns Status) and turns failures into
 // exceptions naming the rank, peer and link.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,6 +84,25 @@ struct Communicator::Impl {
   std::vector<int> ring;        // current ring order
   std::vector<LinkId> fenced;   // agreed fenced links
   std::uint64_t epoch = 0;      // +1 per re-plan
+  EventCallback event_callback;
+  int event_fd = -1;            // RINGFENCE_HEALTH_LOG
+
+  void emit(HealthEvent e) noexcept {
+    e.rank = rank;
+    e.sequence = seq;
+    e.epoch = epoch;
+    e.unix_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    try {
+      if (event_callback) event_callback(e);
+      if (event_fd >= 0) {
+        const std::string line = to_json(e) + "\n";
+        if (::write(event_fd, line.data(), line.size()) < 0) log.warn("health log write failed: {}", std::strerror(errno));
+      }
+    } catch (const std::exception& ex) {
+      log.warn("health event callback threw: {}", ex.what());
+    } catch (...) {
+    }
+  }
   detail::EngineConfig engine;
   // Internal memory (flags + inboxes) and user allocations: pointer -> allocating transport
   // (nullptr = plain heap).
@@ -113,6 +133,7 @@ struct Communicator::Impl {
   std::string failure_message;
 
   ~Impl() {
+    if (event_fd >= 0) ::close(event_fd);
     for (auto& ch : channels)
       if (ch->link) ch->link->fence(FenceReason::Shutdown);
     remote_regs.clear();
@@ -164,6 +185,13 @@ struct Communicator::Impl {
     RINGFENCE_EXPECTS(options.chunk_bytes > 0, "rank {}: CommOptions::chunk_bytes must be positive", rank);
     RINGFENCE_EXPECTS(store != nullptr, "rank {}: store must not be null", rank);
     log = Logger(options.log_level, rank);
+    if (!options.health_log.empty()) {
+      event_fd = ::open(options.health_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (event_fd < 0)
+        throw SystemError(fmt::format("rank {}: cannot open RINGFENCE_HEALTH_LOG '{}': {}", rank, options.health_log,
+                                      std::strerror(errno)),
+                          errno);
+    }
 
     self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};
     const TransportContext ctx{self, size, &options, &log};
@@ -331,9 +359,13 @@ struct Communicator::Impl {
   Status agree(detail::Failure& failure) {
     std::vector<std::uint8_t> votes(static_cast<std::size_t>(size) * static_cast<std::size_t>(size), 0);
     for (auto& ch : channels) {
-      if (ch->checksum_errors - ch->checksum_errors_judged >= options.health_fence_checksum_errors) {
-        const LinkId l = LinkId::of(rank, ch->peer);
+      const std::uint64_t new_errors = ch->checksum_errors - ch->checksum_errors_judged;
+      const LinkId l = LinkId::of(rank, ch->peer);
+      if (new_errors > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, l.a, l.b, 0, 0, new_errors, {}, 0});
+      if (new_errors >= options.health_fence_checksum_errors) {
         votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
+        emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, new_errors,
+                         fmt::format("{} corrupted chunks since the last agreement", new_errors), 0});
         log.warn("proposing to fence link {}-{}: {} corrupted chunks from rank {} since the last agreement", l.a, l.b,
                  ch->checksum_errors - ch->checksum_errors_judged, ch->peer);
       }
@@ -370,6 +402,7 @@ struct Communicator::Impl {
         this->failure = Status(ErrorCode::Fenced);
       }
       log.error("{}", message);
+      for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
       throw LinkFencedError(message, rank, added.front().a == rank ? added.front().b : added.front().a);
     }
     fenced = std::move(all);
@@ -377,6 +410,8 @@ struct Communicator::Impl {
       if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
     set_ring(std::move(*plan));
     ++epoch;
+    for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
+    emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0, fmt::format("{}", fmt::join(ring, "-")), 0});
     log.warn("fenced link {} at collective #{}; epoch {}: ring {}", names, seq, epoch, fmt::join(ring, "-"));
     return Status::ok();
   }
@@ -543,6 +578,26 @@ std::vector<LinkInfo> Communicator::links() const {
 std::vector<int> Communicator::ring() const { return impl_->ring.empty() ? std::vector<int>{0} : impl_->ring; }
 std::vector<LinkId> Communicator::fenced_links() const { return impl_->fenced; }
 std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
+
+HealthSnapshot Communicator::health() const {
+  HealthSnapshot h;
+  h.rank = impl_->rank;
+  h.sequence = impl_->seq;
+  h.epoch = impl_->epoch;
+  h.ring = ring();
+  h.fenced = impl_->fenced;
+  h.links = links();
+  return h;
+}
+
+void Communicator::on_health_event(EventCallback callback) { impl_->event_callback = std::move(callback); }
+
+std::string HealthSnapshot::table() const {
+  std::string fences;
+  for (const auto& l : fenced) fences += fmt::format("{}{}-{}", fences.empty() ? "" : ", ", l.a, l.b);
+  return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}\n{}", rank, sequence, epoch,
+                     fmt::join(ring, "-"), fences.empty() ? "none" : fences, format_link_table(links));
+}
 
 std::string Communicator::link_table() const { return format_link_table(links()); }
 

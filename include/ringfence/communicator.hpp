@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <ringfence/error.hpp>
+#include <ringfence/events.hpp>
 #include <ringfence/options.hpp>
 #include <ringfence/plan.hpp>
 #include <ringfence/registry.hpp>
@@ -37,6 +38,18 @@ struct LinkInfo {
   std::uint64_t retries = 0;        ///< chunks we re-sent because the peer found them corrupted
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer (checksum mode)
   double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
+};
+
+/// A point-in-time view of the health layer of one rank.
+struct HealthSnapshot {
+  int rank = -1;
+  std::uint64_t sequence = 0;   ///< collectives issued
+  std::uint64_t epoch = 0;      ///< re-plans so far
+  std::vector<int> ring;        ///< current ring order
+  std::vector<LinkId> fenced;   ///< agreed fenced links
+  std::vector<LinkInfo> links;  ///< this rank's links
+  /// Human-readable summary plus the link table.
+  std::string table() const;
 };
 
 /// A group of ranks that run collectives together.
@@ -109,6 +122,11 @@ class Communicator {
   std::vector<LinkId> fenced_links() const;
   /// Plan epoch: 0 at start, +1 at every agreed re-plan.
   std::uint64_t epoch() const noexcept;
+  /// Snapshot of ring, fences and links. Not synchronised with a collective running on another
+  /// thread (counters may be mid-update), never blocks.
+  HealthSnapshot health() const;
+  /// Calls `callback` for every health event of this rank (replacing an earlier callback).
+  void on_health_event(EventCallback callback);
 
   struct Impl;
 

@@ -67,6 +67,9 @@ struct CommOptions {
   /// A rank proposes to fence the link from a peer after this many corrupted chunks from it
   /// since the last agreement. Env: RINGFENCE_HEALTH_FENCE_CRC_ERRORS.
   std::uint64_t health_fence_checksum_errors = 3;
+  /// Append every health event as one JSON line to this file (all ranks may share it: each
+  /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
+  std::string health_log;
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;

@@ -5,6 +5,7 @@
 #include <random>
 #include <ringfence/communicator.hpp>
 #include <ringfence/crc32c.hpp>
+#include <ringfence/events.hpp>
 #include <ringfence/fault.hpp>
 #include <thread>
 #include <vector>
@@ -273,4 +274,27 @@ TEST_CASE("with three ranks a fenced link leaves no ring: a clear error naming t
     INFO("rank " << r << ": " << errors[r]);
     REQUIRE_THAT(errors[r], Catch::Contains("links 1-2 must be fenced") && Catch::Contains("no ring"));
   }
+}
+
+TEST_CASE("health events round-trip through JSON", "[health][events]") {
+  HealthEvent e{EventKind::LinkFenced, 2, 0, 1, 1008, 1, 73, "agreed \"by\" all", 1700000000.25};
+  const std::string line = to_json(e);
+  REQUIRE(line.find('\n') == std::string::npos);
+  const auto back = parse_event_json(line);
+  REQUIRE(back.has_value());
+  REQUIRE(back->kind == EventKind::LinkFenced);
+  REQUIRE(back->rank == 2);
+  REQUIRE(back->a == 0);
+  REQUIRE(back->b == 1);
+  REQUIRE(back->sequence == 1008);
+  REQUIRE(back->epoch == 1);
+  REQUIRE(back->count == 73);
+  REQUIRE(back->detail == "agreed \"by\" all");
+  HealthEvent r{EventKind::Replanned, 0, -1, -1, 5, 2, 0, "0-2-1-3", 0};
+  const auto rb = parse_event_json(to_json(r));
+  REQUIRE(rb.has_value());
+  REQUIRE(rb->a == -1);
+  REQUIRE(rb->detail == "0-2-1-3");
+  for (const char* bad : {"", "{}", "not json", "{\"event\":\"nope\",\"rank\":1}", "{\"event\":\"replanned\",\"rank\":x}"})
+    REQUIRE_FALSE(parse_event_json(bad).has_value());
 }

@@ -14,7 +14,8 @@ namespace ringfence::health {
 
 /// Thresholds that turn evidence into a verdict (see `evaluate`). A rule whose evidence is
 /// unknown never fires and never counts as clean. Counts are events, rates are events per
-/// second, windows are the monitor's sliding window (`HealthOptions::window`).
+/// second, windows are the monitor's sliding window (`HealthOptions::window`). A count
+/// threshold of 0 disables its rule.
 struct HealthThresholds {
   /// NVLink CRC (flit + data) errors per second at or above which the link is fenced.
   /// DCGM `DCGM_LIMIT_MAX_NVLINK_CRC_ERROR` (100/s, "CRC errors only matter at 100+/s").

@@ -1,0 +1,53 @@
+#pragma once
+/// \file events.hpp
+/// Health events: every state change the health layer makes (checksum errors seen, fence
+/// proposals, fences, re-plans, "no plan") is one `HealthEvent`, delivered to the
+/// communicator's callback and, with `RINGFENCE_HEALTH_LOG=path`, appended to a JSON-lines file
+/// that `ringfence-health` summarises.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ringfence {
+
+/// What happened.
+enum class EventKind : std::uint8_t {
+  ChecksumErrors,  ///< `count` corrupted chunks arrived over link a-b since the last agreement
+  FenceProposed,   ///< this rank proposed fencing link a-b
+  LinkFenced,      ///< every rank agreed: link a-b is fenced
+  Replanned,       ///< new ring in `detail` (ranks joined by '-'), epoch `epoch`
+  NoPlan,          ///< link a-b must be fenced but no ring avoids the fenced links
+};
+
+/// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan".
+std::string_view to_string(EventKind kind) noexcept;
+/// Inverse of `to_string(EventKind)`.
+std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;
+
+/// One health event. Plain value.
+struct HealthEvent {
+  EventKind kind = EventKind::ChecksumErrors;
+  int rank = -1;               ///< rank that reports it
+  int a = -1;                  ///< link end (lower rank), -1 when not about a link
+  int b = -1;                  ///< link end (higher rank)
+  std::uint64_t sequence = 0;  ///< collective sequence number at which it happened
+  std::uint64_t epoch = 0;     ///< plan epoch after the event
+  std::uint64_t count = 0;     ///< kind-specific count (e.g. corrupted chunks)
+  std::string detail;          ///< kind-specific text (e.g. the new ring)
+  double unix_time = 0.0;      ///< seconds since the epoch, wall clock
+};
+
+/// One JSON object on one line (no trailing newline), keys: event, rank, link, seq, epoch,
+/// count, detail, time.
+std::string to_json(const HealthEvent& event);
+/// Parses a line made by `to_json`; nullopt for anything else (never throws).
+std::optional<HealthEvent> parse_event_json(std::string_view line) noexcept;
+
+/// Receives events; called on the thread that runs the collective, must not call back into the
+/// communicator, should return quickly.
+using EventCallback = std::function<void(const HealthEvent&)>;
+
+}  // namespace ringfence
