@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
+#include <ringfence/crc32c.hpp>
 #include <ringfence/fault.hpp>
 #include <ringfence/plan.hpp>
 #include <ringfence/log.hpp>
@@ -85,6 +87,33 @@ struct Communicator::Impl {
   std::vector<LinkId> fenced;   // agreed fenced links
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
+  std::uint64_t digest_mismatch_count = 0;
+
+  // Result digest (design §5 "Integrity"): every rank puts crc32c(output) in its slot of an
+  // n-vector, a max-allreduce gives everyone all digests, and the ranks that differ from the
+  // majority are named. Same inputs everywhere, so every rank reports the same ranks.
+  Status compare_digests(const void* out, std::size_t bytes, detail::Failure& failure) {
+    std::vector<std::uint64_t> digests(static_cast<std::size_t>(size), 0);
+    digests[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
+    detail::EngineConfig config = engine;
+    config.checksum = true;
+    const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
+    RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, digests.data(), digests.data(), digests.size(), max,
+                                             detail::DirectWrite{}, failure));
+    std::map<std::uint64_t, int> votes;
+    for (auto d : digests) ++votes[d];
+    const auto majority = std::max_element(votes.begin(), votes.end(), [](auto& x, auto& y) { return x.second < y.second; });
+    if (majority->second == size) return Status::ok();
+    ++digest_mismatch_count;
+    std::string all;
+    for (int r = 0; r < size; ++r) all += fmt::format("{}{}:{:08x}", r ? " " : "", r, digests[static_cast<std::size_t>(r)] & 0xffffffffu);
+    for (int r = 0; r < size; ++r)
+      if (digests[static_cast<std::size_t>(r)] != majority->first) {
+        log.error("collective #{}: rank {}'s result differs from the majority's (digests {})", seq, r, all);
+        emit(HealthEvent{EventKind::DigestMismatch, rank, -1, -1, 0, 0, static_cast<std::uint64_t>(r), all, 0});
+      }
+    return Status::ok();
+  }
   int event_fd = -1;            // RINGFENCE_HEALTH_LOG
 
   void emit(HealthEvent e) noexcept {
@@ -312,8 +341,9 @@ struct Communicator::Impl {
   }
 
   std::string protocol_fingerprint() const {
-    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}", engine.slot_bytes,
-                       engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every);  // the user threshold may differ per rank
+    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} digest_every={}",
+                       engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum,
+                       options.health_agree_every, options.digest_every);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -523,6 +553,8 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   detail::Failure failure;
   const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, direct, failure);
   if (!s.is_ok()) m.raise("allreduce", failure);
+  if (m.size > 1 && m.options.digest_every > 0 && m.seq % static_cast<std::uint64_t>(m.options.digest_every) == 0)
+    if (!m.compare_digests(recv, bytes, failure).is_ok()) m.raise("result digest comparison after allreduce", failure);
 }
 
 void Communicator::barrier() {
@@ -578,6 +610,7 @@ std::vector<LinkInfo> Communicator::links() const {
 std::vector<int> Communicator::ring() const { return impl_->ring.empty() ? std::vector<int>{0} : impl_->ring; }
 std::vector<LinkId> Communicator::fenced_links() const { return impl_->fenced; }
 std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
+std::uint64_t Communicator::digest_mismatches() const noexcept { return impl_->digest_mismatch_count; }
 
 HealthSnapshot Communicator::health() const {
   HealthSnapshot h;

@@ -12,12 +12,13 @@ std::string_view to_string(EventKind kind) noexcept {
     case EventKind::LinkFenced: return "link_fenced";
     case EventKind::Replanned: return "replanned";
     case EventKind::NoPlan: return "no_plan";
+    case EventKind::DigestMismatch: return "digest_mismatch";
   }
   return "unknown";
 }
 
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
-  for (int i = 0; i <= static_cast<int>(EventKind::NoPlan); ++i)
+  for (int i = 0; i <= static_cast<int>(EventKind::DigestMismatch); ++i)
     if (to_string(static_cast<EventKind>(i)) == name) return static_cast<EventKind>(i);
   return std::nullopt;
 }

@@ -34,12 +34,13 @@ constexpr int kTeacher = 8;   // hidden width of the teacher that labels the dat
 constexpr int kGlobalSamples = 8192;
 
 struct Args {
-  int steps = 200;
+  int steps = 300;
   int hidden = 1024;
-  int batch = 32;  // per rank
-  float lr = 0.1f;
+  int batch = 128;  // per rank
+  float lr = 0.2f;
+  float momentum = 0.9f;
   std::uint64_t seed = 1;
-  int print_every = 20;
+  int print_every = 25;
   bool quantize = true;
   std::string csv;
   std::string label = "run";
@@ -48,7 +49,7 @@ struct Args {
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr,
                "ddp_train: %s\nusage: ddp_train [--steps N] [--csv PATH] [--label NAME] [--hidden H] [--batch B]\n"
-               "                 [--lr X] [--seed S] [--print-every K] [--quantize on|off]\n",
+               "                 [--lr X] [--momentum M] [--seed S] [--print-every K] [--quantize on|off]\n",
                msg.c_str());
   std::exit(2);
 }
@@ -78,6 +79,11 @@ Args parse_args(int argc, char** argv) {
       char* end = nullptr;
       a.lr = std::strtof(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(a.lr > 0.0f)) usage_error("bad value for --lr: " + v);
+    } else if (arg == "--momentum") {
+      const std::string v = value();
+      char* end = nullptr;
+      a.momentum = std::strtof(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(a.momentum >= 0.0f && a.momentum < 1.0f)) usage_error("bad value for --momentum: " + v);
     } else if (arg == "--quantize") {
       const std::string v = value();
       if (v != "on" && v != "off") usage_error("--quantize takes on or off");
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
     std::vector<float> params = init_params(mlp, args.seed);
     const std::size_t nparams = mlp.count;
     std::vector<float> grad(nparams);
+    std::vector<float> velocity(nparams, 0.0f);
     std::vector<float> buf(nparams + 1);  // gradients, then the local loss
 
     std::FILE* csv = nullptr;
@@ -273,9 +280,9 @@ int main(int argc, char** argv) {
       }
       const ringfence::CommOptions& o = comm.options();
       std::printf("ddp_train [%s]: %d ranks, MLP %d-%d-%d (%zu params, %zu B gradient buffer), %d steps, "
-                  "batch %d/rank, lr %g\n",
+                  "batch %d/rank, lr %g, momentum %g\n",
                   args.label.c_str(), n, kIn, args.hidden, kOut, nparams, buf.size() * sizeof(float), args.steps,
-                  args.batch, static_cast<double>(args.lr));
+                  args.batch, static_cast<double>(args.lr), static_cast<double>(args.momentum));
       std::printf("ddp_train [%s]: checksum %s, fault \"%s\", ring %s\n", args.label.c_str(),
                   o.checksum ? "on" : "off", o.fault.c_str(), join(comm.ring(), '-').c_str());
       std::fflush(stdout);
@@ -295,7 +302,10 @@ int main(int argc, char** argv) {
         unquantized += !quantize(buf[nparams], 16);
       }
       comm.allreduce(buf.data(), buf.data(), buf.size(), ringfence::DataType::Float32, ringfence::ReduceOp::Avg);
-      for (std::size_t i = 0; i < nparams; ++i) params[i] -= args.lr * buf[i];
+      for (std::size_t i = 0; i < nparams; ++i) {  // SGD with momentum, identical on every rank
+        velocity[i] = args.momentum * velocity[i] + buf[i];
+        params[i] -= args.lr * velocity[i];
+      }
       loss = static_cast<double>(buf[nparams]);
       if (first_bad_step < 0 && !std::isfinite(loss)) first_bad_step = step;
 

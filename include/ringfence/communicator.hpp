@@ -125,6 +125,8 @@ class Communicator {
   /// Snapshot of ring, fences and links. Not synchronised with a collective running on another
   /// thread (counters may be mid-update), never blocks.
   HealthSnapshot health() const;
+  /// Number of digest comparisons (see `CommOptions::digest_every`) that found a divergent rank.
+  std::uint64_t digest_mismatches() const noexcept;
   /// Calls `callback` for every health event of this rank (replacing an earlier callback).
   void on_health_event(EventCallback callback);
 

@@ -19,6 +19,7 @@
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode; 0 = never) | 8 |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
+/// | RINGFENCE_DIGEST_EVERY | compare output digests across ranks every N collectives (0 = never) | 0 |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |

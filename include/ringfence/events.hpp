@@ -20,6 +20,7 @@ enum class EventKind : std::uint8_t {
   LinkFenced,      ///< every rank agreed: link a-b is fenced
   Replanned,       ///< new ring in `detail` (ranks joined by '-'), epoch `epoch`
   NoPlan,          ///< link a-b must be fenced but no ring avoids the fenced links
+  DigestMismatch,  ///< rank `count`'s output digest differs from the majority's (`detail` lists digests)
 };
 
 /// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan".

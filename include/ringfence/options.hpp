@@ -67,6 +67,11 @@ struct CommOptions {
   /// A rank proposes to fence the link from a peer after this many corrupted chunks from it
   /// since the last agreement. Env: RINGFENCE_HEALTH_FENCE_CRC_ERRORS.
   std::uint64_t health_fence_checksum_errors = 3;
+  /// Every this many collectives, ranks compare an 8-byte digest (CRC32C) of their allreduce
+  /// output; a rank whose digest differs from the majority is reported as a `DigestMismatch`
+  /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must
+  /// match on every rank. Env: RINGFENCE_DIGEST_EVERY.
+  int digest_every = 0;
   /// Append every health event as one JSON line to this file (all ranks may share it: each
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   std::map<std::pair<int, int>, LinkSummary> links;
   std::map<std::uint64_t, std::pair<std::uint64_t, std::string>> replans;  // epoch -> (seq, ring)
   std::set<int> ranks;
+  std::vector<std::string> digest_mismatches;
   std::size_t events = 0, malformed = 0;
   std::string line;
   while (std::getline(in, line)) {
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
     ++events;
     ranks.insert(e->rank);
     if (show_events) std::printf("%s\n", line.c_str());
+    if (e->kind == ringfence::EventKind::DigestMismatch) {
+      digest_mismatches.push_back("collective #" + std::to_string(e->sequence) + ": rank " + std::to_string(e->count) +
+                                  " diverged (" + e->detail + ")");
+      continue;
+    }
     if (e->kind == ringfence::EventKind::Replanned) {
       replans[e->epoch] = {e->sequence, e->detail};
       continue;
@@ -89,7 +95,8 @@ int main(int argc, char** argv) {
         l.no_plan = true;
         l.reason = "no ring avoids the fenced links";
         break;
-      case ringfence::EventKind::Replanned: break;
+      case ringfence::EventKind::Replanned:
+      case ringfence::EventKind::DigestMismatch: break;
     }
   }
   if (events == 0) {
@@ -109,5 +116,6 @@ int main(int argc, char** argv) {
   for (const auto& [epoch, r] : replans)
     std::printf("epoch %llu from collective #%llu: ring %s\n", static_cast<unsigned long long>(epoch),
                 static_cast<unsigned long long>(r.first), r.second.c_str());
+  for (const auto& d : digest_mismatches) std::printf("digest mismatch at %s\n", d.c_str());
   return 0;
 }

@@ -298,3 +298,47 @@ TEST_CASE("health events round-trip through JSON", "[health][events]") {
   for (const char* bad : {"", "{}", "not json", "{\"event\":\"nope\",\"rank\":1}", "{\"event\":\"replanned\",\"rank\":x}"})
     REQUIRE_FALSE(parse_event_json(bad).has_value());
 }
+
+TEST_CASE("result digests name a rank whose output diverged", "[integrity][health][digest]") {
+  // Without checksums a link flipping bits in the allgather phase leaves ranks with different
+  // results; the digest comparison (itself checksummed) must notice, identically on every rank.
+  const int n = 3;
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::uint64_t> mismatches(n);
+  std::vector<std::vector<std::uint64_t>> named(n);
+  std::mutex mutex;
+  std::string error;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.chunk_bytes = 4096;
+        o.timeout = std::chrono::seconds(20);
+        o.digest_every = 1;
+        o.fault = "flip:rate=2e-5,link=0-1,seed=21";
+        o.host_id = "digest";
+        Communicator comm(store, r, n, builtin_transports(), o);
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::DigestMismatch) named[r].push_back(e.count);
+        });
+        std::vector<float> buf(30000);
+        for (int it = 0; it < 10; ++it) {
+          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+        }
+        mismatches[r] = comm.digest_mismatches();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(mismatches[0] > 0);
+  for (int r = 1; r < n; ++r) {
+    REQUIRE(mismatches[r] == mismatches[0]);  // every rank saw the same divergences
+    REQUIRE(named[r] == named[0]);            // and named the same ranks
+  }
+}
