@@ -452,11 +452,29 @@ struct Communicator::Impl {
       throw Error(failure.code(), fmt::format("rank {}: {} on a communicator that already failed: {}", rank, call, failure_message));
   }
 
+  // Tells every peer that this rank failed, so ranks waiting on others fail at once with a
+  // message naming us instead of running into their own timeouts. Best effort, never throws.
+  void abort_peers(ErrorCode code, int blamed) noexcept {
+    const std::uint32_t value = detail::FlagBlock::abort_value(code, rank, blamed);
+    for (auto& ch : channels) {
+      if (!ch->link || !ch->peer_flags) continue;
+      (void)ch->link->signal(SignalOp{&ch->peer_flags, detail::FlagBlock::abort_offset(size), value, 0});
+      Completion done[8];
+      std::size_t n = 0;
+      (void)ch->link->poll(done, n);
+    }
+  }
+
   [[noreturn]] void raise(const char* call, const detail::Failure& f) {
-    const auto* ch = f.peer >= 0 ? &channel_to(f.peer) : nullptr;
+    if (!f.aborted_by_peer) abort_peers(f.status.code(), f.peer);
+    const auto* ch = f.peer >= 0 && f.peer != rank ? &channel_to(f.peer) : nullptr;
     const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
     std::string why;
-    switch (f.status.code()) {
+    if (f.aborted_by_peer) {
+      why = f.blamed >= 0 ? fmt::format("rank {} failed ({} on its link to rank {}) and aborted the collective", f.peer,
+                                        to_string(f.status.code()), f.blamed)
+                          : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, to_string(f.status.code()));
+    } else switch (f.status.code()) {
       case ErrorCode::Timeout:
         why = fmt::format("timed out after {} ms waiting for {} from rank {}", options.timeout.count(), f.what, f.peer);
         break;

@@ -34,6 +34,8 @@ struct ChunkTrailer {
 /// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
 /// - `nack[p]`: p found the chunk it is blocked on (number credit[p]) corrupted (value = p's nack count);
 /// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count).
+/// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
+///   (reporting rank + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody).
 /// All values are monotone for the communicator's lifetime: nothing is ever reset.
 struct FlagBlock {
   SignalFlag* data = nullptr;
@@ -41,11 +43,20 @@ struct FlagBlock {
   SignalFlag* mail = nullptr;
   SignalFlag* nack = nullptr;
   SignalFlag* retry = nullptr;
+  SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes
   enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kWords };
 
   static std::size_t bytes(int size) noexcept {
+    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + kMailboxBytes) + sizeof(SignalFlag);
+  }
+  static std::size_t abort_offset(int size) noexcept {
     return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + kMailboxBytes);
+  }
+  /// Encodes an abort word.
+  static std::uint32_t abort_value(ErrorCode code, int reporter, int blamed) noexcept {
+    auto field = [](int r) { return r >= 0 && r < 4095 ? static_cast<std::uint32_t>(r + 1) : 0u; };
+    return static_cast<std::uint32_t>(code) << 24 | field(reporter) << 12 | field(blamed);
   }
   static std::size_t flag_offset(Word w, int size, int rank) noexcept {
     return (static_cast<std::size_t>(w) * static_cast<std::size_t>(size) + static_cast<std::size_t>(rank)) *
@@ -65,6 +76,7 @@ struct FlagBlock {
     nack = f + 3 * size;
     retry = f + 4 * size;
     mailboxes = static_cast<std::byte*>(base) + mailbox_offset(size, 0);
+    abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
 };
 
@@ -117,6 +129,8 @@ struct Failure {
   int peer = -1;
   const char* what = "";     ///< static description of the wait or operation
   std::uint64_t message = 0; ///< message number on the link
+  bool aborted_by_peer = false;  ///< `peer` failed first and aborted; `status` is its error class
+  int blamed = -1;               ///< with aborted_by_peer: the rank the failing peer blamed
 };
 
 /// Fixed parameters of the executor for one communicator.

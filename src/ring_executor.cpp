@@ -94,12 +94,20 @@ class RingRunner {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
+      if (const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire); RINGFENCE_UNLIKELY(a != 0)) {
+        // A peer failed and told everyone: fail now with its error class, naming it.
+        failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1,
+                           "progress (the peer failed and aborted the collective)", message};
+        failure_.aborted_by_peer = true;
+        failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
+        return failure_.status;
+      }
       if (c_.checksum) RINGFENCE_TRY(service_nacks());
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-      // With checksums, sleep in short slices so a NACK is answered promptly.
-      const auto slice = c_.checksum ? std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(1))
-                                     : std::chrono::nanoseconds(deadline - now);
+      // Sleep in slices so a NACK (checksum mode, 1 ms) or an abort (50 ms) is noticed promptly.
+      const auto slice = std::min<std::chrono::nanoseconds>(
+          deadline - now, c_.checksum ? std::chrono::milliseconds(1) : std::chrono::milliseconds(50));
       const Status s = ch.link->wait(flag, target, slice);
       if (s.is_ok()) return s;
       if (s.is_error()) return fail(s, ch, what, message);

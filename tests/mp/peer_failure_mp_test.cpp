@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <ringfence/ringfence.hpp>
 #include <thread>
 #include <vector>
@@ -45,7 +46,9 @@ int main(int argc, char** argv) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
       const bool right_kind = stall ? e.code() == ErrorCode::Timeout
                                     : (e.code() == ErrorCode::PeerUnreachable || e.code() == ErrorCode::Timeout);
-      const bool names_rank = std::strstr(e.what(), "rank ") != nullptr;
+      // Every survivor names the victim, directly or through the rank that aborted.
+      const std::string victim_name = "rank " + std::to_string(victim);
+      const bool names_rank = std::strstr(e.what(), victim_name.c_str()) != nullptr;
       const long long bound = 2 * timeout.count();
       const bool in_time = ms <= bound && (!stall || ms >= timeout.count() / 2);
       std::printf("rank %d saw after %lld ms (bound %lld ms): %s\n", comm.rank(), static_cast<long long>(ms), bound, e.what());
