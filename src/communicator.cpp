@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "health_monitor.hpp"
 
 namespace ringfence {
 
@@ -88,6 +89,11 @@ struct Communicator::Impl {
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
   std::uint64_t digest_mismatch_count = 0;
+  std::unique_ptr<detail::HealthMonitor> monitor;  // when links are mapped to hardware counters
+
+  bool agreement_enabled() const noexcept {
+    return size > 1 && options.health_agree_every > 0 && (engine.checksum || (monitor && monitor->active()));
+  }
 
   // Result digest (design §5 "Integrity"): every rank puts crc32c(output) in its slot of an
   // n-vector, a max-allreduce gives everyone all digests, and the ranks that differ from the
@@ -238,6 +244,8 @@ struct Communicator::Impl {
     engine.slot_bytes = std::max<std::size_t>(64, (options.chunk_bytes + 63) / 64 * 64);
     engine.timeout = options.timeout;
     engine.checksum = options.checksum;
+    if (!options.health_link_map.empty())
+      monitor = std::make_unique<detail::HealthMonitor>(options.health, detail::parse_link_map(options.health_link_map), log);
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
@@ -341,9 +349,10 @@ struct Communicator::Impl {
   }
 
   std::string protocol_fingerprint() const {
-    return fmt::format("v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} digest_every={}",
-                       engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum,
-                       options.health_agree_every, options.digest_every);  // the user threshold may differ per rank
+    return fmt::format(
+        "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={}",
+        engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
+        agreement_enabled(), options.digest_every);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -400,6 +409,14 @@ struct Communicator::Impl {
                  ch->checksum_errors - ch->checksum_errors_judged, ch->peer);
       }
       ch->checksum_errors_judged = ch->checksum_errors;
+    }
+    if (monitor) {
+      for (const auto& [l, why] : monitor->evaluate(std::chrono::steady_clock::now())) {
+        if (l.b >= size || std::find(fenced.begin(), fenced.end(), l) != fenced.end()) continue;
+        votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
+        log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
+        emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, 0, why, 0});
+      }
     }
     detail::EngineConfig config = engine;
     config.checksum = true;  // the votes themselves must not be corrupted on the way
@@ -550,8 +567,7 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   }
   const Reducer reducer = host_reducer(type, op);
   ++m.seq;
-  if (m.size > 1 && m.engine.checksum && m.options.health_agree_every > 0 &&
-      m.seq % static_cast<std::uint64_t>(m.options.health_agree_every) == 0) {
+  if (m.agreement_enabled() && m.seq % static_cast<std::uint64_t>(m.options.health_agree_every) == 0) {
     detail::Failure failure;
     if (!m.agree(failure).is_ok()) m.raise("fence agreement before allreduce", failure);
   }

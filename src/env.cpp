@@ -94,7 +94,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
-      "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY"};
+      "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
+      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -149,6 +150,11 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
   if (auto v = env.get("RINGFENCE_HEALTH_LOG")) o.health_log = *v;
+  if (auto v = env.get("RINGFENCE_SYSFS_ROOT")) o.health.sysfs_root = *v;
+  if (auto v = env.get("RINGFENCE_NVML_LIBRARY")) o.health.nvml_library = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_WINDOW_MS"))
+    o.health.window = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_WINDOW_MS", *v, 1, 1ll << 40));
+  if (auto v = env.get("RINGFENCE_HEALTH_LINK_MAP")) o.health_link_map = *v;
   if (auto v = env.get("RINGFENCE_DIGEST_EVERY"))
     o.digest_every = static_cast<int>(parse_integer("RINGFENCE_DIGEST_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))

@@ -19,6 +19,10 @@
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode; 0 = never) | 8 |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
+/// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |
+/// | RINGFENCE_NVML_LIBRARY | NVML library to dlopen | libnvidia-ml.so.1 |
+/// | RINGFENCE_HEALTH_WINDOW_MS | sliding window of counter deltas | 60000 |
+/// | RINGFENCE_HEALTH_LINK_MAP | link -> hardware counters, e.g. 0-1=nvml:0:2;1-2=ib:mlx5_0:1 | none |
 /// | RINGFENCE_DIGEST_EVERY | compare output digests across ranks every N collectives (0 = never) | 0 |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |

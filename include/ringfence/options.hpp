@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <ringfence/health/options.hpp>
 #include <ringfence/log.hpp>
 #include <string>
 #include <vector>
@@ -72,6 +73,15 @@ struct CommOptions {
   /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must
   /// match on every rank. Env: RINGFENCE_DIGEST_EVERY.
   int digest_every = 0;
+  /// Health-layer sources and policy thresholds (sysfs root, NVML library, windows, DCGM-derived
+  /// thresholds; see docs/health.md). Env: RINGFENCE_SYSFS_ROOT, RINGFENCE_NVML_LIBRARY,
+  /// RINGFENCE_HEALTH_WINDOW_MS.
+  health::HealthOptions health;
+  /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2;1-2=ib:mlx5_0:1;2-3=pcie:0000:3b:00.0`.
+  /// Mapped links are judged by the health policy at every fence agreement (which then runs
+  /// even without checksums). Must be non-empty on every rank or on none.
+  /// Env: RINGFENCE_HEALTH_LINK_MAP.
+  std::string health_link_map;
   /// Append every health event as one JSON line to this file (all ranks may share it: each
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;

@@ -1,6 +1,8 @@
 // End-to-end integrity: CRC32C, the fault-injection grammar, and corrupted links that never
 // corrupt a result when checksums are on.
 #include <atomic>
+#include <barrier>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <ringfence/communicator.hpp>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/temp_dir.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
@@ -341,4 +344,65 @@ TEST_CASE("result digests name a rank whose output diverged", "[integrity][healt
     REQUIRE(mismatches[r] == mismatches[0]);  // every rank saw the same divergences
     REQUIRE(named[r] == named[0]);            // and named the same ranks
   }
+}
+
+TEST_CASE("a counter storm on the fake NVML fences the mapped link and the ring is re-planned", "[health][nvml][e2e]") {
+  test::TempDir dir{"ringfence-storm"};
+  dir.write("state", "count 1\nlinks 4\n");
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  auto store = std::make_shared<InProcessStore>();
+  std::barrier sync(n, [&]() noexcept {});
+  std::vector<std::thread> threads;
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::uint64_t> fenced_at(n, 0);
+  std::mutex mutex;
+  std::string error;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.timeout = std::chrono::seconds(20);
+        o.health_agree_every = 2;
+        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+        o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
+        o.host_id = "storm";
+        Communicator comm(store, r, n, builtin_transports(), o);
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
+        });
+        std::vector<std::int32_t> buf(10000);
+        for (int it = 0; it < 12; ++it) {
+          if (it == 6) {  // all ranks between collectives #6 and #7: the NVLink starts replaying
+            sync.arrive_and_wait();
+            if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Int32, ReduceOp::Sum, r, n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+        }
+        std::lock_guard lock(mutex);
+        fences[r] = comm.fenced_links();
+        rings[r] = comm.ring();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{1, 2}});
+    REQUIRE(fenced_at[r] == 8);  // first agreement after the storm (agreements at 2, 4, 6, 8, ...)
+    REQUIRE(rings[r] == rings[0]);
+  }
+  for (int i = 0; i < n; ++i) REQUIRE_FALSE(LinkId::of(rings[0][i], rings[0][(i + 1) % n]) == (LinkId{1, 2}));
 }

@@ -1,0 +1,94 @@
+#include "health_monitor.hpp"
+
+#include <charconv>
+#include <ringfence/error.hpp>
+
+namespace ringfence::detail {
+
+std::vector<LinkSource> parse_link_map(std::string_view text) {
+  std::vector<LinkSource> out;
+  while (!text.empty()) {
+    const auto semi = text.find(';');
+    const std::string_view entry = text.substr(0, semi);
+    text = semi == std::string_view::npos ? std::string_view{} : text.substr(semi + 1);
+    if (entry.empty()) continue;
+    auto bad = [&](std::string_view why) {
+      return InvalidUsage(fmt::format("RINGFENCE_HEALTH_LINK_MAP entry '{}': {} (expected A-B=nvml:<gpu>:<nvlink>, "
+                                      "A-B=ib:<device>:<port> or A-B=pcie:<address>)",
+                                      entry, why));
+    };
+    const auto eq = entry.find('='), dash = entry.find('-');
+    if (eq == std::string_view::npos || dash == std::string_view::npos || dash > eq) throw bad("no A-B=");
+    int a = -1, b = -1;
+    if (std::from_chars(entry.data(), entry.data() + dash, a).ec != std::errc() ||
+        std::from_chars(entry.data() + dash + 1, entry.data() + eq, b).ec != std::errc() || a < 0 || b < 0 || a == b)
+      throw bad("bad ranks");
+    LinkSource s;
+    s.link = LinkId::of(a, b);
+    std::string_view spec = entry.substr(eq + 1);
+    const auto colon = spec.find(':');
+    if (colon == std::string_view::npos) throw bad("no source");
+    const std::string_view kind = spec.substr(0, colon);
+    spec = spec.substr(colon + 1);
+    if (kind == "pcie") {
+      s.kind = LinkSource::Kind::Pcie;
+      s.device = std::string(spec);
+    } else if (kind == "nvml" || kind == "ib") {
+      s.kind = kind == "nvml" ? LinkSource::Kind::Nvml : LinkSource::Kind::Ib;
+      const auto last = spec.rfind(':');
+      if (last == std::string_view::npos) throw bad("no port / link index");
+      s.device = std::string(spec.substr(0, last));
+      if (std::from_chars(spec.data() + last + 1, spec.data() + spec.size(), s.port).ec != std::errc() || s.port < 0)
+        throw bad("bad port / link index");
+    } else {
+      throw bad("unknown source kind");
+    }
+    if (s.device.empty()) throw bad("empty device");
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map, const Logger& log)
+    : options_(options), map_(std::move(map)), log_(log), bank_(options.window) {
+  bool need_nvml = false, need_sysfs = false;
+  std::vector<std::string> pci;
+  for (const auto& s : map_) {
+    need_nvml |= s.kind == LinkSource::Kind::Nvml;
+    need_sysfs |= s.kind != LinkSource::Kind::Nvml;
+    if (s.kind == LinkSource::Kind::Pcie) pci.push_back(s.device);
+    policies_.try_emplace({s.link.a, s.link.b}, options_);
+  }
+  if (need_nvml) {
+    nvml_ = std::make_unique<health::NvmlSource>(options_.nvml_library);
+    if (!nvml_->available())
+      log_.warn("health: NVML unavailable ({}); NVLink counters read as unknown", nvml_->unavailable_reason());
+  }
+  if (need_sysfs) sysfs_ = std::make_unique<health::SysfsSource>(options_.sysfs_root, pci);
+}
+
+std::vector<std::pair<LinkId, std::string>> HealthMonitor::evaluate(health::TimePoint now) {
+  std::vector<std::pair<LinkId, std::string>> fenced;
+  if (map_.empty()) return fenced;
+  if (nvml_ && nvml_->available()) bank_.update(nvml_->read_counters(), now);
+  if (sysfs_) bank_.update(sysfs_->read_counters(), now);
+  for (const auto& s : map_) {
+    health::Evidence e;
+    switch (s.kind) {
+      case LinkSource::Kind::Nvml: health::add_nvml_evidence(e, bank_, s.device, s.port, now); break;
+      case LinkSource::Kind::Ib: health::add_ib_evidence(e, bank_, s.device, s.port, now); break;
+      case LinkSource::Kind::Pcie: health::add_pcie_evidence(e, bank_, s.device, now); break;
+    }
+    health::LinkPolicy& policy = policies_.at({s.link.a, s.link.b});
+    if (auto t = policy.observe(e, now))
+      log_.info("health: link {}-{} {} -> {}", s.link.a, s.link.b, to_string(t->from), to_string(t->to));
+    if (policy.state() == health::LinkState::Fenced) {
+      std::string why;
+      for (const auto& r : policy.last_verdict().reasons) why += (why.empty() ? "" : "; ") + r;
+      fenced.emplace_back(s.link, why.empty() ? std::string("policy: fenced") : why);
+    }
+  }
+  return fenced;
+}
+
+}  // namespace ringfence::detail

@@ -1,0 +1,57 @@
+#pragma once
+// Private: the communicator's health monitor. It owns the counter sources (NVML, sysfs) named by
+// the link map, a CounterBank of deltas, and one LinkPolicy per mapped link; at every fence
+// agreement it samples the sources and reports the links whose policy says "fence".
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <ringfence/health/counters.hpp>
+#include <ringfence/health/nvml_source.hpp>
+#include <ringfence/health/options.hpp>
+#include <ringfence/health/policy.hpp>
+#include <ringfence/health/sysfs_source.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/plan.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ringfence::detail {
+
+/// Which hardware counters describe one communicator link.
+struct LinkSource {
+  enum class Kind { Nvml, Ib, Pcie };
+  LinkId link;
+  Kind kind = Kind::Nvml;
+  std::string device;  ///< NVML device index, IB device name, or PCI address
+  int port = 0;        ///< NVLink index or IB port (unused for PCIe)
+};
+
+/// Parses `A-B=nvml:<gpu>:<nvlink>;A-B=ib:<device>:<port>;A-B=pcie:<domain:bus:dev.fn>`.
+/// Throws InvalidUsage naming the entry.
+std::vector<LinkSource> parse_link_map(std::string_view text);
+
+class HealthMonitor {
+ public:
+  /// Opens the sources the map needs. Missing sources are logged and read as unknown.
+  HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map, const Logger& log);
+
+  /// True when any link is mapped to hardware counters.
+  bool active() const noexcept { return !map_.empty(); }
+
+  /// Samples every source once and runs each mapped link's policy; returns the links whose
+  /// policy is (now) Fenced with the reasons. `now` is the steady clock.
+  std::vector<std::pair<LinkId, std::string>> evaluate(health::TimePoint now);
+
+ private:
+  health::HealthOptions options_;
+  std::vector<LinkSource> map_;
+  const Logger& log_;
+  std::unique_ptr<health::NvmlSource> nvml_;
+  std::unique_ptr<health::SysfsSource> sysfs_;
+  health::CounterBank bank_;
+  std::map<std::pair<int, int>, health::LinkPolicy> policies_;
+};
+
+}  // namespace ringfence::detail
