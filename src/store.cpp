@@ -1,5 +1,5 @@
-// Bootstrap stores: InProcessStore, the TCP store wire format, TcpStoreServer, TcpStoreClient
-// and UniqueId. Everything here is control plane: it may block, allocate and throw (except the
+// The TCP store (server and client) and UniqueId; InProcessStore and the wire format are in
+// store_wire.cpp. Everything here is control plane: it may block, allocate and throw (except the
 // server thread and destructors, which never throw).
 
 #include <arpa/inet.h>
@@ -23,7 +23,13 @@
 #include <ringfence/store.hpp>
 #include <utility>
 
+#include "store_detail.hpp"
+
 namespace ringfence {
+using detail::deadline_after;
+using detail::get_i64;
+using detail::put_i64;
+using detail::wrapping_add;
 
 // The wire format is little-endian. Headers are copied to and from the packed structs with
 // memcpy, which is only correct on a little-endian host (every platform ringfence targets).
@@ -71,14 +77,6 @@ int remaining_ms(Clock::time_point deadline) noexcept {
   return left > 0x7fffffff ? 0x7fffffff : static_cast<int>(left);
 }
 
-/// Saturating `now + timeout` (a huge timeout must not overflow the clock).
-Clock::time_point deadline_after(std::chrono::milliseconds timeout) noexcept {
-  auto now = Clock::now();
-  if (timeout.count() <= 0) return now;
-  if (timeout > std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
-    return Clock::time_point::max();
-  return now + timeout;
-}
 
 /// Resolves an IPv4 address. Returns the getaddrinfo code (0 on success).
 int resolve_ipv4(const std::string& host, std::uint16_t port, bool passive, sockaddr_in& out) {
@@ -132,163 +130,11 @@ bool token_equals(const JobToken& token, std::span<const std::byte> candidate) n
   return diff == 0;
 }
 
-void put_i64(Bytes& out, std::int64_t v) {
-  out.resize(8);
-  std::memcpy(out.data(), &v, 8);
-}
 
-std::int64_t get_i64(std::span<const std::byte> in) noexcept {
-  std::int64_t v = 0;
-  std::memcpy(&v, in.data(), 8);
-  return v;
-}
 
-/// Wrapping add: a counter overflow is the caller's bug but must not be UB in the server.
-std::int64_t wrapping_add(std::int64_t a, std::int64_t b) noexcept {
-  return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
-}
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------
-// Bytes helpers
-// ---------------------------------------------------------------------------------------------
-
-Bytes to_bytes(std::string_view text) {
-  auto bytes = std::as_bytes(std::span(text.data(), text.size()));
-  return Bytes(bytes.begin(), bytes.end());
-}
-
-std::string to_string(std::span<const std::byte> bytes) {
-  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
-
-// ---------------------------------------------------------------------------------------------
-// InProcessStore
-// ---------------------------------------------------------------------------------------------
-
-void InProcessStore::set(std::string_view key, std::span<const std::byte> value) {
-  RINGFENCE_EXPECTS(key.size() <= kMaxStoreKeyBytes, "store key of {} bytes exceeds the {}-byte limit", key.size(),
-                    kMaxStoreKeyBytes);
-  {
-    std::lock_guard lock(mutex_);
-    auto it = values_.find(key);
-    if (it == values_.end())
-      values_.emplace(std::string(key), Bytes(value.begin(), value.end()));
-    else
-      it->second.assign(value.begin(), value.end());
-  }
-  changed_.notify_all();
-}
-
-Bytes InProcessStore::get(std::string_view key, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
-  std::unique_lock lock(mutex_);
-  auto it = values_.find(key);
-  while (it == values_.end()) {
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      it = values_.find(key);
-      if (it != values_.end()) break;
-      throw TimeoutError(fmt::format("store key '{}' was not set within {} ms", key, timeout.count()));
-    }
-    it = values_.find(key);
-  }
-  return it->second;
-}
-
-std::int64_t InProcessStore::add(std::string_view key, std::int64_t delta) {
-  RINGFENCE_EXPECTS(key.size() <= kMaxStoreKeyBytes, "store key of {} bytes exceeds the {}-byte limit", key.size(),
-                    kMaxStoreKeyBytes);
-  std::int64_t result = 0;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = values_.find(key);
-    if (it == values_.end()) it = values_.emplace(std::string(key), Bytes(8, std::byte{0})).first;
-    RINGFENCE_EXPECTS(it->second.size() == 8, "store key '{}' holds {} bytes, not a 64-bit counter", key,
-                      it->second.size());
-    result = wrapping_add(get_i64(it->second), delta);
-    put_i64(it->second, result);
-  }
-  changed_.notify_all();
-  return result;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Wire format
-// ---------------------------------------------------------------------------------------------
-
-namespace store_wire {
-
-Bytes encode_request(Op op, std::string_view key, std::span<const std::byte> value) {
-  RINGFENCE_EXPECTS(key.size() <= kMaxStoreKeyBytes, "store key of {} bytes exceeds the {}-byte limit", key.size(),
-                    kMaxStoreKeyBytes);
-  RINGFENCE_EXPECTS(value.size() <= 0xffffffffu, "store value of {} bytes does not fit a frame", value.size());
-  RequestHeader header{};
-  header.magic = kMagic;
-  header.op = static_cast<std::uint8_t>(op);
-  header.key_len = static_cast<std::uint16_t>(key.size());
-  header.value_len = static_cast<std::uint32_t>(value.size());
-  Bytes frame(sizeof(header) + key.size() + value.size());
-  std::memcpy(frame.data(), &header, sizeof(header));
-  if (!key.empty()) std::memcpy(frame.data() + sizeof(header), key.data(), key.size());
-  if (!value.empty()) std::memcpy(frame.data() + sizeof(header) + key.size(), value.data(), value.size());
-  return frame;
-}
-
-ParseResult RequestParser::feed(std::span<const std::byte>& in) {
-  // A malformed stream cannot be resynchronised: stay failed.
-  if (!error_.empty()) return ParseResult::Malformed;
-  if (frame_done_) {
-    header_got_ = 0;
-    body_.clear();
-    body_got_ = 0;
-    frame_done_ = false;
-  }
-  if (header_got_ < sizeof(RequestHeader)) {
-    const std::size_t n = std::min(in.size(), sizeof(RequestHeader) - header_got_);
-    std::memcpy(reinterpret_cast<std::byte*>(&header_) + header_got_, in.data(), n);
-    header_got_ += n;
-    in = in.subspan(n);
-    if (header_got_ < sizeof(RequestHeader)) return ParseResult::NeedMore;
-    // Validate every length before sizing the body, so a hostile header cannot make us allocate.
-    if (header_.magic != kMagic) {
-      error_ = "bad magic";
-      return ParseResult::Malformed;
-    }
-    if (header_.op < static_cast<std::uint8_t>(Op::Hello) || header_.op > static_cast<std::uint8_t>(Op::Add)) {
-      error_ = "unknown op";
-      return ParseResult::Malformed;
-    }
-    if (header_.key_len > kMaxStoreKeyBytes) {
-      error_ = "key longer than kMaxStoreKeyBytes";
-      return ParseResult::Malformed;
-    }
-    if (header_.value_len > max_value_) {
-      error_ = "value longer than the store's limit";
-      return ParseResult::Malformed;
-    }
-    body_.resize(std::size_t{header_.key_len} + header_.value_len);
-  }
-  const std::size_t n = std::min(in.size(), body_.size() - body_got_);
-  if (n > 0) std::memcpy(body_.data() + body_got_, in.data(), n);
-  body_got_ += n;
-  in = in.subspan(n);
-  if (body_got_ < body_.size()) return ParseResult::NeedMore;
-  frame_done_ = true;
-  return ParseResult::Frame;
-}
-
-std::string_view RequestParser::key() const noexcept {
-  return std::string_view(reinterpret_cast<const char*>(body_.data()),
-                          std::min<std::size_t>(header_.key_len, body_.size()));
-}
-
-std::span<const std::byte> RequestParser::value() const noexcept {
-  const std::size_t k = std::min<std::size_t>(header_.key_len, body_.size());
-  return std::span<const std::byte>(body_).subspan(k);
-}
-
-}  // namespace store_wire
 
 // ---------------------------------------------------------------------------------------------
 // TcpStoreServer
