@@ -86,6 +86,8 @@ struct Communicator::Impl {
   detail::Channel* right = nullptr;
   std::vector<int> ring;        // current ring order
   std::vector<LinkId> fenced;   // agreed fenced links
+  std::vector<Relay> relays;    // fenced ring hops carried through a third rank
+  detail::RelayDuties relay_duties;  // the relays this rank forwards for
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
   std::uint64_t digest_mismatch_count = 0;
@@ -105,7 +107,7 @@ struct Communicator::Impl {
     config.checksum = true;
     const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
     RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, digests.data(), digests.data(), digests.size(), max,
-                                             detail::DirectWrite{}, failure));
+                                             detail::DirectWrite{}, relay_duties, failure));
     std::map<std::uint64_t, int> votes;
     for (auto d : digests) ++votes[d];
     const auto majority = std::max_element(votes.begin(), votes.end(), [](auto& x, auto& y) { return x.second < y.second; });
@@ -381,14 +383,35 @@ struct Communicator::Impl {
     }
   }
 
-  void set_ring(std::vector<int> order) {
+  // Installs a plan: the logical ring and the relays that carry its fenced hops. Called
+  // between collectives only (every channel is quiescent for this rank).
+  void set_ring(std::vector<int> order, std::vector<Relay> new_relays = {}) {
     ring = std::move(order);
+    relays = std::move(new_relays);
+    relay_duties = detail::RelayDuties{};
+    engine.trailers = !relays.empty();
     if (size == 1) return;
-    const auto pos = static_cast<std::size_t>(std::find(ring.begin(), ring.end(), rank) - ring.begin());
-    const std::size_t n = ring.size();
+    auto position_of = [&](int r) {
+      return static_cast<std::size_t>(std::find(ring.begin(), ring.end(), r) - ring.begin());
+    };
+    const std::size_t pos = position_of(rank), n = ring.size();
     engine.position = static_cast<int>(pos);
-    left = &channel_to(ring[(pos + n - 1) % n]);
-    right = &channel_to(ring[(pos + 1) % n]);
+    int left_rank = ring[(pos + n - 1) % n], right_rank = ring[(pos + 1) % n];
+    for (const Relay& r : relays) {
+      if (r.to == rank) left_rank = r.via;     // our logical left's chunks come through the relay
+      if (r.from == rank) right_rank = r.via;  // ours go through it
+      if (r.via == rank && relay_duties.count < detail::kMaxRelayDuties) {
+        detail::RelayDuty& d = relay_duties.duty[relay_duties.count++];
+        d.in = &channel_to(r.from);
+        d.out = &channel_to(r.to);
+        d.sender_position = static_cast<int>(position_of(r.from));
+        d.base_in = d.in->received;
+        d.base_out = d.out->sent;
+        d.credited = static_cast<std::uint32_t>(d.base_in);
+      }
+    }
+    left = &channel_to(left_rank);
+    right = &channel_to(right_rank);
   }
 
   // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
@@ -422,7 +445,7 @@ struct Communicator::Impl {
     config.checksum = true;  // the votes themselves must not be corrupted on the way
     const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
     RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, votes.data(), votes.data(), votes.size(), max,
-                                             detail::DirectWrite{}, failure));
+                                             detail::DirectWrite{}, relay_duties, failure));
     std::vector<LinkId> added;
     for (int a = 0; a < size; ++a)
       for (int b = a + 1; b < size; ++b) {
@@ -433,15 +456,33 @@ struct Communicator::Impl {
     if (added.empty()) return Status::ok();
     std::vector<LinkId> all = fenced;
     all.insert(all.end(), added.begin(), added.end());
-    auto plan = plan_ring(size, all);
     std::string names;
     for (const auto& l : added) names += fmt::format("{}{}-{}", names.empty() ? "" : ", ", l.a, l.b);
+    // Prefer relays: the logical ring (and every element's reduction order) stays as it is, so
+    // results stay bit-identical to the unfenced plan. Otherwise re-order the ring.
+    if (auto relay_plan = plan_relays(ring, all)) {
+      fenced = std::move(all);
+      for (const auto& l : added)
+        if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+      std::vector<int> same = ring;
+      set_ring(std::move(same), std::move(*relay_plan));
+      ++epoch;
+      std::string via;
+      for (const auto& r : relays) via += fmt::format("{}{}->{}->{}", via.empty() ? "" : ", ", r.from, r.via, r.to);
+      for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
+      emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0,
+                       fmt::format("{}{}{}", fmt::join(ring, "-"), via.empty() ? "" : " relays ", via), 0});
+      log.warn("fenced link {} at collective #{}; epoch {}: ring {} kept, relays {}", names, seq, epoch, fmt::join(ring, "-"),
+               via.empty() ? "none" : via);
+      return Status::ok();
+    }
+    auto plan = plan_ring(size, all);
     if (!plan) {
       std::string every;
       for (const auto& l : all) every += fmt::format("{}{}-{}", every.empty() ? "" : ", ", l.a, l.b);
       const std::string message = fmt::format(
-          "rank {}: links {} must be fenced (agreed by all ranks) and no ring of {} ranks avoids the fenced links {}; "
-          "shrink the communicator or replace the hardware",
+          "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
+          "the fenced links {}; shrink the communicator or replace the hardware",
           rank, names, size, every);
       {
         std::lock_guard lock(status_mutex);
@@ -585,7 +626,8 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     direct.ctx = &m;
   }
   detail::Failure failure;
-  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, direct, failure);
+  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, direct,
+                                              m.relay_duties, failure);
   if (!s.is_ok()) m.raise("allreduce", failure);
   if (m.size > 1 && m.options.digest_every > 0 && m.seq % static_cast<std::uint64_t>(m.options.digest_every) == 0)
     if (!m.compare_digests(recv, bytes, failure).is_ok()) m.raise("result digest comparison after allreduce", failure);
@@ -643,6 +685,7 @@ std::vector<LinkInfo> Communicator::links() const {
 
 std::vector<int> Communicator::ring() const { return impl_->ring.empty() ? std::vector<int>{0} : impl_->ring; }
 std::vector<LinkId> Communicator::fenced_links() const { return impl_->fenced; }
+std::vector<Relay> Communicator::relays() const { return impl_->relays; }
 std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
 std::uint64_t Communicator::digest_mismatches() const noexcept { return impl_->digest_mismatch_count; }
 
@@ -653,6 +696,7 @@ HealthSnapshot Communicator::health() const {
   h.epoch = impl_->epoch;
   h.ring = ring();
   h.fenced = impl_->fenced;
+  h.relays = impl_->relays;
   h.links = links();
   return h;
 }
@@ -662,8 +706,11 @@ void Communicator::on_health_event(EventCallback callback) { impl_->event_callba
 std::string HealthSnapshot::table() const {
   std::string fences;
   for (const auto& l : fenced) fences += fmt::format("{}{}-{}", fences.empty() ? "" : ", ", l.a, l.b);
-  return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}\n{}", rank, sequence, epoch,
-                     fmt::join(ring, "-"), fences.empty() ? "none" : fences, format_link_table(links));
+  std::string via;
+  for (const auto& r : relays) via += fmt::format("{}{}->{}->{}", via.empty() ? "" : ", ", r.from, r.via, r.to);
+  return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}, relays: {}\n{}", rank, sequence, epoch,
+                     fmt::join(ring, "-"), fences.empty() ? "none" : fences, via.empty() ? "none" : via,
+                     format_link_table(links));
 }
 
 std::string Communicator::link_table() const { return format_link_table(links()); }

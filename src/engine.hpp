@@ -114,6 +114,8 @@ struct Channel {
     const RemoteRegion* dst = nullptr;
     std::size_t dst_offset = 0;
     std::uint64_t message = ~0ull;
+    bool has_crc = false;  ///< relayed chunk: keep the original sender's CRC (end to end)
+    std::uint32_t crc = 0;
   };
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
@@ -121,6 +123,23 @@ struct Channel {
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0, retries_seen = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
   std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement
+};
+
+/// Forward, unchanged, every chunk that `in`'s peer (logical sender) writes to us to `out`'s
+/// peer (logical receiver): their link is fenced and we relay (see `Relay` in plan.hpp).
+struct RelayDuty {
+  Channel* in = nullptr;
+  Channel* out = nullptr;
+  int sender_position = 0;     ///< ring position of the logical sender (to count its chunks per call)
+  std::uint64_t base_in = 0;   ///< in->received when the duty started
+  std::uint64_t base_out = 0;  ///< out->sent when the duty started
+  std::uint32_t credited = 0;  ///< last credit value passed back to the sender
+};
+inline constexpr int kMaxRelayDuties = 4;
+/// This rank's relay duties for the current plan.
+struct RelayDuties {
+  RelayDuty duty[kMaxRelayDuties];
+  int count = 0;
 };
 
 /// What went wrong in the data path, filled without allocation; the API layer formats it.
@@ -141,6 +160,7 @@ struct EngineConfig {
   int slots = 4;
   std::size_t slot_bytes = 0;  ///< payload bytes per staging slot (multiple of 64, >= 64)
   bool checksum = false;       ///< CRC32C per chunk, verified by the receiver, re-sent on mismatch
+  bool trailers = false;       ///< write chunk trailers even without checksums (relays read the length)
   int max_attempts = 16;       ///< deliveries of one chunk before the link is declared corrupt
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
@@ -151,6 +171,6 @@ struct EngineConfig {
 /// `failure` describing the peer and the wait. Never throws or allocates.
 Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
                           const void* send, void* recv, std::size_t count, const Reducer& reducer,
-                          const DirectWrite& direct, Failure& failure) noexcept;
+                          const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
 
 }  // namespace ringfence::detail

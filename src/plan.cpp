@@ -44,4 +44,41 @@ std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& f
   return s.path;
 }
 
+std::optional<std::vector<Relay>> plan_relays(const std::vector<int>& ring, const std::vector<LinkId>& fenced) {
+  const int n = static_cast<int>(ring.size());
+  auto is_fenced = [&](int x, int y) { return std::find(fenced.begin(), fenced.end(), LinkId::of(x, y)) != fenced.end(); };
+  std::vector<Relay> relays;
+  std::vector<std::pair<int, int>> used;  // directed links carrying a stream
+  auto take = [&](int x, int y) {
+    if (std::find(used.begin(), used.end(), std::make_pair(x, y)) != used.end()) return false;
+    used.emplace_back(x, y);
+    return true;
+  };
+  if (n < 2) return relays;
+  // Unfenced ring hops first: they keep their links.
+  for (int i = 0; i < n; ++i) {
+    const int x = ring[static_cast<std::size_t>(i)], y = ring[static_cast<std::size_t>((i + 1) % n)];
+    if (n == 2 && i == 1) break;  // two ranks: one hop each way, both on link 0-1
+    if (!is_fenced(x, y) && !take(x, y)) return std::nullopt;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int x = ring[static_cast<std::size_t>(i)], y = ring[static_cast<std::size_t>((i + 1) % n)];
+    if (n == 2 && i == 1) break;
+    if (!is_fenced(x, y)) continue;
+    bool found = false;
+    for (int z = 0; z < n && !found; ++z) {
+      if (z == x || z == y || is_fenced(x, z) || is_fenced(z, y)) continue;
+      if (std::find(used.begin(), used.end(), std::make_pair(x, z)) != used.end() ||
+          std::find(used.begin(), used.end(), std::make_pair(z, y)) != used.end())
+        continue;
+      used.emplace_back(x, z);
+      used.emplace_back(z, y);
+      relays.push_back(Relay{x, z, y});
+      found = true;
+    }
+    if (!found) return std::nullopt;
+  }
+  return relays;
+}
+
 }  // namespace ringfence

@@ -26,8 +26,15 @@ namespace {
 class RingRunner {
  public:
   RingRunner(const EngineConfig& c, FlagBlock flags, Channel* left, Channel* right, const Reducer& reducer,
-             const DirectWrite& direct, Failure& failure) noexcept
-      : c_(c), flags_(flags), left_(left), right_(right), reducer_(reducer), direct_(direct), failure_(failure) {}
+             const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept
+      : c_(c),
+        flags_(flags),
+        left_(left),
+        right_(right),
+        reducer_(reducer),
+        direct_(direct),
+        relays_(relays),
+        failure_(failure) {}
 
   Status run(const void* send, void* recv, std::size_t count) noexcept {
     const std::size_t elem = reducer_.elem_size;
@@ -35,6 +42,13 @@ class RingRunner {
     auto* out = static_cast<std::byte*>(recv);
     // The schedule works on ring positions; flags and links on ranks.
     RingAllreduceSchedule schedule(c_.position, c_.size, count, c_.slot_bytes / elem);
+    // Relays: how many chunks each relayed sender sends in this call (its schedule's sends).
+    for (int i = 0; i < relays_.count; ++i) {
+      RingAllreduceSchedule theirs(relays_.duty[i].sender_position, c_.size, count, c_.slot_bytes / elem);
+      std::uint64_t sends = 0;
+      for (Step st; theirs.next(st);) sends += is_send(st.kind) ? 1 : 0;
+      relay_target_[i] = relays_.duty[i].in->received + sends;
+    }
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
@@ -79,6 +93,37 @@ class RingRunner {
     if (c_.checksum && c_.size > 1 && right_->sent > 0)
       RINGFENCE_TRY(wait_flag(*right_, flags_.credit[right_->peer], static_cast<std::uint32_t>(right_->sent),
                               "acceptance of the last chunks", right_->sent - 1));
+    // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
+    // sender got its credits back.
+    if (relays_.count > 0) {
+      const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+      for (;;) {
+        RINGFENCE_TRY(service_relays());
+        RelayDuty* pending = nullptr;
+        for (int i = 0; i < relays_.count && !pending; ++i) {
+          RelayDuty& d = relays_.duty[i];
+          const std::uint32_t accepted = flags_.credit[d.out->peer].value.load(std::memory_order_acquire);
+          if (d.in->received < relay_target_[i] || !reached(accepted, static_cast<std::uint32_t>(d.out->sent)) ||
+              d.credited != static_cast<std::uint32_t>(d.base_in) + (accepted - static_cast<std::uint32_t>(d.base_out)))
+            pending = &d;
+        }
+        if (!pending) break;
+        if (const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire); RINGFENCE_UNLIKELY(a != 0)) {
+          failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1,
+                             "relaying (the peer failed and aborted the collective)", pending->in->received};
+          failure_.aborted_by_peer = true;
+          failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
+          return failure_.status;
+        }
+        if (std::chrono::steady_clock::now() >= deadline)
+          return fail(Status(ErrorCode::Timeout), *pending->in, "chunks to relay", pending->in->received);
+        if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
+        const Status st = pending->in->link->wait(flags_.data[pending->in->peer],
+                                                  static_cast<std::uint32_t>(pending->in->received + 1),
+                                                  std::chrono::microseconds(20));
+        if (st.is_error()) return fail(st, *pending->in, "chunks to relay", pending->in->received);
+      }
+    }
     return Status::ok();
   }
 
@@ -102,12 +147,18 @@ class RingRunner {
         failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
         return failure_.status;
       }
-      if (c_.checksum) RINGFENCE_TRY(service_nacks());
+      if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
+      if (relays_.count > 0) {
+        RINGFENCE_TRY(service_relays());
+        if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+      }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-      // Sleep in slices so a NACK (checksum mode, 1 ms) or an abort (50 ms) is noticed promptly.
+      // Sleep in slices so a relay chunk (20 us), a NACK (1 ms) or an abort (50 ms) is handled promptly.
       const auto slice = std::min<std::chrono::nanoseconds>(
-          deadline - now, c_.checksum ? std::chrono::milliseconds(1) : std::chrono::milliseconds(50));
+          deadline - now, relays_.count > 0 ? std::chrono::nanoseconds(20000)
+                          : c_.checksum     ? std::chrono::nanoseconds(1000000)
+                                            : std::chrono::nanoseconds(50000000));
       const Status s = ch.link->wait(flag, target, slice);
       if (s.is_ok()) return s;
       if (s.is_error()) return fail(s, ch, what, message);
@@ -176,9 +227,10 @@ class RingRunner {
       s = ch.link->write(w);
     }
     if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
-    if (c_.checksum) {
+    if (c_.checksum || c_.trailers) {
       ChunkTrailer& t = ch.trailers[m % kSentLog];
-      t = ChunkTrailer{crc32c(c.src, c.bytes), static_cast<std::uint32_t>(c.bytes), m};
+      const std::uint32_t crc = c.has_crc ? c.crc : c_.checksum ? crc32c(c.src, c.bytes) : 0;
+      t = ChunkTrailer{crc, static_cast<std::uint32_t>(c.bytes), m};
       s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
       if (!s.is_ok()) return fail(s, ch, "writing a chunk trailer", m);
     }
@@ -203,9 +255,55 @@ class RingRunner {
     return drain(ch, "completing a chunk");
   }
 
-  // Re-sends every chunk the right neighbour reported corrupted since we last looked.
-  Status service_nacks() noexcept {
-    Channel& ch = *right_;
+  // Forwards relayed chunks that arrived and fit, answers the receiver's NACKs, and passes the
+  // receiver's credits back to the sender (a relay slot is free only once the receiver accepted
+  // the copy, so a re-send can always be served from it). Never blocks.
+  Status service_relays() noexcept {
+    const auto slots = static_cast<std::uint64_t>(c_.slots);
+    for (int i = 0; i < relays_.count; ++i) {
+      RelayDuty& d = relays_.duty[i];
+      Channel& in = *d.in;
+      Channel& out = *d.out;
+      if (c_.checksum) RINGFENCE_TRY(service_nacks(out));
+      for (;;) {
+        // Only this call's chunks: the sender may already be in its next call, and chunks of
+        // the next call belong to our next call's count.
+        if (in.received >= relay_target_[i]) break;
+        if (!reached(flags_.data[in.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(in.received + 1)))
+          break;
+        const std::uint64_t k = out.sent;
+        if (k >= slots &&
+            !reached(flags_.credit[out.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(k + 1 - slots)))
+          break;
+        const std::byte* slot = in.inbox + static_cast<std::size_t>(in.received % slots) * c_.slot_stride();
+        ChunkTrailer t;
+        std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+        if (t.bytes > c_.slot_bytes) return fail(Status(ErrorCode::Transient), in, "a relayed chunk (bad length)", in.received);
+        out.sent_log[k % kSentLog] = Channel::SentChunk{slot, t.bytes, nullptr, 0, k, true, t.crc};
+        RINGFENCE_TRY(put_chunk(out, k));
+        const Status s = out.link->signal(SignalOp{&out.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
+                                                   static_cast<std::uint32_t>(k + 1), k});
+        if (!s.is_ok()) return fail(s, out, "signalling a relayed chunk", k);
+        out.sent = k + 1;
+        ++in.received;
+        RINGFENCE_TRY(drain(out, "completing a relayed chunk"));
+      }
+      // Credits: the receiver accepted (credit - base_out) relayed chunks; the sender gets as many.
+      const std::uint32_t accepted = flags_.credit[out.peer].value.load(std::memory_order_acquire) -
+                                     static_cast<std::uint32_t>(d.base_out);
+      const std::uint32_t credit = static_cast<std::uint32_t>(d.base_in) + accepted;
+      if (credit != d.credited && reached(static_cast<std::uint32_t>(in.received), credit)) {
+        const Status s = in.link->signal(SignalOp{&in.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), credit, 0});
+        if (!s.is_ok()) return fail(s, in, "passing a credit back to a relayed sender", in.received);
+        d.credited = credit;
+        RINGFENCE_TRY(drain(in, "passing a credit back"));
+      }
+    }
+    return Status::ok();
+  }
+
+  // Re-sends every chunk the peer of `ch` reported corrupted since we last looked.
+  Status service_nacks(Channel& ch) noexcept {
     const std::uint32_t seen = flags_.nack[ch.peer].value.load(std::memory_order_acquire);
     while (ch.nacks_seen != seen) {
       ++ch.nacks_seen;
@@ -265,15 +363,17 @@ class RingRunner {
   Channel* right_;
   const Reducer& reducer_;
   const DirectWrite& direct_;
+  RelayDuties& relays_;
   Failure& failure_;
+  std::uint64_t relay_target_[kMaxRelayDuties] = {};
 };
 
 }  // namespace
 
 Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
                           const void* send, void* recv, std::size_t count, const Reducer& reducer,
-                          const DirectWrite& direct, Failure& failure) noexcept {
-  return RingRunner(config, flags, left, right, reducer, direct, failure).run(send, recv, count);
+                          const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
+  return RingRunner(config, flags, left, right, reducer, direct, relays, failure).run(send, recv, count);
 }
 
 }  // namespace ringfence::detail

@@ -47,6 +47,7 @@ struct HealthSnapshot {
   std::uint64_t epoch = 0;      ///< re-plans so far
   std::vector<int> ring;        ///< current ring order
   std::vector<LinkId> fenced;   ///< agreed fenced links
+  std::vector<Relay> relays;    ///< fenced ring hops carried through a third rank
   std::vector<LinkInfo> links;  ///< this rank's links
   /// Human-readable summary plus the link table.
   std::string table() const;
@@ -120,6 +121,8 @@ class Communicator {
   std::vector<int> ring() const;
   /// Links fenced so far (agreed by every rank), in the order they were fenced.
   std::vector<LinkId> fenced_links() const;
+  /// Fenced ring hops carried through a third rank (the ring and the reduction order stay).
+  std::vector<Relay> relays() const;
   /// Plan epoch: 0 at start, +1 at every agreed re-plan.
   std::uint64_t epoch() const noexcept;
   /// Snapshot of ring, fences and links. Not synchronised with a collective running on another

@@ -26,4 +26,22 @@ struct LinkId {
 /// search steps and returns nullopt).
 std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& fenced, long max_steps = 1'000'000);
 
+/// A fenced ring hop `from -> to` carried through `via` instead: `from -> via -> to`, the relay
+/// forwarding chunks unchanged. The logical ring, and with it the order in which every
+/// element's contributions are added, stays the same, so results stay bit-identical to the
+/// unfenced plan.
+struct Relay {
+  int from = -1;
+  int via = -1;
+  int to = -1;
+  friend bool operator==(const Relay&, const Relay&) = default;
+};
+
+/// Relays that carry every fenced hop of `ring` (ranks in ring order, hops ring[i] ->
+/// ring[i+1]) over healthy links: for each fenced hop the lowest rank whose links to both ends
+/// are not fenced. Returns nullopt when a fenced hop has no such rank, or when two paths would
+/// share a directed link (each directed link carries one stream of chunks). An empty vector
+/// means nothing to relay.
+std::optional<std::vector<Relay>> plan_relays(const std::vector<int>& ring, const std::vector<LinkId>& fenced);
+
 }  // namespace ringfence

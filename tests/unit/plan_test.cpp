@@ -54,3 +54,39 @@ TEST_CASE("a rank cut off from all but one peer leaves no ring", "[plan]") {
   REQUIRE(ring.has_value());
   REQUIRE(valid(*ring, 6, f));
 }
+
+TEST_CASE("relays carry a fenced hop through a healthy rank and keep the ring", "[plan][relay]") {
+  const std::vector<int> ring4 = {0, 1, 2, 3};
+  auto r = plan_relays(ring4, {LinkId{0, 1}});
+  REQUIRE(r.has_value());
+  REQUIRE(*r == std::vector<Relay>{Relay{0, 2, 1}});
+  REQUIRE(plan_relays(ring4, {})->empty());
+  // Three ranks: a ring cannot avoid the link, a relay can (2 forwards 0 -> 1).
+  const std::vector<int> ring3 = {0, 1, 2};
+  r = plan_relays(ring3, {LinkId{0, 1}});
+  REQUIRE(r.has_value());
+  REQUIRE(*r == std::vector<Relay>{Relay{0, 2, 1}});
+  // Two ranks have nobody to relay through.
+  REQUIRE_FALSE(plan_relays({0, 1}, {LinkId{0, 1}}).has_value());
+  // A fenced link that is not a ring hop needs no relay.
+  REQUIRE(plan_relays(ring4, {LinkId{0, 2}})->empty());
+  // Every single fenced hop of rings of 3..8 ranks is relayed without sharing a directed link.
+  for (int n = 3; n <= 8; ++n) {
+    std::vector<int> ring(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) ring[static_cast<std::size_t>(i)] = i;
+    for (int i = 0; i < n; ++i) {
+      const int x = i, y = (i + 1) % n;
+      const auto relays = plan_relays(ring, {LinkId::of(x, y)});
+      INFO("n=" << n << " hop " << x << "->" << y);
+      REQUIRE(relays.has_value());
+      REQUIRE(relays->size() == 1);
+      const Relay& rl = relays->front();
+      REQUIRE(rl.from == x);
+      REQUIRE(rl.to == y);
+      REQUIRE(rl.via != x);
+      REQUIRE(rl.via != y);
+    }
+  }
+  // Relays whose paths would collide on a directed link are refused.
+  REQUIRE_FALSE(plan_relays(ring3, {LinkId{0, 1}, LinkId{1, 2}}).has_value());
+}
