@@ -161,7 +161,9 @@ struct EngineConfig {
   std::size_t slot_bytes = 0;  ///< payload bytes per staging slot (multiple of 64, >= 64)
   bool checksum = false;       ///< CRC32C per chunk, verified by the receiver, re-sent on mismatch
   bool trailers = false;       ///< write chunk trailers even without checksums (relays read the length)
-  int max_attempts = 16;       ///< deliveries of one chunk before the link is declared corrupt
+  /// Deliveries of one chunk before the call fails: high enough that a link passing even 1 chunk
+  /// in 10 keeps working until the next agreement fences it (p(fail) < 1e-11).
+  int max_attempts = 256;
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
   std::chrono::nanoseconds timeout{};
