@@ -16,7 +16,7 @@
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
-/// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode; 0 = never) | 8 |
+/// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
 /// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |

@@ -64,7 +64,7 @@ struct CommOptions {
   /// (an internal, checksummed allreduce of everyone's proposals) and, when the set changed,
   /// switch together to a ring that avoids the fenced links. 0 disables. Must match on every
   /// rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
-  int health_agree_every = 8;
+  int health_agree_every = 2;
   /// A rank proposes to fence the link from a peer after this many corrupted chunks from it
   /// since the last agreement. Env: RINGFENCE_HEALTH_FENCE_CRC_ERRORS.
   std::uint64_t health_fence_checksum_errors = 3;
