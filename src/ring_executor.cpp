@@ -108,13 +108,7 @@ class RingRunner {
             pending = &d;
         }
         if (!pending) break;
-        if (const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire); RINGFENCE_UNLIKELY(a != 0)) {
-          failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1,
-                             "relaying (the peer failed and aborted the collective)", pending->in->received};
-          failure_.aborted_by_peer = true;
-          failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
-          return failure_.status;
-        }
+        RINGFENCE_TRY(check_abort("relaying (the peer failed and aborted the collective)", pending->in->received));
         if (std::chrono::steady_clock::now() >= deadline)
           return fail(Status(ErrorCode::Timeout), *pending->in, "chunks to relay", pending->in->received);
         if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
@@ -128,6 +122,18 @@ class RingRunner {
   }
 
  private:
+  // A peer failed and told everyone (abort word): fail now with its error class, naming it.
+  Status check_abort(const char* what, std::uint64_t message) noexcept {
+    const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire);
+    if (RINGFENCE_UNLIKELY(a != 0)) {
+      failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1, what, message};
+      failure_.aborted_by_peer = true;
+      failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
+      return failure_.status;
+    }
+    return Status::ok();
+  }
+
   Status fail(Status s, const Channel& ch, const char* what, std::uint64_t message) noexcept {
     failure_ = Failure{s, ch.peer, what, message};
     return s;
@@ -139,14 +145,7 @@ class RingRunner {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
-      if (const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire); RINGFENCE_UNLIKELY(a != 0)) {
-        // A peer failed and told everyone: fail now with its error class, naming it.
-        failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1,
-                           "progress (the peer failed and aborted the collective)", message};
-        failure_.aborted_by_peer = true;
-        failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
-        return failure_.status;
-      }
+      RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
       if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
       if (relays_.count > 0) {
         RINGFENCE_TRY(service_relays());
