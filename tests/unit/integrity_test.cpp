@@ -1,5 +1,6 @@
 // End-to-end integrity: CRC32C, the fault-injection grammar, and corrupted links that never
 // corrupt a result when checksums are on.
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cstdlib>
@@ -285,6 +286,32 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
       REQUIRE(faulty.corrupt_after_fence[r] == 0);     // the bad link carries nothing any more
       REQUIRE(faulty.link_fenced[r]);
     }
+  }
+}
+
+TEST_CASE("two ranks propose different fences at once: every rank agrees on both", "[integrity][health]") {
+  // Links 0-1 and 2-3 corrupt at the same time; ranks 1 and 3 propose different fences in the
+  // same agreement. Every rank must install the same union and the same relays, and the float
+  // results must stay byte-identical to the fault-free run.
+  const int n = 5;
+  const FenceRun clean = run_fence_scenario(n, "", 16, 20000);
+  const FenceRun faulty = run_fence_scenario(n, "flip:rate=1e-4,link=0-1,seed=5;flip:rate=1e-4,link=2-3,seed=6", 16, 20000);
+  INFO(clean.error << " | " << faulty.error);
+  REQUIRE(clean.error.empty());
+  REQUIRE(faulty.error.empty());
+  std::size_t differing = 0;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it)
+      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), 20000 * sizeof(float)) != 0;
+  REQUIRE(differing == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    std::vector<LinkId> fences = faulty.fences[r];
+    std::sort(fences.begin(), fences.end(), [](LinkId x, LinkId y) { return x.a != y.a ? x.a < y.a : x.b < y.b; });
+    REQUIRE(fences == std::vector<LinkId>{LinkId{0, 1}, LinkId{2, 3}});
+    REQUIRE(faulty.relays[r] == faulty.relays[0]);
+    REQUIRE(faulty.relays[r].size() == 2);
+    REQUIRE(faulty.corrupt_after_fence[r] == 0);
   }
 }
 
