@@ -160,7 +160,12 @@ class RingRunner {
                                             : std::chrono::nanoseconds(50000000));
       const Status s = ch.link->wait(flag, target, slice);
       if (s.is_ok()) return s;
-      if (s.is_error()) return fail(s, ch, what, message);
+      if (s.is_error()) {
+        // A peer that failed first aborts us and may then exit: its abort explains the
+        // failure better than its absence does.
+        RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
+        return fail(s, ch, what, message);
+      }
     }
   }
 
