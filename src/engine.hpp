@@ -14,8 +14,10 @@
 
 namespace ringfence::detail {
 
-/// Bytes of one mailbox: u32 key length, u32 crc32c of the key, then the key.
+/// Bytes of one mailbox: header {u32 key length, u32 crc32c of the key, u32 call}, then the key.
 inline constexpr std::size_t kMailboxBytes = 512;
+/// Bytes of the mailbox header.
+inline constexpr std::size_t kMailHeader = 12;
 /// Bytes reserved after every staging slot for the chunk trailer (checksum mode).
 inline constexpr std::size_t kTrailerBytes = 64;
 /// Messages remembered by a sender for re-sends (>= the largest slot count).
@@ -119,7 +121,7 @@ struct Channel {
   };
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
-  std::uint32_t mail_header[2] = {};  ///< {key length, crc32c(key)} of our last published key
+  std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0, retries_seen = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
   std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement

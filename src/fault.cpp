@@ -34,9 +34,10 @@ FaultRule parse_rule(std::string_view rule) {
   const auto colon = rule.find(':');
   const std::string_view kind = trim(rule.substr(0, colon));
   if (kind == "flip") r.kind = FaultKind::Flip;
+  else if (kind == "drop") r.kind = FaultKind::Drop;
   else if (kind == "delay") r.kind = FaultKind::Delay;
   else if (kind == "stall") r.kind = FaultKind::Stall;
-  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, delay, stall)", rule, kind));
+  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall)", rule, kind));
   std::string_view fields = colon == std::string_view::npos ? std::string_view{} : rule.substr(colon + 1);
   while (!fields.empty()) {
     const auto comma = fields.find(',');
@@ -110,6 +111,13 @@ class FaultLink final : public Link {
       if (r.kind == FaultKind::Delay && r.delay.count() > 0) std::this_thread::sleep_for(r.delay);
       if (r.kind == FaultKind::Stall && ops_ == r.after + 1) std::this_thread::sleep_for(r.stall);
     }
+    for (const auto& r : rules_)
+      if (r.kind == FaultKind::Drop && ops_ > r.after && r.rate > 0.0 && rng_.uniform() < r.rate &&
+          lost_head_ - lost_tail_ < kLostRing) {
+        lost_[lost_head_++ % kLostRing] = op.wr_id;  // reported as done, never written
+        ++dropped_;
+        return Status::ok();
+      }
     RINGFENCE_TRY(inner_->write(op));
     if (flip_rate_ <= 0.0 || !flip_active()) return Status::ok();
     // Flips at byte positions next_flip_, next_flip_ + gap, ... within this write; at most
@@ -130,6 +138,7 @@ class FaultLink final : public Link {
   Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
     n = 0;
+    while (n < out.size() && lost_tail_ != lost_head_) out[n++] = Completion{lost_[lost_tail_++ % kLostRing], Status::ok()};
     for (;;) {
       std::size_t got = 0;
       const std::size_t base = n;
@@ -139,7 +148,7 @@ class FaultLink final : public Link {
         if ((c.wr_id & kInternalId) && c.status.is_ok()) continue;  // our extra one-byte writes
         out[n++] = Completion{c.wr_id & ~kInternalId, c.status};
       }
-      if (got == 0 || n == out.size()) return Status::ok();
+      if (got == 0 || n == out.size() || base == out.size()) return Status::ok();
     }
   }
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
@@ -153,6 +162,7 @@ class FaultLink final : public Link {
  private:
   static constexpr std::size_t kCorruptRing = 256;
   static constexpr int kMaxFlipsPerWrite = 64;
+  static constexpr std::size_t kLostRing = 64;
 
   bool flip_active() const noexcept {
     for (const auto& r : rules_)
@@ -174,6 +184,9 @@ class FaultLink final : public Link {
   std::uint64_t ops_ = 0;
   std::uint64_t flips_ = 0;
   std::uint8_t corrupt_[kCorruptRing] = {};
+  std::uint64_t lost_[kLostRing] = {};
+  std::size_t lost_head_ = 0, lost_tail_ = 0;
+  std::uint64_t dropped_ = 0;
   std::size_t corrupt_next_ = 0;
 };
 

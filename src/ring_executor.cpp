@@ -189,13 +189,18 @@ class RingRunner {
     Channel& ch = *left_;
     // Header {length, crc32c(key)}: a key damaged in flight must be refused, never used as an
     // address to write into.
+    // The call number rides along so a key that never arrived (a lossy link) cannot be mistaken
+    // for this call's: the previous call's buffer may be gone.
     ch.mail_header[0] = static_cast<std::uint32_t>(direct_.own_key.size());
-    ch.mail_header[1] = crc32c(direct_.own_key.data(), direct_.own_key.size());
+    ch.mail_header[1] = crc32c(direct_.own_key.data(), direct_.own_key.size(), direct_.call);
+    ch.mail_header[2] = direct_.call;
     const std::uint32_t len = ch.mail_header[0];
-    if (len + 8 > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
+    if (len + kMailHeader > kMailboxBytes)
+      return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
     const std::size_t base = FlagBlock::mailbox_offset(c_.size, c_.rank);
-    Status s = ch.link->write(WriteOp{ch.mail_header, nullptr, &ch.peer_flags, base, 8, 0});
-    if (s.is_ok() && len > 0) s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + 8, len, 0});
+    Status s = ch.link->write(WriteOp{ch.mail_header, nullptr, &ch.peer_flags, base, kMailHeader, 0});
+    if (s.is_ok() && len > 0)
+      s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + kMailHeader, len, 0});
     if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::mail_offset(c_.size, c_.rank), direct_.call, 0});
     if (!s.is_ok()) return fail(s, ch, "publishing the output key", 0);
     return drain(ch, "publishing the output key");
@@ -207,14 +212,15 @@ class RingRunner {
     Channel& ch = *right_;
     RINGFENCE_TRY(wait_flag(ch, flags_.mail[ch.peer], direct_.call, "the peer's output-buffer key", 0));
     const std::byte* box = flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
-    std::uint32_t header[2] = {};
-    std::memcpy(header, box, 8);
+    std::uint32_t header[3] = {};
+    std::memcpy(header, box, kMailHeader);
     const std::uint32_t len = header[0];
-    if (len + 8 > kMailboxBytes || crc32c(box + 8, len) != header[1])
-      return fail(Status(ErrorCode::Transient), ch, "an intact output-buffer key (it arrived corrupted)", 0);
+    if (len + kMailHeader > kMailboxBytes || header[2] != direct_.call ||
+        crc32c(box + kMailHeader, len, direct_.call) != header[1])
+      return fail(Status(ErrorCode::Transient), ch, "an intact output-buffer key for this call (it arrived corrupted or not at all)", 0);
     region = nullptr;
     if (len == 0) return Status::ok();
-    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + 8, len));
+    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + kMailHeader, len));
     if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
     return Status::ok();
   }

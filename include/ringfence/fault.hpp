@@ -5,12 +5,14 @@
 /// health tests and the demos. Grammar (rules separated by `;`, fields by `,`):
 ///
 ///     rule  := kind ':' field (',' field)*
-///     kind  := flip | delay | stall
+///     kind  := flip | drop | delay | stall
 ///     field := link=A-B | link=* | rate=<p> | after=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
 ///
 /// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
 ///   the link between ranks 0 and 1 (either direction) is corrupted with probability `rate`
 ///   (at most 64 corrupted bytes per write). Signals are not corrupted.
+/// - `drop:rate=0.01,link=0-1` silently loses each write on the link with probability `rate`
+///   (the write still completes successfully, as a lossy link with a lying NIC would).
 /// - `delay:us=200,link=*` sleeps 200 µs before every write.
 /// - `stall:after=1000,ms=5000,link=2-3` sleeps 5 s in the 1001st write (a hung peer).
 /// `after=N` (all kinds) leaves the first N writes untouched. Example:
@@ -26,14 +28,14 @@
 namespace ringfence {
 
 /// What a rule does.
-enum class FaultKind : std::uint8_t { Flip, Delay, Stall };
+enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall };
 
 /// One parsed rule.
 struct FaultRule {
   FaultKind kind = FaultKind::Flip;
   int rank_a = -1;             ///< link end (-1 with rank_b -1: every link)
   int rank_b = -1;             ///< other link end
-  double rate = 0.0;           ///< flip: probability per byte, in [0, 1]
+  double rate = 0.0;           ///< flip: probability per byte; drop: per write; in [0, 1]
   std::uint64_t after = 0;     ///< writes left untouched first
   std::chrono::microseconds delay{0};     ///< delay: per write
   std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write

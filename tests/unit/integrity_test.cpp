@@ -47,8 +47,11 @@ TEST_CASE("crc32c matches the standard check values, in hardware and in the tabl
 }
 
 TEST_CASE("fault spec grammar", "[integrity][fault]") {
-  const auto rules = parse_fault_spec("flip:rate=1e-5,link=0-1,seed=7; delay:us=50,link=*;stall:after=10,ms=200,link=2-3");
-  REQUIRE(rules.size() == 3);
+  const auto rules =
+      parse_fault_spec("flip:rate=1e-5,link=0-1,seed=7; delay:us=50,link=*;stall:after=10,ms=200,link=2-3;drop:rate=0.5");
+  REQUIRE(rules.size() == 4);
+  REQUIRE(rules[3].kind == FaultKind::Drop);
+  REQUIRE(rules[3].rate == 0.5);
   REQUIRE(rules[0].kind == FaultKind::Flip);
   REQUIRE(rules[0].rate == 1e-5);
   REQUIRE(rules[0].seed == 7);
@@ -146,6 +149,24 @@ TEST_CASE("with checksums a corrupting link never corrupts a result", "[integrit
     REQUIRE(r.checksum_errors > 0);
     REQUIRE(r.resends == r.checksum_errors);  // every detected corruption was re-sent once
   }
+}
+
+TEST_CASE("a link that loses writes: wrong results without checksums, exact with them", "[integrity][fault]") {
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 0;  // keep the lossy link in use: this tests re-sends, not fencing
+  o.fault = "drop:rate=0.02,link=1-2,seed=4";
+  const Outcome lossy = run_with_faults(3, o, 100000, 3);
+  INFO(lossy.error);
+  REQUIRE(lossy.error.empty());
+  REQUIRE(lossy.wrong > 0);
+  o.checksum = true;
+  const Outcome protected_run = run_with_faults(3, o, 100000, 3);
+  INFO(protected_run.error);
+  REQUIRE(protected_run.error.empty());
+  REQUIRE(protected_run.wrong == 0);
+  REQUIRE(protected_run.checksum_errors > 0);
 }
 
 TEST_CASE("checksums on a clean link: exact, no errors, every dtype and op", "[integrity]") {
