@@ -18,8 +18,8 @@ enum class EventKind : std::uint8_t {
   ChecksumErrors,  ///< `count` corrupted chunks arrived over link a-b since the last agreement
   FenceProposed,   ///< this rank proposed fencing link a-b
   LinkFenced,      ///< every rank agreed: link a-b is fenced
-  Replanned,       ///< new ring in `detail` (ranks joined by '-'), epoch `epoch`
-  NoPlan,          ///< link a-b must be fenced but no ring avoids the fenced links
+  Replanned,       ///< new plan in `detail`: ring (ranks joined by '-') and relays ("relays x->z->y"), epoch `epoch`
+  NoPlan,          ///< link a-b must be fenced but neither a relay nor a ring avoids the fenced links
   DigestMismatch,  ///< rank `count`'s output digest differs from the majority's (`detail` lists digests)
 };
 

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
         break;
       case ringfence::EventKind::NoPlan:
         l.no_plan = true;
-        l.reason = "no ring avoids the fenced links";
+        l.reason = "neither a relay nor a ring avoids the fenced links";
         break;
       case ringfence::EventKind::Replanned:
       case ringfence::EventKind::DigestMismatch: break;
