@@ -170,6 +170,7 @@ struct Communicator::Impl {
   std::string failure_message;
 
   ~Impl() {
+    if (monitor) monitor->stop();
     if (event_fd >= 0) ::close(event_fd);
     for (auto& ch : channels)
       if (ch->link) ch->link->fence(FenceReason::Shutdown);
@@ -338,6 +339,7 @@ struct Communicator::Impl {
 
     // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
     store_barrier("setup");
+    if (monitor) monitor->start(options.health_interval);
     log.info("connected: left rank {} over {}, right rank {} over {}", left->peer, left->transport_name, right->peer,
              right->transport_name);
   }
@@ -697,6 +699,7 @@ HealthSnapshot Communicator::health() const {
   h.ring = ring();
   h.fenced = impl_->fenced;
   h.relays = impl_->relays;
+  h.background_samples = impl_->monitor ? impl_->monitor->background_samples() : 0;
   h.links = links();
   return h;
 }

@@ -95,7 +95,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
-      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP"};
+      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP",
+      "RINGFENCE_HEALTH_INTERVAL_MS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -155,6 +156,8 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_HEALTH_WINDOW_MS"))
     o.health.window = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_WINDOW_MS", *v, 1, 1ll << 40));
   if (auto v = env.get("RINGFENCE_HEALTH_LINK_MAP")) o.health_link_map = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_INTERVAL_MS"))
+    o.health_interval = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_INTERVAL_MS", *v, 0, 1ll << 40));
   if (auto v = env.get("RINGFENCE_DIGEST_EVERY"))
     o.digest_every = static_cast<int>(parse_integer("RINGFENCE_DIGEST_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))

@@ -67,11 +67,49 @@ HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<L
   if (need_sysfs) sysfs_ = std::make_unique<health::SysfsSource>(options_.sysfs_root, pci);
 }
 
+HealthMonitor::~HealthMonitor() { stop(); }
+
+void HealthMonitor::sample_locked(health::TimePoint now) {
+  if (nvml_ && nvml_->available()) bank_.update(nvml_->read_counters(), now);
+  if (sysfs_) bank_.update(sysfs_->read_counters(), now);
+}
+
+void HealthMonitor::sample(health::TimePoint now) {
+  std::lock_guard lock(mutex_);
+  sample_locked(now);
+}
+
+void HealthMonitor::start(std::chrono::milliseconds interval) {
+  if (map_.empty() || interval.count() <= 0 || sampler_.joinable()) return;
+  stopping_ = false;
+  sampler_ = std::thread([this, interval] {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      try {
+        sample_locked(std::chrono::steady_clock::now());
+        background_samples_.fetch_add(1, std::memory_order_relaxed);
+      } catch (const std::exception& e) {  // sources never throw on sampling; stay alive if one does
+        log_.warn("health: background sample failed: {}", e.what());
+      }
+      wake_.wait_for(lock, interval, [this] { return stopping_; });
+    }
+  });
+}
+
+void HealthMonitor::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (sampler_.joinable()) sampler_.join();
+}
+
 std::vector<std::pair<LinkId, std::string>> HealthMonitor::evaluate(health::TimePoint now) {
   std::vector<std::pair<LinkId, std::string>> fenced;
   if (map_.empty()) return fenced;
-  if (nvml_ && nvml_->available()) bank_.update(nvml_->read_counters(), now);
-  if (sysfs_) bank_.update(sysfs_->read_counters(), now);
+  std::lock_guard lock(mutex_);
+  sample_locked(now);
   for (const auto& s : map_) {
     health::Evidence e;
     switch (s.kind) {

@@ -3,7 +3,11 @@
 // the link map, a CounterBank of deltas, and one LinkPolicy per mapped link; at every fence
 // agreement it samples the sources and reports the links whose policy says "fence".
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <memory>
 #include <ringfence/health/counters.hpp>
@@ -41,10 +45,30 @@ class HealthMonitor {
   bool active() const noexcept { return !map_.empty(); }
 
   /// Samples every source once and runs each mapped link's policy; returns the links whose
-  /// policy is (now) Fenced with the reasons. `now` is the steady clock.
+  /// policy is (now) Fenced with the reasons. `now` is the steady clock. Thread-safe.
   std::vector<std::pair<LinkId, std::string>> evaluate(health::TimePoint now);
 
+  /// Reads every source once into the counter bank (deltas, windows). Thread-safe.
+  void sample(health::TimePoint now);
+
+  /// Starts the background sampler (one thread, sampling every `interval`). Explicit, like
+  /// every ringfence thread; `stop()` or the destructor joins it. No-op when inactive.
+  void start(std::chrono::milliseconds interval);
+  /// Stops and joins the sampler. Idempotent, never throws.
+  void stop() noexcept;
+  /// Background samples taken so far.
+  std::uint64_t background_samples() const noexcept { return background_samples_.load(std::memory_order_relaxed); }
+
+  ~HealthMonitor();
+
  private:
+  void sample_locked(health::TimePoint now);
+
+  std::mutex mutex_;  // guards the sources, the bank and the policies
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread sampler_;
+  std::atomic<std::uint64_t> background_samples_{0};
   health::HealthOptions options_;
   std::vector<LinkSource> map_;
   const Logger& log_;

@@ -48,6 +48,7 @@ struct HealthSnapshot {
   std::vector<int> ring;        ///< current ring order
   std::vector<LinkId> fenced;   ///< agreed fenced links
   std::vector<Relay> relays;    ///< fenced ring hops carried through a third rank
+  std::uint64_t background_samples = 0;  ///< counter-source samples taken by the background sampler
   std::vector<LinkInfo> links;  ///< this rank's links
   /// Human-readable summary plus the link table.
   std::string table() const;

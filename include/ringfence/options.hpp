@@ -82,6 +82,10 @@ struct CommOptions {
   /// even without checksums). Must be non-empty on every rank or on none.
   /// Env: RINGFENCE_HEALTH_LINK_MAP.
   std::string health_link_map;
+  /// With a link map: a background thread also samples the counter sources this often, so
+  /// windows see bursts between agreements (started and stopped with the communicator).
+  /// 0 disables. Env: RINGFENCE_HEALTH_INTERVAL_MS.
+  std::chrono::milliseconds health_interval{1000};
   /// Append every health event as one JSON line to this file (all ranks may share it: each
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;

@@ -502,3 +502,46 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
     REQUIRE(relays[r] == std::vector<Relay>{Relay{1, 0, 2}});  // hop 1 -> 2 now goes through rank 0
   }
 }
+
+TEST_CASE("the background sampler reads the counter sources between collectives and stops with the communicator",
+          "[health][nvml]") {
+  test::TempDir dir{"ringfence-sampler"};
+  dir.write("state", "count 1\nlinks 2\n");
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::uint64_t> samples(2, 0), after(2, 0);
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::string error;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+        o.health_link_map = "0-1=nvml:0:0";
+        o.health_interval = std::chrono::milliseconds(5);
+        o.host_id = "sampler";
+        {
+          Communicator comm(store, r, 2, builtin_transports(), o);
+          std::int32_t v = 1;
+          comm.allreduce(&v, &v, 1, DataType::Int32, ReduceOp::Sum);
+          std::this_thread::sleep_for(std::chrono::milliseconds(150));
+          samples[r] = comm.health().background_samples;
+          comm.barrier();
+        }  // the sampler thread is joined here; nothing may touch freed state afterwards
+        after[r] = 1;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(samples[r] >= 5);  // ~30 expected at 5 ms over 150 ms; generous for a loaded box
+    REQUIRE(after[r] == 1);
+  }
+}
