@@ -1,7 +1,9 @@
 // Environment parsing: options, launchers, and the errors that name the variable.
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
+#include <ringfence/health/config.hpp>
 #include <ringfence/options.hpp>
+#include <cstdio>
 
 #include "support/catch.hpp"
 
@@ -179,4 +181,31 @@ TEST_CASE("token hex round trip", "[env]") {
 TEST_CASE("unknown RINGFENCE_* variables are reported", "[env]") {
   const auto unknown = unknown_variables(env({{"RINGFENCE_TIMEOUT_MS", "5"}, {"RINGFENCE_TIMEOUT", "5"}, {"OTHER", "1"}}));
   REQUIRE(unknown == std::vector<std::string>{"RINGFENCE_TIMEOUT"});
+}
+
+TEST_CASE("health thresholds load from a config file named by RINGFENCE_HEALTH_CONFIG", "[env][health]") {
+  const std::string path = "/tmp/ringfence-health-config-test.conf";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("# tuned\nnvlink_crc_fence_per_s = 20\n  checksum_storm_count=2 # inline comment\nfence_cooldown_ms = 5000\n"
+               "window_ms = 30000\nsysfs_root = /tmp/fake\n",
+               f);
+    std::fclose(f);
+  }
+  const CommOptions o = CommOptions::from_env(env({{"RINGFENCE_HEALTH_CONFIG", path}, {"RINGFENCE_SYSFS_ROOT", "/override"}}));
+  REQUIRE(o.health.thresholds.nvlink_crc_fence_per_s == 20.0);
+  REQUIRE(o.health.thresholds.checksum_storm_count == 2);
+  REQUIRE(o.health.timings.fence_cooldown == std::chrono::milliseconds(5000));
+  REQUIRE(o.health.window == std::chrono::milliseconds(30000));
+  REQUIRE(o.health.sysfs_root == "/override");  // the single variable wins over the file
+  // Errors name the file, the line and the key.
+  health::HealthOptions h;
+  REQUIRE_THAT(error_of([&] { health::apply_health_config("a = 1\n", h, "x.conf"); }),
+               Catch::Contains("x.conf:1") && Catch::Contains("unknown key 'a'"));
+  REQUIRE_THAT(error_of([&] { health::apply_health_config("\nfence_cooldown_ms = soon\n", h, "x.conf"); }),
+               Catch::Contains("x.conf:2") && Catch::Contains("fence_cooldown_ms"));
+  REQUIRE_THAT(error_of([&] { health::apply_health_config("just words\n", h, "x.conf"); }), Catch::Contains("key = value"));
+  REQUIRE_THROWS_AS(CommOptions::from_env(env({{"RINGFENCE_HEALTH_CONFIG", "/nonexistent/ringfence.conf"}})), SystemError);
+  std::remove(path.c_str());
 }
