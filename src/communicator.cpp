@@ -506,6 +506,24 @@ struct Communicator::Impl {
     return Status::ok();
   }
 
+  // Rewrites the Prometheus text file (tmp + rename: scrapers never see half a file).
+  void write_prometheus(const HealthSnapshot& h) noexcept {
+    if (options.health_prometheus.empty()) return;
+    try {
+      std::string path = options.health_prometheus;
+      if (const auto at = path.find("{rank}"); at != std::string::npos) path.replace(at, 6, std::to_string(rank));
+      const std::string tmp = path + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << h.prometheus();
+        if (!out) throw std::runtime_error("write failed");
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(std::strerror(errno));
+    } catch (const std::exception& e) {
+      log.warn("cannot write RINGFENCE_HEALTH_PROMETHEUS file: {}", e.what());
+    }
+  }
+
   void check_usable(const char* call) const {
     std::lock_guard lock(status_mutex);
     if (!failure.is_ok())
@@ -557,7 +575,12 @@ struct Communicator::Impl {
 Communicator::Communicator(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  try {
+    if (impl_ && !impl_->options.health_prometheus.empty()) impl_->write_prometheus(health());
+  } catch (...) {  // a destructor never throws; the file is best effort
+  }
+}
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const TransportRegistry& registry,
                            CommOptions options)
@@ -613,6 +636,7 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   if (m.agreement_enabled() && m.seq % static_cast<std::uint64_t>(m.options.health_agree_every) == 0) {
     detail::Failure failure;
     if (!m.agree(failure).is_ok()) m.raise("fence agreement before allreduce", failure);
+    if (!m.options.health_prometheus.empty()) m.write_prometheus(health());
   }
   detail::DirectWrite direct;
   // With checksums every chunk goes through staging: a corrupted chunk must land where it can
@@ -714,6 +738,36 @@ std::string HealthSnapshot::table() const {
   return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}, relays: {}\n{}", rank, sequence, epoch,
                      fmt::join(ring, "-"), fences.empty() ? "none" : fences, via.empty() ? "none" : via,
                      format_link_table(links));
+}
+
+std::string HealthSnapshot::prometheus() const {
+  std::string out;
+  auto metric = [&](std::string_view name, std::string_view help, std::string_view type) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  metric("ringfence_link_state", "link state: 0 connecting, 1 up, 2 degraded, 3 fenced, 4 closed", "gauge");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_state{{rank=\"{}\",peer=\"{}\",transport=\"{}\"}} {}\n", l.rank, l.peer, l.transport,
+                       static_cast<int>(l.state));
+  metric("ringfence_link_bytes_total", "payload bytes written to the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_bytes_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer, l.bytes_written);
+  metric("ringfence_link_checksum_errors_total", "corrupted chunks received from the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_checksum_errors_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer,
+                       l.checksum_errors);
+  metric("ringfence_link_resends_total", "chunks re-sent to the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_resends_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer, l.retries);
+  metric("ringfence_collectives_total", "collectives issued", "counter");
+  out += fmt::format("ringfence_collectives_total{{rank=\"{}\"}} {}\n", rank, sequence);
+  metric("ringfence_epoch", "plan epoch (re-plans so far)", "gauge");
+  out += fmt::format("ringfence_epoch{{rank=\"{}\"}} {}\n", rank, epoch);
+  metric("ringfence_fenced_links", "links fenced by agreement", "gauge");
+  out += fmt::format("ringfence_fenced_links{{rank=\"{}\"}} {}\n", rank, fenced.size());
+  metric("ringfence_relays", "fenced ring hops carried through a third rank", "gauge");
+  out += fmt::format("ringfence_relays{{rank=\"{}\"}} {}\n", rank, relays.size());
+  return out;
 }
 
 std::string Communicator::link_table() const { return format_link_table(links()); }

@@ -97,7 +97,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP",
-      "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG"};
+      "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
+      "RINGFENCE_HEALTH_PROMETHEUS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -152,6 +153,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
   if (auto v = env.get("RINGFENCE_HEALTH_LOG")) o.health_log = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_PROMETHEUS")) o.health_prometheus = *v;
   // The config file first: the single-setting variables below override it.
   if (auto v = env.get("RINGFENCE_HEALTH_CONFIG")) health::load_health_config(*v, o.health);
   if (auto v = env.get("RINGFENCE_SYSFS_ROOT")) o.health.sysfs_root = *v;

@@ -37,7 +37,8 @@ FaultRule parse_rule(std::string_view rule) {
   else if (kind == "drop") r.kind = FaultKind::Drop;
   else if (kind == "delay") r.kind = FaultKind::Delay;
   else if (kind == "stall") r.kind = FaultKind::Stall;
-  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall)", rule, kind));
+  else if (kind == "throttle") r.kind = FaultKind::Throttle;
+  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall, throttle)", rule, kind));
   std::string_view fields = colon == std::string_view::npos ? std::string_view{} : rule.substr(colon + 1);
   while (!fields.empty()) {
     const auto comma = fields.find(',');
@@ -70,6 +71,9 @@ FaultRule parse_rule(std::string_view rule) {
       r.delay = std::chrono::microseconds(parse_number<std::uint32_t>(rule, key, value));
     } else if (key == "ms") {
       r.stall = std::chrono::milliseconds(parse_number<std::uint32_t>(rule, key, value));
+    } else if (key == "mbps") {
+      r.mbps = parse_number<double>(rule, key, value);
+      if (!(r.mbps > 0.0)) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': mbps={} must be positive", rule, value));
     } else if (key == "seed") {
       r.seed = parse_number<std::uint64_t>(rule, key, value);
     } else {
@@ -110,6 +114,8 @@ class FaultLink final : public Link {
       if (ops_ <= r.after) continue;
       if (r.kind == FaultKind::Delay && r.delay.count() > 0) std::this_thread::sleep_for(r.delay);
       if (r.kind == FaultKind::Stall && ops_ == r.after + 1) std::this_thread::sleep_for(r.stall);
+      if (r.kind == FaultKind::Throttle && r.mbps > 0.0)
+        std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(op.bytes) * 1e3 / r.mbps)));
     }
     for (const auto& r : rules_)
       if (r.kind == FaultKind::Drop && ops_ > r.after && r.rate > 0.0 && rng_.uniform() < r.rate &&
@@ -248,6 +254,9 @@ std::vector<FaultRule> parse_fault_spec(std::string_view text) {
     text = semi == std::string_view::npos ? std::string_view{} : text.substr(semi + 1);
     if (!rule.empty()) rules.push_back(parse_rule(rule));
   }
+  for (const auto& r : rules)
+    if (r.kind == FaultKind::Throttle && !(r.mbps > 0.0))
+      throw InvalidUsage("RINGFENCE_FAULT: a throttle rule needs mbps=<megabytes per second>");
   return rules;
 }
 

@@ -52,6 +52,9 @@ struct HealthSnapshot {
   std::vector<LinkInfo> links;  ///< this rank's links
   /// Human-readable summary plus the link table.
   std::string table() const;
+  /// Prometheus text exposition of the same facts (link state, traffic, checksum errors,
+  /// re-sends, epoch, fences).
+  std::string prometheus() const;
 };
 
 /// A group of ranks that run collectives together.

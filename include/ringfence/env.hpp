@@ -19,6 +19,7 @@
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
+/// | RINGFENCE_HEALTH_PROMETHEUS | Prometheus text file per rank (`{rank}` in the path) | none |
 /// | RINGFENCE_HEALTH_CONFIG | file of health thresholds and timings (`key = value`, see health/config.hpp) | none |
 /// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |
 /// | RINGFENCE_NVML_LIBRARY | NVML library to dlopen | libnvidia-ml.so.1 |

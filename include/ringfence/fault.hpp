@@ -5,8 +5,9 @@
 /// health tests and the demos. Grammar (rules separated by `;`, fields by `,`):
 ///
 ///     rule  := kind ':' field (',' field)*
-///     kind  := flip | drop | delay | stall
+///     kind  := flip | drop | delay | stall | throttle
 ///     field := link=A-B | link=* | rate=<p> | after=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
+///            | mbps=<megabytes per second>
 ///
 /// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
 ///   the link between ranks 0 and 1 (either direction) is corrupted with probability `rate`
@@ -15,6 +16,8 @@
 ///   (the write still completes successfully, as a lossy link with a lying NIC would).
 /// - `delay:us=200,link=*` sleeps 200 µs before every write.
 /// - `stall:after=1000,ms=5000,link=2-3` sleeps 5 s in the 1001st write (a hung peer).
+/// - `throttle:mbps=100,link=1-2` makes each write take at least bytes / 100 MB/s (a link that
+///   trained down or is congested).
 /// `after=N` (all kinds) leaves the first N writes untouched. Example:
 /// `RINGFENCE_FAULT="flip:rate=1e-5,link=0-1,seed=7;delay:us=50,link=2-3"`.
 
@@ -28,7 +31,7 @@
 namespace ringfence {
 
 /// What a rule does.
-enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall };
+enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall, Throttle };
 
 /// One parsed rule.
 struct FaultRule {
@@ -40,6 +43,7 @@ struct FaultRule {
   std::chrono::microseconds delay{0};     ///< delay: per write
   std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
   std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)
+  double mbps = 0.0;           ///< throttle: bandwidth cap in 1e6 bytes per second (> 0)
 
   /// True when this rule applies to the link between `self` and `peer`.
   bool matches(int self, int peer) const noexcept {

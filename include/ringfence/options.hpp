@@ -89,6 +89,10 @@ struct CommOptions {
   /// Append every health event as one JSON line to this file (all ranks may share it: each
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;
+  /// Prometheus text file (node-exporter textfile collector format) rewritten atomically at every
+  /// fence agreement and when the communicator closes; `{rank}` in the path is replaced by the
+  /// rank. Empty = none. Env: RINGFENCE_HEALTH_PROMETHEUS.
+  std::string health_prometheus;
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;

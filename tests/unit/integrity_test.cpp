@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <functional>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <tuple>
 #include <ringfence/communicator.hpp>
@@ -65,8 +68,12 @@ TEST_CASE("fault spec grammar", "[integrity][fault]") {
   REQUIRE(rules[2].after == 10);
   REQUIRE(rules[2].stall == std::chrono::milliseconds(200));
   REQUIRE(parse_fault_spec("").empty());
+  const auto throttle = parse_fault_spec("throttle:mbps=250,link=1-2");
+  REQUIRE(throttle.size() == 1);
+  REQUIRE(throttle[0].kind == FaultKind::Throttle);
+  REQUIRE(throttle[0].mbps == 250.0);
   for (const char* bad : {"boom:rate=1", "flip:rate=2", "flip:rate=x", "flip:link=1", "flip:link=1-1", "flip:speed=3",
-                          "flip:rate"}) {
+                          "flip:rate", "throttle:link=0-1", "throttle:mbps=0"}) {
     INFO(bad);
     REQUIRE_THROWS_AS(parse_fault_spec(bad), InvalidUsage);
   }
@@ -167,6 +174,20 @@ TEST_CASE("a link that loses writes: wrong results without checksums, exact with
   REQUIRE(protected_run.error.empty());
   REQUIRE(protected_run.wrong == 0);
   REQUIRE(protected_run.checksum_errors > 0);
+}
+
+TEST_CASE("a throttled link slows the collective down and keeps results exact", "[integrity][fault]") {
+  // 2 MB per rank through a 20 MB/s link: at least ~50 ms per call on that link.
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.fault = "throttle:mbps=20,link=0-1";
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome slow = run_with_faults(2, o, 500000, 2);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  INFO(slow.error);
+  REQUIRE(slow.error.empty());
+  REQUIRE(slow.wrong == 0);
+  REQUIRE(ms >= 100);  // 2 calls x 2 MB over 20 MB/s each way: a lower bound, never an upper one
 }
 
 TEST_CASE("checksums on a clean link: exact, no errors, every dtype and op", "[integrity]") {
@@ -544,4 +565,43 @@ TEST_CASE("the background sampler reads the counter sources between collectives 
     REQUIRE(samples[r] >= 5);  // ~30 expected at 5 ms over 150 ms; generous for a loaded box
     REQUIRE(after[r] == 1);
   }
+}
+
+TEST_CASE("the Prometheus text file shows the fenced link, its checksum errors and the epoch", "[health][prometheus]") {
+  test::TempDir dir{"ringfence-prom"};
+  const std::string pattern = (dir.path() / "ringfence-{rank}.prom").string();
+  auto store = std::make_shared<InProcessStore>();
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::string error;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.chunk_bytes = 4096;
+        o.timeout = std::chrono::seconds(20);
+        o.checksum = true;
+        o.fault = "flip:rate=1e-4,link=0-1,seed=3";
+        o.health_prometheus = pattern;
+        o.host_id = "prom";
+        Communicator comm(store, r, 4, builtin_transports(), o);
+        std::vector<float> buf(30000, 1.0f);
+        for (int it = 0; it < 8; ++it) comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(error);
+  REQUIRE(error.empty());
+  std::ifstream in(dir.path() / "ringfence-1.prom");
+  REQUIRE(in.good());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE_THAT(text, Catch::Contains("# TYPE ringfence_link_checksum_errors_total counter"));
+  REQUIRE_THAT(text, Catch::Contains("ringfence_fenced_links{rank=\"1\"} 1"));
+  REQUIRE_THAT(text, Catch::Contains("ringfence_epoch{rank=\"1\"} 1"));
+  REQUIRE_THAT(text, Catch::Contains("ringfence_link_state{rank=\"1\",peer=\"0\",transport=\"shm\"} 3"));  // fenced
+  REQUIRE_THAT(text, Catch::Contains("ringfence_relays{rank=\"1\"} 1"));
+  REQUIRE_FALSE(std::filesystem::exists(dir.path() / "ringfence-1.prom.tmp"));
 }
