@@ -20,6 +20,7 @@
 
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
+#include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
@@ -358,39 +359,34 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
 }
 
 TEST_CASE("with two ranks a fenced link leaves no plan: a clear error naming the link", "[integrity][health]") {
-  const int n = 2;
-  auto store = std::make_shared<InProcessStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(n);
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.health_agree_every = 2;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=9";
+  o.host_id = "noplan";
+  std::vector<std::string> errors(2);
   std::atomic<std::size_t> wrong{0};
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.chunk_bytes = 4096;
-        o.timeout = std::chrono::seconds(20);
-        o.checksum = true;
-        o.health_agree_every = 2;
-        o.fault = "flip:rate=1e-4,link=0-1,seed=9";
-        o.host_id = "noplan";
-        Communicator comm(store, r, n, builtin_transports(), o);
-        std::vector<float> buf(20000);
-        for (int it = 0; it < 20; ++it) {
-          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
-        }
-      } catch (const LinkFencedError& e) {
-        errors[r] = e.what();
-      } catch (const std::exception& e) {
-        errors[r] = std::string("unexpected: ") + e.what();
+  const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
+    std::vector<float> buf(20000);
+    try {
+      for (int it = 0; it < 20; ++it) {
+        test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 2, buf.data(), buf.size());
+        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+        wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 2, buf.data(), buf.size());
       }
-    });
-  for (auto& t : threads) t.join();
+    } catch (const LinkFencedError& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  INFO(error);
+  REQUIRE(error.empty());  // nothing but LinkFencedError
   REQUIRE(wrong == 0);
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r << ": " << errors[r]);
-    REQUIRE_THAT(errors[r], Catch::Contains("links 0-1 must be fenced") && Catch::Contains("neither a relay nor a ring"));
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    REQUIRE_THAT(errors[static_cast<std::size_t>(r)],
+                 Catch::Contains("links 0-1 must be fenced") && Catch::Contains("neither a relay nor a ring"));
   }
 }
 
@@ -421,37 +417,26 @@ TEST_CASE("result digests name a rank whose output diverged", "[integrity][healt
   // Without checksums a link flipping bits in the allgather phase leaves ranks with different
   // results; the digest comparison (itself checksummed) must notice, identically on every rank.
   const int n = 3;
-  auto store = std::make_shared<InProcessStore>();
-  std::vector<std::thread> threads;
   std::vector<std::uint64_t> mismatches(n);
   std::vector<std::vector<std::uint64_t>> named(n);
-  std::mutex mutex;
-  std::string error;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.chunk_bytes = 4096;
-        o.timeout = std::chrono::seconds(20);
-        o.digest_every = 1;
-        o.fault = "flip:rate=2e-5,link=0-1,seed=21";
-        o.host_id = "digest";
-        Communicator comm(store, r, n, builtin_transports(), o);
-        comm.on_health_event([&, r](const HealthEvent& e) {
-          if (e.kind == EventKind::DigestMismatch) named[r].push_back(e.count);
-        });
-        std::vector<float> buf(30000);
-        for (int it = 0; it < 10; ++it) {
-          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-        }
-        mismatches[r] = comm.digest_mismatches();
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        error = e.what();
-      }
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.digest_every = 1;
+  o.fault = "flip:rate=2e-5,link=0-1,seed=21";
+  o.host_id = "digest";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::DigestMismatch) named[r].push_back(e.count);
     });
-  for (auto& t : threads) t.join();
+    std::vector<float> buf(30000);
+    for (int it = 0; it < 10; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+    }
+    mismatches[r] = comm.digest_mismatches();
+  });
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(mismatches[0] > 0);
@@ -467,50 +452,38 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
   const std::string state = (dir.path() / "state").string();
   ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
   const int n = 4;
-  auto store = std::make_shared<InProcessStore>();
   std::barrier sync(n, [&]() noexcept {});
-  std::vector<std::thread> threads;
   std::atomic<std::size_t> wrong{0};
   std::vector<std::vector<LinkId>> fences(n);
   std::vector<std::vector<int>> rings(n);
   std::vector<std::vector<Relay>> relays(n);
   std::vector<std::uint64_t> fenced_at(n, 0);
-  std::mutex mutex;
-  std::string error;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.timeout = std::chrono::seconds(20);
-        o.health_agree_every = 2;
-        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-        o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
-        o.host_id = "storm";
-        Communicator comm(store, r, n, builtin_transports(), o);
-        comm.on_health_event([&, r](const HealthEvent& e) {
-          if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
-        });
-        std::vector<std::int32_t> buf(10000);
-        for (int it = 0; it < 12; ++it) {
-          if (it == 6) {  // all ranks between collectives #6 and #7: the NVLink starts replaying
-            sync.arrive_and_wait();
-            if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
-            sync.arrive_and_wait();
-          }
-          test::fill_input(DataType::Int32, ReduceOp::Sum, r, n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-        }
-        std::lock_guard lock(mutex);
-        fences[r] = comm.fenced_links();
-        rings[r] = comm.ring();
-        relays[r] = comm.relays();
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        error = e.what();
-      }
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
+  o.host_id = "storm";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
     });
-  for (auto& t : threads) t.join();
+    std::vector<std::int32_t> buf(10000);
+    for (int it = 0; it < 12; ++it) {
+      if (it == 6) {  // all ranks between collectives #6 and #7: the NVLink starts replaying
+        sync.arrive_and_wait();
+        if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+        sync.arrive_and_wait();
+      }
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    fences[r] = comm.fenced_links();
+    rings[r] = comm.ring();
+    relays[r] = comm.relays();
+  });
   ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
@@ -569,30 +542,17 @@ TEST_CASE("the background sampler reads the counter sources between collectives 
 
 TEST_CASE("the Prometheus text file shows the fenced link, its checksum errors and the epoch", "[health][prometheus]") {
   test::TempDir dir{"ringfence-prom"};
-  const std::string pattern = (dir.path() / "ringfence-{rank}.prom").string();
-  auto store = std::make_shared<InProcessStore>();
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::string error;
-  for (int r = 0; r < 4; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.chunk_bytes = 4096;
-        o.timeout = std::chrono::seconds(20);
-        o.checksum = true;
-        o.fault = "flip:rate=1e-4,link=0-1,seed=3";
-        o.health_prometheus = pattern;
-        o.host_id = "prom";
-        Communicator comm(store, r, 4, builtin_transports(), o);
-        std::vector<float> buf(30000, 1.0f);
-        for (int it = 0; it < 8; ++it) comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        error = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3";
+  o.health_prometheus = (dir.path() / "ringfence-{rank}.prom").string();
+  o.host_id = "prom";
+  const std::string error = test::run_ranks(4, o, [&](Communicator& comm) {
+    std::vector<float> buf(30000, 1.0f);
+    for (int it = 0; it < 8; ++it) comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+  });
   INFO(error);
   REQUIRE(error.empty());
   std::ifstream in(dir.path() / "ringfence-1.prom");

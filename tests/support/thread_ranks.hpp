@@ -1,0 +1,36 @@
+#pragma once
+// Thread ranks (gloo's spawn idea): `n` communicators in one process sharing an InProcessStore.
+#include <fmt/format.h>
+
+#include <functional>
+#include <mutex>
+#include <ringfence/communicator.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ringfence::test {
+
+// Runs `body(comm)` on `n` thread ranks built with `options`; returns the first error as
+// "rank R: message", or "" when every rank finished. Catch2 assertions are not thread-safe:
+// bodies record results (or throw) and the test thread asserts afterwards.
+inline std::string run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& body) {
+  auto store = std::make_shared<InProcessStore>();
+  std::mutex mutex;
+  std::string error;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator comm(store, r, n, builtin_transports(), options);
+        body(comm);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        if (error.empty()) error = fmt::format("rank {}: {}", r, e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  return error;
+}
+
+}  // namespace ringfence::test
