@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <mutex>
+#include <optional>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
 #include <ringfence/crc32c.hpp>
@@ -91,6 +91,8 @@ struct Communicator::Impl {
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
   std::uint64_t digest_mismatch_count = 0;
+  std::vector<std::uint8_t> votes;      // fence proposals, n x n; sized at setup
+  std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
   std::unique_ptr<detail::HealthMonitor> monitor;  // when links are mapped to hardware counters
 
   bool agreement_enabled() const noexcept {
@@ -101,22 +103,26 @@ struct Communicator::Impl {
   // n-vector, a max-allreduce gives everyone all digests, and the ranks that differ from the
   // majority are named. Same inputs everywhere, so every rank reports the same ranks.
   Status compare_digests(const void* out, std::size_t bytes, detail::Failure& failure) {
-    std::vector<std::uint64_t> digests(static_cast<std::size_t>(size), 0);
+    std::fill(digests.begin(), digests.end(), std::uint64_t{0});
     digests[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
     detail::EngineConfig config = engine;
     config.checksum = true;
     const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
     RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, digests.data(), digests.data(), digests.size(), max,
                                              detail::DirectWrite{}, relay_duties, failure));
-    std::map<std::uint64_t, int> votes;
-    for (auto d : digests) ++votes[d];
-    const auto majority = std::max_element(votes.begin(), votes.end(), [](auto& x, auto& y) { return x.second < y.second; });
-    if (majority->second == size) return Status::ok();
+    // The majority digest (ties: the lowest rank's); every rank computes the same.
+    std::uint64_t majority = digests[0];
+    int best = 0;
+    for (std::size_t i = 0; i < digests.size(); ++i) {
+      const int votes_for = static_cast<int>(std::count(digests.begin(), digests.end(), digests[i]));
+      if (votes_for > best) best = votes_for, majority = digests[i];
+    }
+    if (best == size) return Status::ok();
     ++digest_mismatch_count;
     std::string all;
     for (int r = 0; r < size; ++r) all += fmt::format("{}{}:{:08x}", r ? " " : "", r, digests[static_cast<std::size_t>(r)] & 0xffffffffu);
     for (int r = 0; r < size; ++r)
-      if (digests[static_cast<std::size_t>(r)] != majority->first) {
+      if (digests[static_cast<std::size_t>(r)] != majority) {
         log.error("collective #{}: rank {}'s result differs from the majority's (digests {})", seq, r, all);
         emit(HealthEvent{EventKind::DigestMismatch, rank, -1, -1, 0, 0, static_cast<std::uint64_t>(r), all, 0});
       }
@@ -253,6 +259,8 @@ struct Communicator::Impl {
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
     if (size == 1) return;
+    votes.resize(static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
+    digests.resize(static_cast<std::size_t>(size));
 
     // A channel to every peer (one host, small rank counts): re-planning the ring around a
     // fenced link then needs no new connections. With two ranks left == right: one channel
@@ -421,28 +429,26 @@ struct Communicator::Impl {
   // the same union, so every rank fences the same links and switches to the same ring before
   // the next collective. Returns Ok or the failure of the internal allreduce.
   Status agree(detail::Failure& failure) {
-    std::vector<std::uint8_t> votes(static_cast<std::size_t>(size) * static_cast<std::size_t>(size), 0);
+    // Proposals: links whose peer sent too many corrupted chunks, and mapped links whose
+    // hardware-counter policy says fence. `votes` is preallocated (n x n, upper triangle used).
+    std::fill(votes.begin(), votes.end(), std::uint8_t{0});
+    auto propose = [&](LinkId l, std::uint64_t count, const std::string& why) {
+      votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
+      log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
+      emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
+    };
     for (auto& ch : channels) {
       const std::uint64_t new_errors = ch->checksum_errors - ch->checksum_errors_judged;
+      ch->checksum_errors_judged = ch->checksum_errors;
       const LinkId l = LinkId::of(rank, ch->peer);
       if (new_errors > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, l.a, l.b, 0, 0, new_errors, {}, 0});
-      if (new_errors >= options.health_fence_checksum_errors) {
-        votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
-        emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, new_errors,
-                         fmt::format("{} corrupted chunks since the last agreement", new_errors), 0});
-        log.warn("proposing to fence link {}-{}: {} corrupted chunks from rank {} since the last agreement", l.a, l.b,
-                 ch->checksum_errors - ch->checksum_errors_judged, ch->peer);
-      }
-      ch->checksum_errors_judged = ch->checksum_errors;
+      if (new_errors >= options.health_fence_checksum_errors)
+        propose(l, new_errors, fmt::format("{} corrupted chunks from rank {} since the last agreement", new_errors, ch->peer));
     }
-    if (monitor) {
-      for (const auto& [l, why] : monitor->evaluate(std::chrono::steady_clock::now())) {
-        if (l.b >= size || std::find(fenced.begin(), fenced.end(), l) != fenced.end()) continue;
-        votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
-        log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
-        emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, 0, why, 0});
-      }
-    }
+    if (monitor)
+      for (const auto& [l, why] : monitor->evaluate(std::chrono::steady_clock::now()))
+        if (l.b < size && std::find(fenced.begin(), fenced.end(), l) == fenced.end()) propose(l, 0, why);
+
     detail::EngineConfig config = engine;
     config.checksum = true;  // the votes themselves must not be corrupted on the way
     const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
@@ -450,59 +456,47 @@ struct Communicator::Impl {
                                              detail::DirectWrite{}, relay_duties, failure));
     std::vector<LinkId> added;
     for (int a = 0; a < size; ++a)
-      for (int b = a + 1; b < size; ++b) {
-        const LinkId l{a, b};
-        if (votes[static_cast<std::size_t>(a * size + b)] && std::find(fenced.begin(), fenced.end(), l) == fenced.end())
-          added.push_back(l);
-      }
+      for (int b = a + 1; b < size; ++b)
+        if (votes[static_cast<std::size_t>(a * size + b)] && std::find(fenced.begin(), fenced.end(), LinkId{a, b}) == fenced.end())
+          added.push_back(LinkId{a, b});
     if (added.empty()) return Status::ok();
+
+    // Every rank holds the same union, so every rank computes the same plan. Prefer relays: the
+    // logical ring (and every element's reduction order) stays, so results stay bit-identical
+    // to the unfenced plan. Otherwise re-order the ring; with neither, fail everywhere alike.
     std::vector<LinkId> all = fenced;
     all.insert(all.end(), added.begin(), added.end());
-    std::string names;
-    for (const auto& l : added) names += fmt::format("{}{}-{}", names.empty() ? "" : ", ", l.a, l.b);
-    // Prefer relays: the logical ring (and every element's reduction order) stays as it is, so
-    // results stay bit-identical to the unfenced plan. Otherwise re-order the ring.
-    if (auto relay_plan = plan_relays(ring, all)) {
-      fenced = std::move(all);
-      for (const auto& l : added)
-        if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
-      std::vector<int> same = ring;
-      set_ring(std::move(same), std::move(*relay_plan));
-      ++epoch;
-      std::string via;
-      for (const auto& r : relays) via += fmt::format("{}{}->{}->{}", via.empty() ? "" : ", ", r.from, r.via, r.to);
-      for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
-      emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0,
-                       fmt::format("{}{}{}", fmt::join(ring, "-"), via.empty() ? "" : " relays ", via), 0});
-      log.warn("fenced link {} at collective #{}; epoch {}: ring {} kept, relays {}", names, seq, epoch, fmt::join(ring, "-"),
-               via.empty() ? "none" : via);
-      return Status::ok();
-    }
-    auto plan = plan_ring(size, all);
-    if (!plan) {
-      std::string every;
-      for (const auto& l : all) every += fmt::format("{}{}-{}", every.empty() ? "" : ", ", l.a, l.b);
-      const std::string message = fmt::format(
-          "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
-          "the fenced links {}; shrink the communicator or replace the hardware",
-          rank, names, size, every);
-      {
-        std::lock_guard lock(status_mutex);
-        failure_message = message;
-        this->failure = Status(ErrorCode::Fenced);
+    std::vector<int> next_ring = ring;
+    std::optional<std::vector<Relay>> next_relays = plan_relays(ring, all);
+    if (!next_relays) {
+      auto reordered = plan_ring(size, all);
+      if (!reordered) {
+        const std::string message = fmt::format(
+            "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
+            "the fenced links {}; shrink the communicator or replace the hardware",
+            rank, to_string(added), size, to_string(all));
+        {
+          std::lock_guard lock(status_mutex);
+          failure_message = message;
+          this->failure = Status(ErrorCode::Fenced);
+        }
+        log.error("{}", message);
+        for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
+        throw LinkFencedError(message, rank, added.front().a == rank ? added.front().b : added.front().a);
       }
-      log.error("{}", message);
-      for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
-      throw LinkFencedError(message, rank, added.front().a == rank ? added.front().b : added.front().a);
+      next_ring = std::move(*reordered);
+      next_relays.emplace();
     }
     fenced = std::move(all);
     for (const auto& l : added)
       if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
-    set_ring(std::move(*plan));
+    set_ring(std::move(next_ring), std::move(*next_relays));
     ++epoch;
+    const std::string plan = relays.empty() ? fmt::format("{}", fmt::join(ring, "-"))
+                                            : fmt::format("{} relays {}", fmt::join(ring, "-"), to_string(relays));
     for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
-    emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0, fmt::format("{}", fmt::join(ring, "-")), 0});
-    log.warn("fenced link {} at collective #{}; epoch {}: ring {}", names, seq, epoch, fmt::join(ring, "-"));
+    emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0, plan, 0});
+    log.warn("fenced link {} at collective #{}; epoch {}: ring {}", to_string(added), seq, epoch, plan);
     return Status::ok();
   }
 
@@ -731,10 +725,7 @@ HealthSnapshot Communicator::health() const {
 void Communicator::on_health_event(EventCallback callback) { impl_->event_callback = std::move(callback); }
 
 std::string HealthSnapshot::table() const {
-  std::string fences;
-  for (const auto& l : fenced) fences += fmt::format("{}{}-{}", fences.empty() ? "" : ", ", l.a, l.b);
-  std::string via;
-  for (const auto& r : relays) via += fmt::format("{}{}->{}->{}", via.empty() ? "" : ", ", r.from, r.via, r.to);
+  const std::string fences = to_string(fenced), via = to_string(relays);
   return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}, relays: {}\n{}", rank, sequence, epoch,
                      fmt::join(ring, "-"), fences.empty() ? "none" : fences, via.empty() ? "none" : via,
                      format_link_table(links));

@@ -122,7 +122,7 @@ struct Channel {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
-  std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0, retries_seen = 0;
+  std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
   std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement
 };

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <ringfence/plan.hpp>
 
@@ -79,6 +81,18 @@ std::optional<std::vector<Relay>> plan_relays(const std::vector<int>& ring, cons
     if (!found) return std::nullopt;
   }
   return relays;
+}
+
+std::string to_string(const std::vector<LinkId>& links) {
+  std::string out;
+  for (const auto& l : links) out += fmt::format("{}{}-{}", out.empty() ? "" : ", ", l.a, l.b);
+  return out;
+}
+
+std::string to_string(const std::vector<Relay>& relays) {
+  std::string out;
+  for (const auto& r : relays) out += fmt::format("{}{}->{}->{}", out.empty() ? "" : ", ", r.from, r.via, r.to);
+  return out;
 }
 
 }  // namespace ringfence

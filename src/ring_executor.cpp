@@ -11,8 +11,8 @@
 // Integrity (config.checksum): S also writes a trailer {crc32c, bytes, m} after the slot. R
 // verifies before consuming; on a mismatch it bumps nack[R] at S and waits for retry[S]. The
 // chunk to re-send is the one R is blocked on: number credit[R] (R consumed 0..m-1), so no
-// payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside every wait (so no cycle of waiting ranks can
-// form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
+// payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside
+// every wait (so no cycle of waiting ranks can form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
 // overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
 // call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
 #include <cstring>
@@ -104,7 +104,7 @@ class RingRunner {
           RelayDuty& d = relays_.duty[i];
           const std::uint32_t accepted = flags_.credit[d.out->peer].value.load(std::memory_order_acquire);
           if (d.in->received < relay_target_[i] || !reached(accepted, static_cast<std::uint32_t>(d.out->sent)) ||
-              d.credited != static_cast<std::uint32_t>(d.base_in) + (accepted - static_cast<std::uint32_t>(d.base_out)))
+              d.credited != sender_credit(d))
             pending = &d;
         }
         if (!pending) break;
@@ -187,10 +187,9 @@ class RingRunner {
   // returning from that call.
   Status publish_output_key() noexcept {
     Channel& ch = *left_;
-    // Header {length, crc32c(key)}: a key damaged in flight must be refused, never used as an
-    // address to write into.
-    // The call number rides along so a key that never arrived (a lossy link) cannot be mistaken
-    // for this call's: the previous call's buffer may be gone.
+    // Header {length, crc32c(key), call}: a key damaged in flight must be refused, never used as
+    // an address to write into, and the call number keeps a key that never arrived (a lossy
+    // link) from being mistaken for this call's: the previous call's buffer may be gone.
     ch.mail_header[0] = static_cast<std::uint32_t>(direct_.own_key.size());
     ch.mail_header[1] = crc32c(direct_.own_key.data(), direct_.own_key.size(), direct_.call);
     ch.mail_header[2] = direct_.call;
@@ -298,10 +297,7 @@ class RingRunner {
         ++in.received;
         RINGFENCE_TRY(drain(out, "completing a relayed chunk"));
       }
-      // Credits: the receiver accepted (credit - base_out) relayed chunks; the sender gets as many.
-      const std::uint32_t accepted = flags_.credit[out.peer].value.load(std::memory_order_acquire) -
-                                     static_cast<std::uint32_t>(d.base_out);
-      const std::uint32_t credit = static_cast<std::uint32_t>(d.base_in) + accepted;
+      const std::uint32_t credit = sender_credit(d);
       if (credit != d.credited && reached(static_cast<std::uint32_t>(in.received), credit)) {
         const Status s = in.link->signal(SignalOp{&in.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), credit, 0});
         if (!s.is_ok()) return fail(s, in, "passing a credit back to a relayed sender", in.received);
@@ -310,6 +306,14 @@ class RingRunner {
       }
     }
     return Status::ok();
+  }
+
+  // The credit a relayed sender is owed: the receiver accepted (credit - base_out) relayed
+  // chunks, and the sender's chunks map one to one onto them.
+  std::uint32_t sender_credit(const RelayDuty& d) const noexcept {
+    const std::uint32_t accepted = flags_.credit[d.out->peer].value.load(std::memory_order_acquire) -
+                                   static_cast<std::uint32_t>(d.base_out);
+    return static_cast<std::uint32_t>(d.base_in) + accepted;
   }
 
   // Re-sends every chunk the peer of `ch` reported corrupted since we last looked.
@@ -353,8 +357,8 @@ class RingRunner {
                                                 ++ch.nacks_sent, m});
       if (!s.is_ok()) return fail(s, ch, "requesting a re-send", m);
       RINGFENCE_TRY(drain(ch, "requesting a re-send"));
-      ++ch.retries_seen;
-      RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.retries_seen, "a re-sent chunk", m));
+      // One re-send answers each NACK, so the sender's re-send count reaches our NACK count.
+      RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m));
     }
   }
 

@@ -5,6 +5,7 @@
 /// same input, so ranks that agree on the fenced set agree on the ring.
 
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -43,5 +44,10 @@ struct Relay {
 /// share a directed link (each directed link carries one stream of chunks). An empty vector
 /// means nothing to relay.
 std::optional<std::vector<Relay>> plan_relays(const std::vector<int>& ring, const std::vector<LinkId>& fenced);
+
+/// "0-1, 2-3" (empty for no links).
+std::string to_string(const std::vector<LinkId>& links);
+/// "0->2->1, 2->0->3" (empty for no relays).
+std::string to_string(const std::vector<Relay>& relays);
 
 }  // namespace ringfence
