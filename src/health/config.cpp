@@ -25,24 +25,26 @@ bool parse(std::string_view text, T& out) {
 // One settable field: parses `value` into the options, or returns false.
 using Setter = std::function<bool(HealthOptions&, std::string_view)>;
 
-template <class T>
-Setter number(T HealthThresholds::*field) {
-  return [field](HealthOptions& o, std::string_view v) { return parse(v, o.thresholds.*field); };
+// The section of HealthOptions a field lives in.
+HealthThresholds& section(HealthOptions& o, HealthThresholds*) { return o.thresholds; }
+PolicyTimings& section(HealthOptions& o, PolicyTimings*) { return o.timings; }
+
+template <class Section, class T>
+Setter number(T Section::*field) {
+  return [field](HealthOptions& o, std::string_view v) { return parse(v, section(o, static_cast<Section*>(nullptr)).*field); };
 }
-Setter millis(std::chrono::milliseconds HealthThresholds::*field) {
-  return [field](HealthOptions& o, std::string_view v) {
-    long long ms = 0;
-    if (!parse(v, ms) || ms < 0) return false;
-    o.thresholds.*field = std::chrono::milliseconds(ms);
-    return true;
-  };
+
+// Durations are given in milliseconds (key suffix `_ms`); `min_ms` bounds them from below.
+bool parse_ms(std::string_view v, std::chrono::milliseconds& out, long long min_ms) {
+  long long ms = 0;
+  if (!parse(v, ms) || ms < min_ms) return false;
+  out = std::chrono::milliseconds(ms);
+  return true;
 }
-Setter timing(std::chrono::milliseconds PolicyTimings::*field) {
+template <class Section>
+Setter millis(std::chrono::milliseconds Section::*field) {
   return [field](HealthOptions& o, std::string_view v) {
-    long long ms = 0;
-    if (!parse(v, ms) || ms < 0) return false;
-    o.timings.*field = std::chrono::milliseconds(ms);
-    return true;
+    return parse_ms(v, section(o, static_cast<Section*>(nullptr)).*field, 0);
   };
 }
 
@@ -65,19 +67,13 @@ const std::vector<std::pair<std::string_view, Setter>>& table() {
       {"timeout_fence_count", number(&HealthThresholds::timeout_fence_count)},
       {"bandwidth_min_ratio", number(&HealthThresholds::bandwidth_min_ratio)},
       {"bandwidth_slow_for_ms", millis(&HealthThresholds::bandwidth_slow_for)},
-      {"suspect_clear_after_ms", timing(&PolicyTimings::suspect_clear_after)},
-      {"suspect_escalate_after_ms", timing(&PolicyTimings::suspect_escalate_after)},
-      {"fence_cooldown_ms", timing(&PolicyTimings::fence_cooldown)},
-      {"cooldown_backoff", [](HealthOptions& o, std::string_view v) { return parse(v, o.timings.cooldown_backoff); }},
-      {"max_fence_cooldown_ms", timing(&PolicyTimings::max_fence_cooldown)},
-      {"probation_duration_ms", timing(&PolicyTimings::probation_duration)},
-      {"window_ms",
-       [](HealthOptions& o, std::string_view v) {
-         long long ms = 0;
-         if (!parse(v, ms) || ms <= 0) return false;
-         o.window = std::chrono::milliseconds(ms);
-         return true;
-       }},
+      {"suspect_clear_after_ms", millis(&PolicyTimings::suspect_clear_after)},
+      {"suspect_escalate_after_ms", millis(&PolicyTimings::suspect_escalate_after)},
+      {"fence_cooldown_ms", millis(&PolicyTimings::fence_cooldown)},
+      {"cooldown_backoff", number(&PolicyTimings::cooldown_backoff)},
+      {"max_fence_cooldown_ms", millis(&PolicyTimings::max_fence_cooldown)},
+      {"probation_duration_ms", millis(&PolicyTimings::probation_duration)},
+      {"window_ms", [](HealthOptions& o, std::string_view v) { return parse_ms(v, o.window, 1); }},
       {"sysfs_root", [](HealthOptions& o, std::string_view v) { return !v.empty() && (o.sysfs_root = std::string(v), true); }},
       {"nvml_library",
        [](HealthOptions& o, std::string_view v) { return !v.empty() && (o.nvml_library = std::string(v), true); }},
