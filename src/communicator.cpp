@@ -152,6 +152,10 @@ struct Communicator::Impl {
   std::vector<std::pair<void*, Transport*>> allocations;
   void* flags_mem = nullptr;
   void* inbox_mem = nullptr;
+  void* scratch_mem = nullptr;                  // partial results in flight (engine.scratch)
+  std::vector<detail::Channel*> channel_of;     // by rank; null for ourselves
+  int group_depth = 0;                          // group_start() nesting
+  std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   detail::FlagBlock flags;
   std::uint64_t seq = 0;
   // Direct-write caches: our output buffers registered with the left link's transport, and the
@@ -273,6 +277,10 @@ struct Communicator::Impl {
     const std::size_t inbox_bytes = engine.slot_stride() * static_cast<std::size_t>(engine.slots);
     inbox_mem = allocate(inbox_bytes * channels.size());
     for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
+    scratch_mem = allocate(engine.slot_bytes * static_cast<std::size_t>(engine.slots + 1));
+    engine.scratch = static_cast<std::byte*>(scratch_mem);
+    channel_of.assign(static_cast<std::size_t>(size), nullptr);
+    for (auto& ch : channels) channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
 
     // 1. Publish who we are; learn who the neighbours are.
     store->set(fmt::format("peer/{}", rank), serialize(self));
@@ -537,6 +545,85 @@ struct Communicator::Impl {
     }
   }
 
+  // ---- argument checks shared by every call (InvalidUsage naming the argument and rank) ----
+  void check_type(const char* call, DataType type) const {
+    RINGFENCE_EXPECTS(is_valid(type), "rank {}: {}: invalid datatype value {}", rank, call, static_cast<int>(type));
+  }
+  void check_op(const char* call, ReduceOp op) const {
+    RINGFENCE_EXPECTS(is_valid(op), "rank {}: {}: invalid reduce op value {}", rank, call, static_cast<int>(op));
+  }
+  // Bytes of `count` elements times `blocks`, refusing overflow.
+  std::size_t bytes_of(const char* call, const char* what, std::size_t count, DataType type, std::size_t blocks = 1) const {
+    const std::size_t elem = size_of(type);
+    RINGFENCE_EXPECTS(count <= static_cast<std::size_t>(PTRDIFF_MAX) / elem / blocks,
+                      "rank {}: {}: {} {} of {} (x {} blocks) overflows the address space", rank, call, what, count, to_string(type),
+                      blocks);
+    return count * elem * blocks;
+  }
+  void check_pointer(const char* call, const char* what, const void* p, std::size_t bytes) const {
+    RINGFENCE_EXPECTS(bytes == 0 || p != nullptr, "rank {}: {}: {} is null with {} bytes to move", rank, call, what, bytes);
+  }
+  // Buffers must be disjoint, or `send` exactly at `in_place_at` (the call's in-place form).
+  void check_overlap(const char* call, const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes,
+                     const void* in_place_at) const {
+    if (send_bytes == 0 || recv_bytes == 0 || !send || !recv || send == in_place_at) return;
+    const auto a = reinterpret_cast<std::uintptr_t>(send), b = reinterpret_cast<std::uintptr_t>(recv);
+    RINGFENCE_EXPECTS(a + send_bytes <= b || b + recv_bytes <= a,
+                      "rank {}: {}: sendbuff {} ({} bytes) and recvbuff {} ({} bytes) overlap without being the in-place form{}",
+                      rank, call, send, send_bytes, recv, recv_bytes,
+                      in_place_at ? fmt::format(" (sendbuff == {})", in_place_at) : std::string(" (none for this call)"));
+  }
+  void check_root(const char* call, int root) const {
+    RINGFENCE_EXPECTS(root >= 0 && root < size, "rank {}: {}: root {} is out of range [0, {})", rank, call, root, size);
+  }
+  void check_peer(const char* call, int peer) const {
+    RINGFENCE_EXPECTS(peer >= 0 && peer < size, "rank {}: {}: peer {} is out of range [0, {})", rank, call, peer, size);
+  }
+  int position_of(int r) const noexcept {
+    return static_cast<int>(std::find(ring.begin(), ring.end(), r) - ring.begin());
+  }
+
+  // Every collective starts here: refuse a broken communicator or a call inside a group, count
+  // the call, and run the fence agreement when it is due.
+  void begin_collective(const char* call, const Communicator& self) {
+    check_usable(call);
+    RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
+    ++seq;
+    if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
+      detail::Failure failure;
+      if (!agree(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
+      if (!options.health_prometheus.empty()) write_prometheus(self.health());
+    }
+  }
+
+  void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer,
+                     const detail::DirectWrite& direct = detail::DirectWrite{}) {
+    detail::Failure failure;
+    const Status s = detail::run_ring(engine, flags, left, right, c, reducer, direct, relay_duties, failure);
+    if (!s.is_ok()) raise(call, failure);
+  }
+
+  void run_group(const char* call) {
+    if (group_ops.empty()) return;
+    detail::Failure failure;
+    const Status s = detail::run_p2p(engine, flags, channel_of.data(), group_ops.data(), group_ops.size(), failure);
+    group_ops.clear();
+    if (!s.is_ok()) raise(call, failure);
+  }
+
+  void queue_p2p(const char* call, bool is_send, const void* buf, std::size_t count, DataType type, int peer) {
+    check_usable(call);
+    check_type(call, type);
+    check_peer(call, peer);
+    const std::size_t bytes = bytes_of(call, "count", count, type);
+    check_pointer(call, "buf", buf, bytes);
+    if (bytes == 0) return;
+    RINGFENCE_EXPECTS(peer != rank || group_depth > 0,
+                      "rank {}: {}: a transfer to or from ourselves needs its match in the same group_start()/group_end()", rank, call);
+    group_ops.push_back(detail::P2POp{is_send, peer, static_cast<std::byte*>(const_cast<void*>(buf)), bytes, 0});
+    if (group_depth == 0) run_group(call);
+  }
+
   [[noreturn]] void raise(const char* call, const detail::Failure& f) {
     if (!f.aborted_by_peer) abort_peers(f.status.code(), f.peer);
     const auto* ch = f.peer >= 0 && f.peer != rank ? &channel_to(f.peer) : nullptr;
@@ -610,28 +697,16 @@ Status Communicator::async_error() const noexcept {
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
   Impl& m = *impl_;
-  m.check_usable("allreduce");
-  RINGFENCE_EXPECTS(is_valid(type), "rank {}: allreduce: invalid datatype value {}", m.rank, static_cast<int>(type));
-  RINGFENCE_EXPECTS(is_valid(op), "rank {}: allreduce: invalid reduce op value {}", m.rank, static_cast<int>(op));
-  const std::size_t elem = size_of(type);
-  RINGFENCE_EXPECTS(count <= static_cast<std::size_t>(PTRDIFF_MAX) / elem,
-                    "rank {}: allreduce: count {} of {} overflows the address space", m.rank, count, to_string(type));
-  const std::size_t bytes = count * elem;
-  if (count > 0) {
-    RINGFENCE_EXPECTS(send != nullptr, "rank {}: allreduce: sendbuff is null with count {}", m.rank, count);
-    RINGFENCE_EXPECTS(recv != nullptr, "rank {}: allreduce: recvbuff is null with count {}", m.rank, count);
-    const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
-    RINGFENCE_EXPECTS(s == r || s + bytes <= r || r + bytes <= s,
-                      "rank {}: allreduce: sendbuff {} and recvbuff {} overlap without being identical ({} bytes)", m.rank, send,
-                      recv, bytes);
-  }
+  const char* call = "allreduce";
+  m.check_usable(call);
+  m.check_type(call, type);
+  m.check_op(call, op);
+  const std::size_t bytes = m.bytes_of(call, "count", count, type);
+  m.check_pointer(call, "sendbuff", send, bytes);
+  m.check_pointer(call, "recvbuff", recv, bytes);
+  m.check_overlap(call, send, bytes, recv, bytes, recv);
   const Reducer reducer = host_reducer(type, op);
-  ++m.seq;
-  if (m.agreement_enabled() && m.seq % static_cast<std::uint64_t>(m.options.health_agree_every) == 0) {
-    detail::Failure failure;
-    if (!m.agree(failure).is_ok()) m.raise("fence agreement before allreduce", failure);
-    if (!m.options.health_prometheus.empty()) m.write_prometheus(health());
-  }
+  m.begin_collective(call, *this);
   detail::DirectWrite direct;
   // With checksums every chunk goes through staging: a corrupted chunk must land where it can
   // be verified and replaced, not in the output.
@@ -645,12 +720,123 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     direct.resolve = &Impl::resolve_remote;
     direct.ctx = &m;
   }
-  detail::Failure failure;
-  const Status s = detail::run_ring_allreduce(m.engine, m.flags, m.left, m.right, send, recv, count, reducer, direct,
-                                              m.relay_duties, failure);
-  if (!s.is_ok()) m.raise("allreduce", failure);
-  if (m.size > 1 && m.options.digest_every > 0 && m.seq % static_cast<std::uint64_t>(m.options.digest_every) == 0)
+  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct);
+  if (m.size > 1 && m.options.digest_every > 0 && m.seq % static_cast<std::uint64_t>(m.options.digest_every) == 0) {
+    detail::Failure failure;
     if (!m.compare_digests(recv, bytes, failure).is_ok()) m.raise("result digest comparison after allreduce", failure);
+  }
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
+  Impl& m = *impl_;
+  const char* call = "reduce_scatter";
+  m.check_usable(call);
+  m.check_type(call, type);
+  m.check_op(call, op);
+  const std::size_t recv_bytes = m.bytes_of(call, "recvcount", recvcount, type);
+  const std::size_t send_bytes = m.bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(m.size));
+  m.check_pointer(call, "sendbuff", send, send_bytes);
+  m.check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(m.rank) * recv_bytes : nullptr;
+  m.check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
+  const Reducer reducer = host_reducer(type, op);
+  m.begin_collective(call, *this);
+  m.run_ring_call(call, detail::RingCall{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0}, reducer);
+}
+
+void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type) {
+  Impl& m = *impl_;
+  const char* call = "allgather";
+  m.check_usable(call);
+  m.check_type(call, type);
+  const std::size_t send_bytes = m.bytes_of(call, "sendcount", sendcount, type);
+  const std::size_t recv_bytes = m.bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(m.size));
+  m.check_pointer(call, "sendbuff", send, send_bytes);
+  m.check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(m.rank) * send_bytes : nullptr;
+  m.check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
+  m.begin_collective(call, *this);
+  // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
+  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
+                  host_reducer(DataType::Uint8, ReduceOp::Sum));
+}
+
+void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
+  Impl& m = *impl_;
+  const char* call = "broadcast";
+  m.check_usable(call);
+  m.check_type(call, type);
+  m.check_root(call, root);
+  const std::size_t bytes = m.bytes_of(call, "count", count, type);
+  if (m.rank == root) m.check_pointer(call, "sendbuff (on the root)", send, bytes);
+  m.check_pointer(call, "recvbuff", recv, bytes);
+  if (m.rank == root) m.check_overlap(call, send, bytes, recv, bytes, recv);
+  m.begin_collective(call, *this);
+  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, m.position_of(root)},
+                  host_reducer(DataType::Uint8, ReduceOp::Sum));
+}
+
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
+  Impl& m = *impl_;
+  const char* call = "reduce";
+  m.check_usable(call);
+  m.check_type(call, type);
+  m.check_op(call, op);
+  m.check_root(call, root);
+  const std::size_t bytes = m.bytes_of(call, "count", count, type);
+  m.check_pointer(call, "sendbuff", send, bytes);
+  if (m.rank == root) {
+    m.check_pointer(call, "recvbuff (on the root)", recv, bytes);
+    m.check_overlap(call, send, bytes, recv, bytes, recv);
+  }
+  const Reducer reducer = host_reducer(type, op);
+  m.begin_collective(call, *this);
+  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Reduce, send, recv, count, m.position_of(root)}, reducer);
+}
+
+void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
+  Impl& m = *impl_;
+  const char* call = "alltoall";
+  m.check_usable(call);
+  m.check_type(call, type);
+  const std::size_t block = m.bytes_of(call, "count", count, type);
+  const std::size_t bytes = m.bytes_of(call, "count", count, type, static_cast<std::size_t>(m.size));
+  m.check_pointer(call, "sendbuff", send, bytes);
+  m.check_pointer(call, "recvbuff", recv, bytes);
+  m.check_overlap(call, send, bytes, recv, bytes, nullptr);
+  m.begin_collective(call, *this);
+  if (block == 0) return;
+  // A group of sends and receives: every pair exchanges its blocks side by side.
+  auto* in = static_cast<std::byte*>(const_cast<void*>(send));
+  auto* out = static_cast<std::byte*>(recv);
+  m.group_ops.clear();
+  for (int k = 0; k < m.size; ++k) {
+    const int to = (m.rank + k) % m.size, from = (m.rank - k + m.size) % m.size;
+    m.group_ops.push_back(detail::P2POp{true, to, in + static_cast<std::size_t>(to) * block, block, 0});
+    m.group_ops.push_back(detail::P2POp{false, from, out + static_cast<std::size_t>(from) * block, block, 0});
+  }
+  m.run_group(call);
+}
+
+void Communicator::send(const void* buf, std::size_t count, DataType type, int peer) {
+  impl_->queue_p2p("send", true, buf, count, type, peer);
+}
+
+void Communicator::recv(void* buf, std::size_t count, DataType type, int peer) {
+  impl_->queue_p2p("recv", false, buf, count, type, peer);
+}
+
+void Communicator::group_start() {
+  impl_->check_usable("group_start");
+  ++impl_->group_depth;
+}
+
+void Communicator::group_end() {
+  Impl& m = *impl_;
+  RINGFENCE_EXPECTS(m.group_depth > 0, "rank {}: group_end: no matching group_start()", m.rank);
+  if (--m.group_depth > 0) return;
+  m.check_usable("group_end");
+  m.run_group("group_end");
 }
 
 void Communicator::barrier() {
@@ -672,7 +858,7 @@ void Communicator::free(void* ptr) {
   if (!ptr) return;
   auto& a = impl_->allocations;
   const auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == ptr; });
-  RINGFENCE_EXPECTS(it != a.end() && ptr != impl_->flags_mem && ptr != impl_->inbox_mem,
+  RINGFENCE_EXPECTS(it != a.end() && ptr != impl_->flags_mem && ptr != impl_->inbox_mem && ptr != impl_->scratch_mem,
                     "rank {}: free: pointer {} was not returned by alloc()", impl_->rank, ptr);
   impl_->local_regs.clear();  // cached keys may describe the memory being freed
   std::erase_if(impl_->user_allocs, [&](auto& r) { return r.first == reinterpret_cast<std::uintptr_t>(ptr); });

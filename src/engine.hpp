@@ -169,7 +169,40 @@ struct EngineConfig {
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
   std::chrono::nanoseconds timeout{};
+  /// `slots + 1` x `slot_bytes` of scratch for partial results that are sent on, not kept.
+  std::byte* scratch = nullptr;
 };
+
+/// The ring collectives the executor runs (schedules in schedule.hpp).
+enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce };
+
+/// One ring call. `count`: allreduce/broadcast/reduce elements; reduce-scatter and allgather:
+/// elements per block. `root`: ring position of the root (broadcast, reduce).
+struct RingCall {
+  RingCollective kind = RingCollective::Allreduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  int root = 0;
+};
+
+/// One point-to-point transfer of a group.
+struct P2POp {
+  bool send = false;
+  int peer = -1;          ///< rank
+  std::byte* buf = nullptr;  ///< source (send) or destination (recv)
+  std::size_t bytes = 0;
+  std::size_t done = 0;   ///< bytes moved so far
+};
+
+/// Runs one ring collective over `left`/`right` (see `run_ring_allreduce`).
+Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
+                const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
+
+/// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
+/// ourselves). Never throws or allocates.
+Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
+               Failure& failure) noexcept;
 
 /// Runs one ring allreduce over `left`/`right` channels. Returns Ok, or an error with
 /// `failure` describing the peer and the wait. Never throws or allocates.

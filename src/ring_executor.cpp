@@ -15,7 +15,9 @@
 // every wait (so no cycle of waiting ranks can form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
 // overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
 // call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <ringfence/crc32c.hpp>
 
 #include "engine.hpp"
@@ -36,59 +38,179 @@ class RingRunner {
         relays_(relays),
         failure_(failure) {}
 
-  Status run(const void* send, void* recv, std::size_t count) noexcept {
+  // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
+  // relayed sender's schedule (to know how many of its chunks this call carries).
+  template <class Make>
+  Status run(Make make, const void* send, void* recv) noexcept {
     const std::size_t elem = reducer_.elem_size;
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
     // The schedule works on ring positions; flags and links on ranks.
-    RingAllreduceSchedule schedule(c_.position, c_.size, count, c_.slot_bytes / elem);
-    // Relays: how many chunks each relayed sender sends in this call (its schedule's sends).
-    for (int i = 0; i < relays_.count; ++i) {
-      RingAllreduceSchedule theirs(relays_.duty[i].sender_position, c_.size, count, c_.slot_bytes / elem);
-      std::uint64_t sends = 0;
-      for (Step st; theirs.next(st);) sends += is_send(st.kind) ? 1 : 0;
-      relay_target_[i] = relays_.duty[i].in->received + sends;
-    }
+    auto schedule = make(c_.position);
+    RINGFENCE_TRY(start_relays(make));
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
     Step step;
     while (schedule.next(step)) {
-      const std::size_t off = step.offset * elem, bytes = step.count * elem;
+      const std::size_t off = step.offset * elem, oo = step.out_offset * elem, bytes = step.count * elem;
       switch (step.kind) {
         case StepKind::CopyInput:
-          if (in != out) std::memcpy(out + off, in + off, bytes);
+          if (in + off != out + oo) std::memcpy(out + oo, in + off, bytes);
           break;
         case StepKind::SendInput: RINGFENCE_TRY(send_chunk(*right_, in + off, bytes)); break;
-        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(*right_, out + off, bytes)); break;
+        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes)); break;
         case StepKind::SendFinal:
           if (direct_.enabled) {
             if (!peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
             peer_out_known = true;
-            RINGFENCE_TRY(send_chunk(*right_, out + off, bytes, peer_out, off));  // peer_out null: staging
+            RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes, peer_out, oo));  // peer_out null: staging
           } else {
-            RINGFENCE_TRY(send_chunk(*right_, out + off, bytes));
+            RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes));
           }
           break;
+        case StepKind::RecvReduceSend: {
+          // Consume first, then send: a rank blocked on sending must not hold its inbox slot,
+          // or a ring of full one-slot links would deadlock. The partial result waits in a
+          // scratch slot tied to the outgoing message number m: slot m % (slots + 1) last held
+          // message m - slots - 1, accepted before m - 1 could be sent, so a re-send of any
+          // unaccepted message still finds its bytes.
+          const std::byte* slot = nullptr;
+          RINGFENCE_TRY(wait_chunk(*left_, slot, nullptr, bytes));
+          std::byte* tmp =
+              c_.scratch + static_cast<std::size_t>(right_->sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
+          reducer_.combine(tmp, slot, in + off, step.count, c_.size);
+          RINGFENCE_TRY(release_chunk(*left_));
+          RINGFENCE_TRY(send_chunk(*right_, tmp, bytes));
+          break;
+        }
         case StepKind::RecvReduce:
         case StepKind::RecvReduceLast:
         case StepKind::RecvCopy: {
           const bool landed_in_output = step.kind == StepKind::RecvCopy && own_out_direct;
           const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(*left_, slot, landed_in_output ? out + off : nullptr, bytes));
+          RINGFENCE_TRY(wait_chunk(*left_, slot, landed_in_output ? out + oo : nullptr, bytes));
           if (step.kind == StepKind::RecvCopy) {
-            if (!landed_in_output) std::memcpy(out + off, slot, bytes);
+            if (!landed_in_output) std::memcpy(out + oo, slot, bytes);
           } else if (step.kind == StepKind::RecvReduce) {
-            reducer_.combine(out + off, slot, in + off, step.count, c_.size);
+            reducer_.combine(out + oo, slot, in + off, step.count, c_.size);
           } else {
-            reducer_.finish(out + off, slot, in + off, step.count, c_.size);
+            reducer_.finish(out + oo, slot, in + off, step.count, c_.size);
           }
           RINGFENCE_TRY(release_chunk(*left_));
           break;
         }
       }
     }
+    return finish_call();
+  }
+
+  // Grouped point-to-point transfers (send/recv, alltoall): every op moves its bytes in
+  // slot-sized chunks over its peer's channel. Ops to the same peer in the same direction run
+  // one after the other in list order (so both ends agree on the message sequence); everything
+  // else progresses side by side without blocking, so no order of calls across ranks can
+  // deadlock. `channel_of[r]` is the channel to rank r.
+  Status run_p2p(Channel* const* channel_of, P2POp* ops, std::size_t n) noexcept {
+    nack_all_ = channel_of;
+    // Sends to ourselves pair with receives from ourselves, k-th with k-th.
+    for (std::size_t i = 0, j = 0; i < n; ++i) {
+      if (!ops[i].send || ops[i].peer != c_.rank) continue;
+      while (j < n && (ops[j].send || ops[j].peer != c_.rank)) ++j;
+      if (j == n || ops[j].bytes != ops[i].bytes)
+        return fail(Status(ErrorCode::InvalidUsage), self_channel_, "a matching receive from ourselves", 0);
+      if (ops[j].buf != ops[i].buf) std::memcpy(ops[j].buf, ops[i].buf, ops[i].bytes);
+      ops[i].done = ops[i].bytes;
+      ops[j].done = ops[j].bytes;
+      ++j;
+    }
+    if (c_.size == 1) return Status::ok();  // only transfers to ourselves (no channels exist)
+    const auto slots = static_cast<std::uint64_t>(c_.slots);
+    auto last_progress = std::chrono::steady_clock::now();
+    for (int idle = 0;;) {
+      bool progress = false, pending = false;
+      for (std::size_t i = 0; i < n; ++i) {
+        P2POp& op = ops[i];
+        if (op.done >= op.bytes) continue;
+        pending = true;
+        bool behind = false;  // an earlier op to the same peer and direction is unfinished
+        for (std::size_t k = 0; k < i && !behind; ++k)
+          behind = ops[k].send == op.send && ops[k].peer == op.peer && ops[k].done < ops[k].bytes;
+        if (behind) continue;
+        Channel& ch = *channel_of[op.peer];
+        const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+        if (op.send) {
+          if (ch.sent >= slots && !reached(flags_.credit[ch.peer].value.load(std::memory_order_acquire),
+                                           static_cast<std::uint32_t>(ch.sent + 1 - slots)))
+            continue;
+          RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len));
+        } else {
+          if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
+            continue;
+          const std::byte* slot = nullptr;
+          RINGFENCE_TRY(wait_chunk(ch, slot, nullptr, len));
+          std::memcpy(op.buf + op.done, slot, len);
+          RINGFENCE_TRY(release_chunk(ch));
+        }
+        op.done += len;
+        progress = true;
+      }
+      if (!pending) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (progress) {
+        last_progress = now;
+        idle = 0;
+        continue;
+      }
+      RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
+      if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
+      if (now - last_progress >= c_.timeout) {
+        for (std::size_t i = 0; i < n; ++i)
+          if (ops[i].done < ops[i].bytes) {
+            Channel& ch = *channel_of[ops[i].peer];
+            return fail(Status(ErrorCode::Timeout), ch, ops[i].send ? "a free staging slot (credit) for a send" : "data for a receive",
+                        ops[i].send ? ch.sent : ch.received);
+          }
+      }
+      // Nothing to do: yield a while (cheap when a peer is about to answer), then sleep briefly
+      // so oversubscribed ranks give their cores away.
+      if (++idle < 64) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(idle < 1024 ? 5 : 50));
+    }
+    // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
+    if (c_.checksum)
+      for (int r = 0; r < c_.size; ++r) {
+        Channel* ch = channel_of[r];
+        if (!ch || ch->sent == 0) continue;
+        RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
+                                ch->sent - 1));
+      }
+    return Status::ok();
+  }
+
+ private:
+  // Relay duties: how many chunks each relayed sender sends in this call (its schedule's
+  // sends), and the counter bases for passing credits back. Every earlier message on both
+  // channels was consumed and credited before this call (earlier calls end only then; a
+  // point-to-point call may have left sends to the receiver unaccepted: wait for them).
+  template <class Make>
+  Status start_relays(Make& make) noexcept {
+    for (int i = 0; i < relays_.count; ++i) {
+      RelayDuty& d = relays_.duty[i];
+      auto theirs = make(d.sender_position);
+      std::uint64_t sends = 0;
+      for (Step st; theirs.next(st);) sends += static_cast<std::uint64_t>(sends_of(st.kind));
+      relay_target_[i] = d.in->received + sends;
+      RINGFENCE_TRY(wait_flag(*d.out, flags_.credit[d.out->peer], static_cast<std::uint32_t>(d.out->sent),
+                              "acceptance of earlier chunks before relaying", d.out->sent));
+      d.base_in = d.in->received;
+      d.base_out = d.out->sent;
+      d.credited = static_cast<std::uint32_t>(d.base_in);
+    }
+    return Status::ok();
+  }
+
+  Status finish_call() noexcept {
     // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
     if (c_.checksum && c_.size > 1 && right_->sent > 0)
       RINGFENCE_TRY(wait_flag(*right_, flags_.credit[right_->peer], static_cast<std::uint32_t>(right_->sent),
@@ -121,7 +243,6 @@ class RingRunner {
     return Status::ok();
   }
 
- private:
   // A peer failed and told everyone (abort word): fail now with its error class, naming it.
   Status check_abort(const char* what, std::uint64_t message) noexcept {
     const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire);
@@ -146,7 +267,7 @@ class RingRunner {
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
       RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
-      if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
+      if (c_.checksum) RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
       if (relays_.count > 0) {
         RINGFENCE_TRY(service_relays());
         if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
@@ -262,6 +383,13 @@ class RingRunner {
     if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
     ch.sent = m + 1;
     return drain(ch, "completing a chunk");
+  }
+
+  // Point-to-point mode: any peer we sent to may ask for a re-send.
+  Status service_all_nacks() noexcept {
+    for (int r = 0; r < c_.size; ++r)
+      if (Channel* ch = nack_all_[r]) RINGFENCE_TRY(service_nacks(*ch));
+    return Status::ok();
   }
 
   // Forwards relayed chunks that arrived and fit, answers the receiver's NACKs, and passes the
@@ -380,14 +508,46 @@ class RingRunner {
   RelayDuties& relays_;
   Failure& failure_;
   std::uint64_t relay_target_[kMaxRelayDuties] = {};
+  Channel* const* nack_all_ = nullptr;  // point-to-point mode: channel per rank (null for ourselves)
+  Channel self_channel_;                // names ourselves in failures
 };
 
 }  // namespace
 
-Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
-                          const void* send, void* recv, std::size_t count, const Reducer& reducer,
-                          const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
-  return RingRunner(config, flags, left, right, reducer, direct, relays, failure).run(send, recv, count);
+Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
+                const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
+  RingRunner runner(config, flags, left, right, reducer, direct, relays, failure);
+  const std::size_t chunk = config.slot_bytes / reducer.elem_size;
+  const int n = config.size;
+  const std::size_t count = call.count;
+  switch (call.kind) {
+    case RingCollective::Allreduce:
+      return runner.run([&](int pos) { return RingAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
+    case RingCollective::ReduceScatter:
+      return runner.run([&](int pos) { return RingReduceScatterSchedule(pos, n, count, chunk); }, call.send, call.recv);
+    case RingCollective::Allgather:
+      return runner.run([&](int pos) { return RingAllgatherSchedule(pos, n, count, chunk); }, call.send, call.recv);
+    case RingCollective::Broadcast:
+      return runner.run([&](int pos) { return ChainBroadcastSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
+    case RingCollective::Reduce:
+      return runner.run([&](int pos) { return ChainReduceSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
+  }
+  return Status(ErrorCode::InvalidUsage);
+}
+
+Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const void* send, void* recv,
+                          std::size_t count, const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays,
+                          Failure& failure) noexcept {
+  return run_ring(config, flags, left, right, RingCall{RingCollective::Allreduce, send, recv, count, 0}, reducer, direct, relays,
+                  failure);
+}
+
+Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
+               Failure& failure) noexcept {
+  static constexpr Reducer kNoReduce{};
+  static constexpr DirectWrite kNoDirect{};
+  RelayDuties none;
+  return RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).run_p2p(channel_of, ops, n);
 }
 
 }  // namespace ringfence::detail

@@ -100,6 +100,44 @@ class Communicator {
   /// (user memory or `alloc()`ed). Every rank ends with bit-identical results.
   void allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
 
+  /// Reduce-scatter: `send` holds `size()` blocks of `recvcount` elements; rank r receives
+  /// block r reduced over every rank in `recv` (`recvcount` elements). In place (NCCL's
+  /// convention) when `recv == send + rank() * recvcount * size_of(type)`; otherwise the
+  /// buffers must not overlap.
+  void reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
+
+  /// Allgather: rank r's `send` (`sendcount` elements) becomes block r of every rank's `recv`
+  /// (`size()` blocks). In place when `send == recv + rank() * sendcount * size_of(type)`.
+  void allgather(const void* send, void* recv, std::size_t sendcount, DataType type);
+
+  /// Broadcast: `count` elements of the root's `send` land in every rank's `recv` (the root's
+  /// too; in place when they are equal). `send` is only read on the root and may be null
+  /// elsewhere.
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root);
+
+  /// Reduce: `count` elements reduced with `op` over every rank's `send` land in the root's
+  /// `recv` (only written on the root; may be null elsewhere). In place when `send == recv`.
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root);
+
+  /// All-to-all: block j (`count` elements) of rank r's `send` lands in block r of rank j's
+  /// `recv`; both hold `size()` blocks and must not overlap.
+  void alltoall(const void* send, void* recv, std::size_t count, DataType type);
+
+  /// Sends `count` elements to `peer` (which calls `recv` with the same count and type).
+  /// Outside a group the call returns once the data left for the peer's staging slots (large
+  /// messages wait for the peer to receive); inside `group_start()`/`group_end()` it is queued.
+  /// Sends to ourselves are allowed when a matching `recv` from ourselves is in the same group.
+  void send(const void* buf, std::size_t count, DataType type, int peer);
+  /// Receives `count` elements from `peer` into `buf`. See `send`.
+  void recv(void* buf, std::size_t count, DataType type, int peer);
+  /// Starts a group: `send`/`recv` calls are queued until the matching `group_end()`, which runs
+  /// them all at once, so any pattern (rings, exchanges, halos) completes without deadlock.
+  /// Groups nest; collectives inside a group are refused.
+  void group_start();
+  /// Ends a group; at the outermost level, runs the queued transfers and returns when all are
+  /// done. Operations between the same two ranks in the same direction match in call order.
+  void group_end();
+
   /// Returns when every rank has entered the barrier.
   void barrier();
 

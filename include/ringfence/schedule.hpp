@@ -18,20 +18,31 @@ enum class StepKind : std::uint8_t {
   RecvReduce,     ///< output[offset..] = inbox op input[offset..] (partial result)
   RecvReduceLast, ///< same, producing the final value (avg divides here)
   RecvCopy,       ///< output[offset..] = inbox (or nothing, when the sender wrote the output directly)
-  CopyInput,      ///< output[offset..] = input[offset..] (local, no peer)
+  CopyInput,      ///< output[out_offset..] = input[offset..] (local, no peer; nothing when they alias)
+  RecvReduceSend, ///< tmp = inbox op input[offset..]; send tmp to `to` (a partial result that is not kept)
 };
 
 /// True for the step kinds that send to `Step::peer`.
 constexpr bool is_send(StepKind kind) noexcept {
   return kind == StepKind::SendInput || kind == StepKind::SendOutput || kind == StepKind::SendFinal;
 }
+/// Messages a step sends (to `Step::peer` for sends, to `Step::to` for `RecvReduceSend`).
+constexpr int sends_of(StepKind kind) noexcept { return is_send(kind) || kind == StepKind::RecvReduceSend ? 1 : 0; }
+/// True for the step kinds that receive from `Step::peer`.
+constexpr bool is_recv(StepKind kind) noexcept {
+  return kind == StepKind::RecvReduce || kind == StepKind::RecvReduceLast || kind == StepKind::RecvCopy ||
+         kind == StepKind::RecvReduceSend;
+}
 
-/// One step of a schedule. Offsets and counts are in elements.
+/// One step of a schedule. Offsets and counts are in elements. Steps that read the input use
+/// `offset`; steps that read or write the output use `out_offset` (equal for allreduce).
 struct Step {
   StepKind kind = StepKind::CopyInput;
-  int peer = -1;            ///< peer rank for sends and receives, -1 for local steps
-  std::size_t offset = 0;   ///< element offset in input/output
+  int peer = -1;            ///< peer for sends and receives, -1 for local steps
+  std::size_t offset = 0;   ///< element offset in the input
   std::size_t count = 0;    ///< elements (> 0: empty steps are never produced)
+  std::size_t out_offset = 0;  ///< element offset in the output
+  int to = -1;              ///< `RecvReduceSend`: where the partial result goes
 };
 
 /// Element range [begin, begin + count) of segment `index` when `count` elements are split into
@@ -77,7 +88,7 @@ class RingAllreduceSchedule {
     if (size_ == 1) {
       if (done_single_ || count_ == 0) return false;
       done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_};
+      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
       return true;
     }
     // Position: chunk c, ring phase p in [0, 2(n-1)), half h (0 = send, 1 = receive).
@@ -114,7 +125,7 @@ class RingAllreduceSchedule {
       const std::size_t begin = c * chunk_;
       if (begin >= s.count) continue;  // this segment has no chunk c: skipped on both ends
       const std::size_t len = s.count - begin < chunk_ ? s.count - begin : chunk_;
-      out = Step{kind, recv ? left() : right(), s.begin + begin, len};
+      out = Step{kind, recv ? left() : right(), s.begin + begin, len, s.begin + begin};
       return true;
     }
     return false;
@@ -130,6 +141,162 @@ class RingAllreduceSchedule {
   std::size_t phase_ = 0;
   int half_ = 0;
   bool done_single_ = false;
+};
+
+/// Common shape of the ring schedules below: per pipeline chunk a fixed list of `per_chunk`
+/// steps; `make(chunk_begin, chunk_len, index, step)` fills step `index` (false: no such step
+/// for this rank). The chunk loop is outermost, so one chunk travels the whole ring before the
+/// next starts and each link carries the same message sequence at both ends.
+namespace detail {
+template <class Derived>
+class ChunkedRingSchedule {
+ public:
+  /// Left neighbour (receives come from it).
+  constexpr int left() const noexcept { return (rank_ + size_ - 1) % size_; }
+  /// Right neighbour (sends go to it).
+  constexpr int right() const noexcept { return (rank_ + 1) % size_; }
+  /// Number of pipeline chunks.
+  constexpr std::size_t chunks() const noexcept { return chunks_; }
+
+  /// Produces the next step; false when the schedule is finished.
+  constexpr bool next(Step& out) noexcept {
+    if (count_ == 0) return false;
+    if (size_ == 1) {
+      if (done_single_) return false;
+      done_single_ = true;
+      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
+      return true;
+    }
+    while (chunk_idx_ < chunks_) {
+      const std::size_t begin = chunk_idx_ * chunk_;
+      const std::size_t len = count_ - begin < chunk_ ? count_ - begin : chunk_;
+      const int index = index_;
+      if (++index_ == static_cast<const Derived*>(this)->per_chunk()) {
+        index_ = 0;
+        ++chunk_idx_;
+      }
+      if (static_cast<const Derived*>(this)->make(begin, len, index, out)) return true;
+    }
+    return false;
+  }
+
+ protected:
+  constexpr ChunkedRingSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : rank_(rank), size_(size), count_(count), chunk_(chunk_elems ? chunk_elems : 1), chunks_((count + chunk_ - 1) / chunk_) {}
+  /// (rank + delta) mod size for any delta > -size.
+  constexpr std::size_t seg(int delta) const noexcept {
+    return static_cast<std::size_t>(((rank_ + delta) % size_ + size_) % size_);
+  }
+  int rank_;
+  int size_;
+  std::size_t count_;
+  std::size_t chunk_;
+  std::size_t chunks_;
+
+ private:
+  std::size_t chunk_idx_ = 0;
+  int index_ = 0;
+  bool done_single_ = false;
+};
+}  // namespace detail
+
+/// Ring reduce-scatter: the input holds `size` blocks of `count` elements; rank r ends with
+/// block r reduced over all ranks in its output. Block b is reduced along the ring starting at
+/// rank b+1 and finished by rank b (n-1 messages per chunk on every link). Partial results are
+/// never stored: each arriving chunk is combined with the local block and sent on at once.
+class RingReduceScatterSchedule : public detail::ChunkedRingSchedule<RingReduceScatterSchedule> {
+ public:
+  /// `count`: elements per block (the output's length).
+  constexpr RingReduceScatterSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems) {}
+  /// Steps per chunk.
+  constexpr int per_chunk() const noexcept { return size_; }
+  /// Step `i` of the chunk [begin, begin + len) of every block.
+  constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
+    if (i == 0) {
+      out = Step{StepKind::SendInput, right(), seg(-1) * count_ + begin, len, 0};
+    } else if (i < size_ - 1) {
+      out = Step{StepKind::RecvReduceSend, left(), seg(-1 - i) * count_ + begin, len, 0, right()};
+    } else {
+      out = Step{StepKind::RecvReduceLast, left(), seg(0) * count_ + begin, len, begin};
+    }
+    return true;
+  }
+};
+
+/// Ring allgather: rank r's input (`count` elements) becomes block r of every rank's output
+/// (`size` blocks). Each block travels n-1 hops from its owner.
+class RingAllgatherSchedule : public detail::ChunkedRingSchedule<RingAllgatherSchedule> {
+ public:
+  /// `count`: elements per block (the input's length).
+  constexpr RingAllgatherSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems) {}
+  /// Steps per chunk: copy, send, then n-1 receives of which n-2 are forwarded.
+  constexpr int per_chunk() const noexcept { return 2 * size_ - 1; }
+  /// See `per_chunk`.
+  constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
+    if (i == 0) {
+      out = Step{StepKind::CopyInput, -1, begin, len, seg(0) * count_ + begin};
+    } else if (i == 1) {
+      out = Step{StepKind::SendInput, right(), begin, len, 0};
+    } else {
+      const int k = i / 2;  // hop: receive block r-k, forward it unless it went all the way round
+      const std::size_t o = seg(-k) * count_ + begin;
+      if (i % 2 == 0) out = Step{StepKind::RecvCopy, left(), 0, len, o};
+      else out = Step{StepKind::SendFinal, right(), 0, len, o};
+    }
+    return true;
+  }
+};
+
+/// Pipelined chain broadcast along the ring from `root`: the root sends its input to its
+/// right neighbour, every other rank stores and forwards, the root's left neighbour only stores.
+class ChainBroadcastSchedule : public detail::ChunkedRingSchedule<ChainBroadcastSchedule> {
+ public:
+  /// `root` is a ring position like `rank`.
+  constexpr ChainBroadcastSchedule(int rank, int size, int root, std::size_t count, std::size_t chunk_elems) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems), distance_((rank - root + size) % size) {}
+  /// Steps per chunk.
+  constexpr int per_chunk() const noexcept { return 2; }
+  /// See `per_chunk`.
+  constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
+    if (distance_ == 0) {
+      out = i == 0 ? Step{StepKind::CopyInput, -1, begin, len, begin} : Step{StepKind::SendInput, right(), begin, len, begin};
+      return true;
+    }
+    if (i == 0) {
+      out = Step{StepKind::RecvCopy, left(), begin, len, begin};
+      return true;
+    }
+    if (distance_ == size_ - 1) return false;
+    out = Step{StepKind::SendFinal, right(), begin, len, begin};
+    return true;
+  }
+
+ private:
+  int distance_;
+};
+
+/// Pipelined chain reduce along the ring into `root`: the root's right neighbour sends its
+/// input, every rank after it adds its own and forwards, the root finishes. Every element is
+/// reduced in the same ring order.
+class ChainReduceSchedule : public detail::ChunkedRingSchedule<ChainReduceSchedule> {
+ public:
+  /// `root` is a ring position like `rank`.
+  constexpr ChainReduceSchedule(int rank, int size, int root, std::size_t count, std::size_t chunk_elems) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems), distance_((rank - root - 1 + 2 * size) % size) {}
+  /// Steps per chunk.
+  constexpr int per_chunk() const noexcept { return 1; }
+  /// See `per_chunk`.
+  constexpr bool make(std::size_t begin, std::size_t len, int, Step& out) const noexcept {
+    if (distance_ == 0) out = Step{StepKind::SendInput, right(), begin, len, begin};
+    else if (distance_ < size_ - 1) out = Step{StepKind::RecvReduceSend, left(), begin, len, begin, right()};
+    else out = Step{StepKind::RecvReduceLast, left(), begin, len, begin};
+    return true;
+  }
+
+ private:
+  int distance_;
 };
 
 }  // namespace ringfence

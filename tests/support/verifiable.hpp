@@ -83,23 +83,44 @@ decltype(auto) with_type(DataType type, F&& f) {
   return f(std::uint8_t{});
 }
 
-// Fills `count` elements of rank `r`'s input.
-inline void fill_input(DataType type, ReduceOp op, int r, int n, void* buf, std::size_t count) {
+// Fills `count` elements of rank `r`'s input; element i holds the value of global index
+// `first + i` (blocks of reduce-scatter and alltoall use their offset in the whole vector).
+inline void fill_input(DataType type, ReduceOp op, int r, int n, void* buf, std::size_t count, std::size_t first = 0) {
   with_type(type, [&](auto tag) {
     using T = decltype(tag);
     auto* p = static_cast<T*>(buf);
-    for (std::size_t i = 0; i < count; ++i) p[i] = from_integer<T>(input_value(op, signed_like<T>(), r, n, i));
+    for (std::size_t i = 0; i < count; ++i) p[i] = from_integer<T>(input_value(op, signed_like<T>(), r, n, first + i));
   });
 }
 
-// Number of elements of `buf` that differ bitwise from the exact expected result.
-inline std::size_t count_wrong(DataType type, ReduceOp op, int n, const void* buf, std::size_t count) {
+// Number of elements of `buf` that differ bitwise from the exact expected result at global
+// indices [first, first + count).
+inline std::size_t count_wrong(DataType type, ReduceOp op, int n, const void* buf, std::size_t count, std::size_t first = 0) {
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
     const auto* p = static_cast<const T*>(buf);
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < count; ++i) {
-      const T want = expected_element<T>(op, n, i);
+      const T want = expected_element<T>(op, n, first + i);
+      if (std::memcmp(&p[i], &want, sizeof(T)) != 0) ++wrong;
+    }
+    return wrong;
+  });
+}
+
+// Data-movement collectives (allgather, broadcast, alltoall): rank `r`'s pattern at global
+// indices [first, first + count), distinct per rank and index (period 101).
+inline void fill_pattern(DataType type, int r, void* buf, std::size_t count, std::size_t first = 0) {
+  fill_input(type, ReduceOp::Max, r, 1, buf, count, first);
+}
+/// Elements of `buf` that differ from rank `r`'s pattern at [first, first + count).
+inline std::size_t count_wrong_pattern(DataType type, int r, const void* buf, std::size_t count, std::size_t first = 0) {
+  return with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* p = static_cast<const T*>(buf);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const T want = from_integer<T>(input_value(ReduceOp::Max, signed_like<T>(), r, 1, first + i));
       if (std::memcmp(&p[i], &want, sizeof(T)) != 0) ++wrong;
     }
     return wrong;

@@ -1,0 +1,218 @@
+// Reduce-scatter, allgather, broadcast and reduce schedules, simulated for n = 1..16 with
+// bounded message queues per ring link. Values carry their global element index (bits 20+) and
+// the set of contributing ranks (bits 0..15), so the simulation proves that every element ends
+// in the right place with every contribution exactly once, and that no schedule deadlocks.
+#include <deque>
+#include <functional>
+#include <ringfence/schedule.hpp>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+namespace {
+
+using Vec = std::vector<std::uint64_t>;
+constexpr std::uint64_t kMask = (std::uint64_t{1} << 20) - 1;
+constexpr std::uint64_t value(std::size_t index, int rank) { return std::uint64_t{index} << 20 | std::uint64_t{1} << rank; }
+
+std::uint64_t combine(std::uint64_t a, std::uint64_t b) {
+  REQUIRE((a >> 20) == (b >> 20));  // same element
+  REQUIRE((a & b & kMask) == 0);    // nobody contributes twice
+  return a | b;
+}
+
+struct World {
+  std::vector<Vec> in, out;
+};
+
+// Runs one schedule per rank (`make(rank)`), at most `slots` undelivered messages per link.
+// Returns false on deadlock.
+template <class Make>
+bool simulate(int n, World& w, std::size_t slots, Make make) {
+  using Schedule = decltype(make(0));
+  std::vector<Schedule> sched;
+  for (int r = 0; r < n; ++r) sched.push_back(make(r));
+  std::vector<std::deque<Vec>> queue(static_cast<std::size_t>(n));  // queue[r]: r -> r+1
+  std::vector<Step> pending(static_cast<std::size_t>(n));
+  std::vector<bool> has(static_cast<std::size_t>(n), false), done(static_cast<std::size_t>(n), false);
+  // RecvReduceSend consumes first (freeing the inbox slot), then waits for room to send.
+  std::vector<Vec> outgoing(static_cast<std::size_t>(n));
+  std::vector<bool> consumed(static_cast<std::size_t>(n), false);
+  int finished = 0;
+  while (finished < n) {
+    bool progress = false;
+    for (int r = 0; r < n; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto left = static_cast<std::size_t>((r + n - 1) % n);
+      Vec& in = w.in[ur];
+      Vec& out = w.out[ur];
+      while (!done[ur]) {
+        if (!has[ur]) {
+          if (!sched[ur].next(pending[ur])) {
+            done[ur] = true;
+            ++finished;
+            progress = true;
+            break;
+          }
+          has[ur] = true;
+        }
+        const Step& s = pending[ur];
+        REQUIRE(s.count > 0);
+        auto in_at = [&](std::size_t i) -> std::uint64_t& {
+          REQUIRE(s.offset + i < in.size());
+          return in[s.offset + i];
+        };
+        auto out_at = [&](std::size_t i) -> std::uint64_t& {
+          REQUIRE(s.out_offset + i < out.size());
+          return out[s.out_offset + i];
+        };
+        if (s.kind == StepKind::CopyInput) {
+          for (std::size_t i = 0; i < s.count; ++i) out_at(i) = in_at(i);
+        } else if (is_send(s.kind)) {
+          REQUIRE(s.peer == (r + 1) % n);
+          if (queue[ur].size() >= slots) break;
+          Vec m(s.count);
+          for (std::size_t i = 0; i < s.count; ++i) m[i] = s.kind == StepKind::SendInput ? in_at(i) : out_at(i);
+          queue[ur].push_back(std::move(m));
+        } else {
+          REQUIRE(s.peer == (r + n - 1) % n);
+          if (s.kind == StepKind::RecvReduceSend && consumed[ur]) {
+            REQUIRE(s.to == (r + 1) % n);
+            if (queue[ur].size() >= slots) break;
+            queue[ur].push_back(std::move(outgoing[ur]));
+            consumed[ur] = false;
+            has[ur] = false;
+            progress = true;
+            continue;
+          }
+          if (queue[left].empty()) break;
+          Vec m = std::move(queue[left].front());
+          queue[left].pop_front();
+          REQUIRE(m.size() == s.count);  // both ends agree on every message size
+          if (s.kind == StepKind::RecvCopy) {
+            for (std::size_t i = 0; i < s.count; ++i) out_at(i) = m[i];
+          } else if (s.kind == StepKind::RecvReduceSend) {
+            for (std::size_t i = 0; i < s.count; ++i) m[i] = combine(m[i], in_at(i));
+            outgoing[ur] = std::move(m);
+            consumed[ur] = true;
+            progress = true;
+            continue;  // the same step, now waiting to send
+          } else {
+            for (std::size_t i = 0; i < s.count; ++i) out_at(i) = combine(m[i], in_at(i));
+          }
+        }
+        has[ur] = false;
+        progress = true;
+      }
+    }
+    if (!progress) return false;
+  }
+  for (auto& q : queue) REQUIRE(q.empty());
+  return true;
+}
+
+const std::size_t kCounts[] = {0, 1, 2, 5, 13, 64, 100};
+const std::size_t kChunks[] = {1, 3, 16, std::size_t{1} << 20};
+const std::size_t kSlots[] = {1, 4};
+
+}  // namespace
+
+TEST_CASE("ring reduce-scatter schedule: rank r ends with block r reduced over all ranks", "[schedule]") {
+  for (int n = 1; n <= 16; ++n)
+    for (std::size_t count : kCounts)
+      for (std::size_t chunk : kChunks)
+        for (std::size_t slots : kSlots) {
+          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+          const auto un = static_cast<std::size_t>(n);
+          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t k = 0; k < un * count; ++k) w.in[static_cast<std::size_t>(r)].push_back(value(k, r));
+            w.out[static_cast<std::size_t>(r)].assign(count, 0);
+          }
+          REQUIRE(simulate(n, w, slots, [&](int r) { return RingReduceScatterSchedule(r, n, count, chunk); }));
+          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
+          for (int r = 0; r < n; ++r)
+            for (std::size_t j = 0; j < count; ++j)
+              REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{static_cast<std::size_t>(r) * count + j} << 20 | all));
+        }
+}
+
+TEST_CASE("ring allgather schedule: every rank ends with every block in place", "[schedule]") {
+  for (int n = 1; n <= 16; ++n)
+    for (std::size_t count : kCounts)
+      for (std::size_t chunk : kChunks)
+        for (std::size_t slots : kSlots) {
+          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+          const auto un = static_cast<std::size_t>(n);
+          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(static_cast<std::size_t>(r) * count + j, r));
+            w.out[static_cast<std::size_t>(r)].assign(un * count, 0);
+          }
+          REQUIRE(simulate(n, w, slots, [&](int r) { return RingAllgatherSchedule(r, n, count, chunk); }));
+          for (int r = 0; r < n; ++r)
+            for (int b = 0; b < n; ++b)
+              for (std::size_t j = 0; j < count; ++j) {
+                const std::size_t k = static_cast<std::size_t>(b) * count + j;
+                REQUIRE(w.out[static_cast<std::size_t>(r)][k] == value(k, b));
+              }
+        }
+}
+
+TEST_CASE("chain broadcast schedule: every rank ends with the root's data, nobody reads another input", "[schedule]") {
+  constexpr std::uint64_t poison = ~std::uint64_t{0};
+  for (int n = 1; n <= 16; ++n)
+    for (int root : {0, n / 2, n - 1})
+      for (std::size_t count : kCounts)
+        for (std::size_t chunk : kChunks)
+          for (std::size_t slots : kSlots) {
+            INFO("n=" << n << " root=" << root << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+            const auto un = static_cast<std::size_t>(n);
+            World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+            for (int r = 0; r < n; ++r) {
+              for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(r == root ? value(j, r) : poison);
+              w.out[static_cast<std::size_t>(r)].assign(count, 0);
+            }
+            REQUIRE(simulate(n, w, slots, [&](int r) { return ChainBroadcastSchedule(r, n, root, count, chunk); }));
+            for (int r = 0; r < n; ++r)
+              for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == value(j, root));
+          }
+}
+
+TEST_CASE("chain reduce schedule: the root ends with every contribution, others' outputs untouched", "[schedule]") {
+  for (int n = 1; n <= 16; ++n)
+    for (int root : {0, n / 2, n - 1})
+      for (std::size_t count : kCounts)
+        for (std::size_t chunk : kChunks)
+          for (std::size_t slots : kSlots) {
+            INFO("n=" << n << " root=" << root << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+            const auto un = static_cast<std::size_t>(n);
+            World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+            for (int r = 0; r < n; ++r) {
+              for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
+              w.out[static_cast<std::size_t>(r)].assign(count, 0);
+            }
+            REQUIRE(simulate(n, w, slots, [&](int r) { return ChainReduceSchedule(r, n, root, count, chunk); }));
+            const std::uint64_t all = (std::uint64_t{1} << n) - 1;
+            for (int r = 0; r < n; ++r)
+              for (std::size_t j = 0; j < count; ++j)
+                REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (r == root ? (std::uint64_t{j} << 20 | all) : 0));
+          }
+}
+
+TEST_CASE("ring schedules send n-1 messages per chunk on every link (relays count them)", "[schedule]") {
+  // Reduce-scatter: every rank sends n-1 messages per chunk (the first from its input, the
+  // rest as partial results); sends_of counts both kinds.
+  for (int n = 2; n <= 8; ++n) {
+    RingReduceScatterSchedule s(1 % n, n, 10, 3);
+    int sends = 0, recvs = 0;
+    for (Step st; s.next(st);) {
+      sends += sends_of(st.kind);
+      recvs += is_recv(st.kind) ? 1 : 0;
+    }
+    REQUIRE(sends == (n - 1) * 4);
+    REQUIRE(recvs == (n - 1) * 4);
+  }
+}
