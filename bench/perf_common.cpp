@@ -79,6 +79,7 @@ void print_usage(const char* program) {
       "  -o,--op <sum/prod/min/max/avg/all>     (default sum)\n"
       "  -d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/bfloat16/float/double/all>\n"
       "                                         (default float)\n"
+      "  -r,--root <root rank>                  broadcast and reduce (default 0)\n"
       "  -a,--average <0/1/2/3>                 time reported: rank 0/avg/min/max over ranks (default 3)\n"
       "  -m,--memory <user/alloc>               buffers: page-aligned heap memory, or the\n"
       "                                         communicator's allocator (default user)\n"
@@ -96,6 +97,7 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       {"check", required_argument, nullptr, 'c'},     {"op", required_argument, nullptr, 'o'},
       {"datatype", required_argument, nullptr, 'd'},  {"average", required_argument, nullptr, 'a'},
       {"memory", required_argument, nullptr, 'm'},    {"help", no_argument, nullptr, 'h'},
+      {"root", required_argument, nullptr, 'r'},
       {nullptr, 0, nullptr, 0}};
   PerfArgs args;
   ParseOutcome out;
@@ -107,7 +109,7 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
   ::opterr = verbose ? 1 : 0;
   ::optind = 1;
   for (;;) {
-    const int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:a:m:h", kLong, nullptr);
+    const int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:a:m:r:h", kLong, nullptr);
     if (c == -1) break;
     const std::string_view v = ::optarg ? ::optarg : "";
     switch (c) {
@@ -153,6 +155,9 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
         } else {
           return fail("-d", ::optarg, "int8, uint8, int32, uint32, int64, uint64, half, bfloat16, float, double or all");
         }
+        break;
+      case 'r':
+        if (auto s = parse_int(v, 0, 1 << 20)) args.root = *s; else return fail("-r", ::optarg, "a rank >= 0");
         break;
       case 'm':
         if (v == "user") args.memory = MemoryMode::User;
@@ -322,33 +327,6 @@ Pattern make_pattern(DataType t, ReduceOp op, int rank, int n) {
   return p;
 }
 
-// Tiles `period` over the first `count` elements of `buf`.
-void tile(void* buf, std::size_t count, const std::vector<std::byte>& period, std::size_t elem) {
-  auto* dst = static_cast<std::byte*>(buf);
-  const std::size_t bytes = count * elem;
-  for (std::size_t off = 0; off < bytes; off += period.size())
-    std::memcpy(dst + off, period.data(), std::min(period.size(), bytes - off));
-}
-
-// Number of elements of `buf` that differ bitwise from the tiled expectation; the first one's
-// index goes to `first_bad`.
-std::uint64_t count_wrong(const void* buf, std::size_t count, const Pattern& p, std::size_t& first_bad) {
-  const auto* got = static_cast<const std::byte*>(buf);
-  const std::size_t bytes = count * p.elem;
-  std::uint64_t wrong = 0;
-  for (std::size_t off = 0; off < bytes; off += p.expected.size()) {
-    const std::size_t n = std::min(p.expected.size(), bytes - off);
-    if (std::memcmp(got + off, p.expected.data(), n) == 0) continue;
-    for (std::size_t e = 0; e < n; e += p.elem) {
-      if (std::memcmp(got + off + e, p.expected.data() + e, p.elem) != 0) {
-        if (wrong == 0) first_bad = (off + e) / p.elem;
-        ++wrong;
-      }
-    }
-  }
-  return wrong;
-}
-
 // Formats element `i` of `buf` as a number (for the first-mismatch diagnostic).
 std::string element_string(const void* buf, std::size_t i, DataType t) {
   std::string s;
@@ -450,11 +428,11 @@ void print_ranks(Backend& b) {
   }
 }
 
-void print_header(const PerfArgs& a, Backend& b) {
+void print_header(Collective c, const PerfArgs& a, Backend& b) {
   if (b.rank == 0) {
-    std::printf("# %s all_reduce_perf: nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
+    std::printf("# %s %s_perf: nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
                 "validation: %d time: %s memory: %s\n",
-                b.name.c_str(), b.size, a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes,
+                b.name.c_str(), collective_name(c), b.size, a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes,
                 a.step_factor > 1 ? "factor" : "bytes", a.warmup, a.iters, a.check, aggregate_name(a.aggregate),
                 a.memory == MemoryMode::User ? "user" : "alloc");
     for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
@@ -494,46 +472,166 @@ struct Totals {
   std::size_t busbw_count = 0;
 };
 
+// Everything one row needs to run and check a collective: the periods of every rank's input
+// and of the reduced result, and the row's element counts.
+struct Row {
+  Collective c;
+  DataType type;
+  ReduceOp op;
+  int root;
+  std::size_t count;  // elements of the whole vector (the size column)
+  std::size_t per;    // elements per rank block (reduce-scatter, allgather, alltoall), else count
+  std::size_t elem;
+  const std::vector<std::vector<std::byte>>* inputs;  // [rank] one period of that rank's input
+  const std::vector<std::byte>* reduced;              // one period of the reduction of all inputs
+};
+
+// Writes `n` elements of `period` starting at global index `first` (tiled modulo kPeriod).
+void fill_from(void* buf, std::size_t n, const std::vector<std::byte>& period, std::size_t elem, std::size_t first) {
+  auto* dst = static_cast<std::byte*>(buf);
+  std::size_t i = 0;
+  while (i < n) {
+    const std::size_t j = (first + i) % kPeriod;
+    const std::size_t run = std::min(n - i, kPeriod - j);
+    std::memcpy(dst + i * elem, period.data() + j * elem, run * elem);
+    i += run;
+  }
+}
+
+// Elements of `buf` (n of them) that differ from `period` at global indices [first, first + n);
+// the first one's position in `buf` goes to `first_bad`.
+std::uint64_t wrong_in(const void* buf, std::size_t n, const std::vector<std::byte>& period, std::size_t elem, std::size_t first,
+                       std::size_t& first_bad, std::uint64_t wrong_so_far) {
+  const auto* got = static_cast<const std::byte*>(buf);
+  std::uint64_t wrong = 0;
+  std::size_t i = 0;
+  while (i < n) {
+    const std::size_t j = (first + i) % kPeriod;
+    const std::size_t run = std::min(n - i, kPeriod - j);
+    if (std::memcmp(got + i * elem, period.data() + j * elem, run * elem) != 0)
+      for (std::size_t k = 0; k < run; ++k)
+        if (std::memcmp(got + (i + k) * elem, period.data() + (j + k) * elem, elem) != 0) {
+          if (wrong_so_far + wrong == 0) first_bad = i + k;
+          ++wrong;
+        }
+    i += run;
+  }
+  return wrong;
+}
+
+// Buffers of one measurement: where the call reads and writes, and how to prepare them.
+struct Placement {
+  const void* src = nullptr;
+  void* dst = nullptr;
+};
+
+Placement place(const Row& w, int rank, bool in_place, void* send, void* recv) {
+  const std::size_t r = static_cast<std::size_t>(rank), bytes_per = w.per * w.elem;
+  auto* s = static_cast<std::byte*>(send);
+  auto* d = static_cast<std::byte*>(recv);
+  if (!in_place) return {send, recv};
+  switch (w.c) {
+    case Collective::ReduceScatter: return {s, s + r * bytes_per};  // result lands in our own block
+    case Collective::AllGather: return {d + r * bytes_per, d};     // our block of the output is the input
+    default: return {recv, recv};
+  }
+}
+
+// Fills the input of one measurement (every check run starts from fresh data).
+void prepare(const Row& w, int rank, bool in_place, const Placement& at, void* recv) {
+  const auto& mine = (*w.inputs)[static_cast<std::size_t>(rank)];
+  const std::size_t r = static_cast<std::size_t>(rank);
+  void* src = const_cast<void*>(at.src);
+  switch (w.c) {
+    case Collective::AllGather: fill_from(src, w.per, mine, w.elem, r * w.per); break;
+    default: fill_from(src, w.count, mine, w.elem, 0);  // the whole vector (or all blocks)
+  }
+  if (!in_place) {  // sentinel: elements never written show up as wrong
+    const std::size_t out_elems = w.c == Collective::ReduceScatter ? w.per : w.count;
+    std::memset(recv, 0xa5, out_elems * w.elem);
+  }
+}
+
+void invoke(const Row& w, Backend& b, const Placement& at) {
+  const int n = b.size;
+  switch (w.c) {
+    case Collective::AllReduce: b.allreduce(at.src, at.dst, w.count, w.type, w.op); break;
+    case Collective::ReduceScatter: b.reduce_scatter(at.src, at.dst, w.per, w.type, w.op); break;
+    case Collective::AllGather: b.all_gather(at.src, at.dst, w.per, w.type); break;
+    case Collective::Broadcast: b.broadcast(at.src, at.dst, w.count, w.type, w.root); break;
+    case Collective::Reduce: b.reduce(at.src, at.dst, w.count, w.type, w.op, w.root); break;
+    case Collective::AllToAll: b.all_to_all(at.src, at.dst, w.per, w.type); break;
+    case Collective::SendRecv: b.send_recv(at.src, at.dst, w.count, w.type, (b.rank + 1) % n, (b.rank + n - 1) % n); break;
+  }
+}
+
+// Wrong elements of this rank's output.
+std::uint64_t verify(const Row& w, int rank, int n, const Placement& at, std::size_t& first_bad) {
+  const std::size_t r = static_cast<std::size_t>(rank);
+  const auto& in = *w.inputs;
+  auto* out = static_cast<const std::byte*>(at.dst);
+  switch (w.c) {
+    case Collective::AllReduce: return wrong_in(out, w.count, *w.reduced, w.elem, 0, first_bad, 0);
+    case Collective::ReduceScatter: return wrong_in(out, w.per, *w.reduced, w.elem, r * w.per, first_bad, 0);
+    case Collective::Reduce: return rank == w.root ? wrong_in(out, w.count, *w.reduced, w.elem, 0, first_bad, 0) : 0;
+    case Collective::Broadcast: return wrong_in(out, w.count, in[static_cast<std::size_t>(w.root)], w.elem, 0, first_bad, 0);
+    case Collective::SendRecv:
+      return wrong_in(out, w.count, in[static_cast<std::size_t>((rank + n - 1) % n)], w.elem, 0, first_bad, 0);
+    case Collective::AllGather:
+    case Collective::AllToAll: {
+      std::uint64_t wrong = 0;
+      for (std::size_t s = 0; s < static_cast<std::size_t>(n); ++s) {
+        // allgather: block s is rank s's input at [s*per, ...); alltoall: rank s's block r of its
+        // send buffer, i.e. its input at [r*per, ...).
+        const std::size_t first = w.c == Collective::AllGather ? s * w.per : r * w.per;
+        std::size_t bad = 0;
+        const std::uint64_t k = wrong_in(out + s * w.per * w.elem, w.per, in[s], w.elem, first, bad, 0);
+        if (k && wrong == 0) first_bad = s * w.per + bad;
+        wrong += k;
+      }
+      return wrong;
+    }
+  }
+  return 0;
+}
+
 // One measurement (out-of-place or in-place) of one row: warm-up, timed loop, then `check`
 // verified runs. Prints its four columns on rank 0.
-void measure(const PerfArgs& a, Backend& b, const Pattern& p, DataType type, ReduceOp op, std::size_t count,
-             bool in_place, void* send, void* recv, Totals& totals) {
-  const std::size_t bytes = count * p.elem;
-  const void* src = in_place ? recv : send;
-  if (a.check != 0) {  // time on realistic data, not on the zeros of the pre-fault
-    tile(send, count, p.input, p.elem);
-    if (in_place) std::memcpy(recv, send, bytes);
+void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, void* send, void* recv, Totals& totals) {
+  const std::string unsupported = in_place && b.in_place_unsupported ? b.in_place_unsupported(w.c) : std::string();
+  if (!unsupported.empty()) {
+    if (b.rank == 0) std::printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
+    return;
   }
-  for (int i = 0; i < a.warmup; ++i) b.allreduce(src, recv, count, type, op);
+  const Placement at = place(w, b.rank, in_place, send, recv);
+  if (a.check != 0) prepare(w, b.rank, in_place, at, recv);  // time on realistic data, not on zeros
+  for (int i = 0; i < a.warmup; ++i) invoke(w, b, at);
   b.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.iters; ++i) b.allreduce(src, recv, count, type, op);
+  for (int i = 0; i < a.iters; ++i) invoke(w, b, at);
   const auto t1 = std::chrono::steady_clock::now();
   const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters;
   const double us = aggregate_time(b, local_us, a.aggregate);
 
   std::uint64_t wrong = 0;
   for (int c = 0; c < a.check; ++c) {
-    tile(send, count, p.input, p.elem);
-    if (in_place) std::memcpy(recv, send, bytes);
-    else std::memset(recv, 0xa5, bytes);  // sentinel: elements never written show up as wrong
-    b.allreduce(src, recv, count, type, op);
+    prepare(w, b.rank, in_place, at, recv);
+    invoke(w, b, at);
     std::size_t first_bad = 0;
-    std::uint64_t local = count_wrong(recv, count, p, first_bad);
+    std::uint64_t local = verify(w, b.rank, b.size, at, first_bad);
     if (local != 0) {
-      std::fprintf(stderr, "# rank %d: %s %s count %zu %s: %llu wrong elements, first at %zu: got %s expected %s\n",
-                   b.rank, str(to_string(type)).c_str(), str(to_string(op)).c_str(), count,
+      std::fprintf(stderr, "# rank %d: %s %s %s count %zu %s: %llu wrong elements, first at %zu: got %s\n", b.rank,
+                   collective_name(w.c), str(to_string(w.type)).c_str(), str(to_string(w.op)).c_str(), w.count,
                    in_place ? "in-place" : "out-of-place", static_cast<unsigned long long>(local), first_bad,
-                   element_string(recv, first_bad, type).c_str(),
-                   element_string(p.expected.data(), first_bad % kPeriod, type).c_str());
+                   element_string(at.dst, first_bad, w.type).c_str());
     }
     b.allreduce(&local, &wrong, 1, DataType::Uint64, ReduceOp::Sum);
     if (wrong != 0) break;  // like nccl-tests: the first failing check ends the loop
   }
 
   const double sec = us * 1e-6;
-  const double algbw = sec > 0.0 ? static_cast<double>(bytes) / 1e9 / sec : 0.0;
-  const double busbw = b.size > 0 ? algbw * 2.0 * (b.size - 1) / b.size : 0.0;
+  const double algbw = sec > 0.0 ? static_cast<double>(w.count * w.elem) / 1e9 / sec : 0.0;
+  const double busbw = algbw * busbw_factor(w.c, b.size);
   totals.wrong += wrong;
   totals.busbw_sum += busbw;
   ++totals.busbw_count;
@@ -545,17 +643,71 @@ void measure(const PerfArgs& a, Backend& b, const Pattern& p, DataType type, Red
   }
 }
 
+bool offered(Collective c, const Backend& b) {
+  switch (c) {
+    case Collective::AllReduce: return static_cast<bool>(b.allreduce);
+    case Collective::ReduceScatter: return static_cast<bool>(b.reduce_scatter);
+    case Collective::AllGather: return static_cast<bool>(b.all_gather);
+    case Collective::Broadcast: return static_cast<bool>(b.broadcast);
+    case Collective::Reduce: return static_cast<bool>(b.reduce);
+    case Collective::AllToAll: return static_cast<bool>(b.all_to_all);
+    case Collective::SendRecv: return static_cast<bool>(b.send_recv);
+  }
+  return false;
+}
+
 }  // namespace
 
-int run_all_reduce_perf(const PerfArgs& a, Backend& b) {
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllGather: return "all_gather";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Reduce: return "reduce";
+    case Collective::AllToAll: return "alltoall";
+    case Collective::SendRecv: return "sendrecv";
+  }
+  return "?";
+}
+
+bool has_op(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+
+double busbw_factor(Collective c, int ranks) {
+  const double n = ranks;
+  switch (c) {
+    case Collective::AllReduce: return 2.0 * (n - 1) / n;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+    case Collective::AllToAll: return (n - 1) / n;
+    case Collective::Broadcast:
+    case Collective::Reduce:
+    case Collective::SendRecv: return 1.0;
+  }
+  return 1.0;
+}
+
+int run_perf(Collective c, const PerfArgs& a, Backend& b) {
   if (a.memory == MemoryMode::Alloc && !b.alloc) {
     if (b.rank == 0) std::fprintf(stderr, "# -m alloc is not supported by %s\n", b.name.c_str());
     return 2;
   }
-  print_header(a, b);
+  if (!offered(c, b)) {
+    if (b.rank == 0) std::fprintf(stderr, "# %s is not offered by %s\n", collective_name(c), b.name.c_str());
+    return 2;
+  }
+  if ((c == Collective::Broadcast || c == Collective::Reduce) && a.root >= b.size) {
+    if (b.rank == 0) std::fprintf(stderr, "# -r %d: root must be below the rank count %d\n", a.root, b.size);
+    return 2;
+  }
+  print_header(c, a, b);
   Buffer send(a.max_bytes, a.memory, b);
   Buffer recv(a.max_bytes, a.memory, b);
   const std::vector<std::size_t> sizes = sizes_of(a);
+  const bool blocks = c == Collective::ReduceScatter || c == Collective::AllGather || c == Collective::AllToAll;
+  const auto n = static_cast<std::size_t>(b.size);
   Totals totals;
   for (DataType type : a.types) {
     const std::string why = b.unsupported ? b.unsupported(type) : std::string();
@@ -564,15 +716,27 @@ int run_all_reduce_perf(const PerfArgs& a, Backend& b) {
       continue;
     }
     const std::size_t elem = size_of(type);
-    for (ReduceOp op : a.ops) {
-      const Pattern p = make_pattern(type, op, b.rank, b.size);
+    // Data-movement collectives run once per type with the min/max pattern (101 values: a
+    // misplaced element is caught), the others once per op.
+    const std::vector<ReduceOp> ops = has_op(c) ? a.ops : std::vector<ReduceOp>{ReduceOp::Max};
+    for (ReduceOp op : ops) {
+      std::vector<std::vector<std::byte>> inputs(n);
+      std::vector<std::byte> reduced;
+      for (std::size_t r = 0; r < n; ++r) {
+        Pattern p = make_pattern(type, op, static_cast<int>(r), b.size);
+        inputs[r] = std::move(p.input);
+        if (r == 0) reduced = std::move(p.expected);
+      }
       for (std::size_t size : sizes) {
-        const std::size_t count = size / elem;
+        std::size_t count = size / elem;
+        if (blocks) count = count / n * n;
+        const Row w{c, type, op, a.root, count, blocks ? count / n : count, elem, &inputs, &reduced};
         if (b.rank == 0)
           std::printf("%12zu  %12zu  %8s  %6s  %6i", count * elem, count, str(to_string(type)).c_str(),
-                      str(to_string(op)).c_str(), -1);
-        measure(a, b, p, type, op, count, false, send.get(), recv.get(), totals);
-        measure(a, b, p, type, op, count, true, send.get(), recv.get(), totals);
+                      has_op(c) ? str(to_string(op)).c_str() : "none",
+                      c == Collective::Broadcast || c == Collective::Reduce ? a.root : -1);
+        measure(a, b, w, false, send.get(), recv.get(), totals);
+        measure(a, b, w, true, send.get(), recv.get(), totals);
         if (b.rank == 0) {
           std::printf("\n");
           std::fflush(stdout);
@@ -590,6 +754,8 @@ int run_all_reduce_perf(const PerfArgs& a, Backend& b) {
   }
   return totals.wrong ? 1 : 0;
 }
+
+int run_all_reduce_perf(const PerfArgs& a, Backend& b) { return run_perf(Collective::AllReduce, a, b); }
 
 void divide_by_ranks(void* data, std::size_t count, DataType type, int ranks) {
   dispatch(type, [&]<class T>() {

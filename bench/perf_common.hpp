@@ -26,6 +26,17 @@ enum class MemoryMode {
 /// How per-rank times combine into the reported time (`-a`, nccl-tests numbering).
 enum class TimeAggregate { Rank0 = 0, Avg = 1, Min = 2, Max = 3 };
 
+/// The collectives the drivers measure (one program each, nccl-tests names).
+enum class Collective { AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, AllToAll, SendRecv };
+
+/// nccl-tests program stem ("all_reduce", "reduce_scatter", ...).
+const char* collective_name(Collective c);
+/// True for the collectives that take a reduction op (the others print "none").
+bool has_op(Collective c);
+/// nccl-tests' bus-bandwidth factor: 2(n-1)/n allreduce; (n-1)/n reduce-scatter, allgather,
+/// alltoall; 1 broadcast, reduce, sendrecv.
+double busbw_factor(Collective c, int ranks);
+
 /// Parsed command line. Sizes in bytes; defaults are nccl-tests' except `warmup` (5) and
 /// `aggregate` (max over ranks: the slowest rank bounds a collective).
 struct PerfArgs {
@@ -40,6 +51,7 @@ struct PerfArgs {
   MemoryMode memory = MemoryMode::User;            ///< -m
   std::vector<DataType> types{DataType::Float32};  ///< -d
   std::vector<ReduceOp> ops{ReduceOp::Sum};        ///< -o
+  int root = 0;                                    ///< -r root of broadcast and reduce
 };
 
 /// Result of `parse_args`: the arguments, or the exit code to return at once (0 after `-h`,
@@ -49,7 +61,7 @@ struct ParseOutcome {
   int exit_code = 0;
 };
 
-/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -m -h`, plus their long forms).
+/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -r -m -h`, plus their long forms).
 /// Sizes accept K/M/G (binary) suffixes. Prints help (stdout) or errors (stderr) only when
 /// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
@@ -65,6 +77,17 @@ struct Backend {
   /// Also carries the driver's own reductions (times: float64 min/max/sum; wrong counts:
   /// uint64 sum; header data: int64 sum, uint8 max), so it must support those at least.
   std::function<void(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op)> allreduce;
+  /// The other collectives, ringfence's (NCCL's) argument conventions; unset = not offered.
+  /// reduce_scatter: `recvcount` per rank; allgather: `sendcount`; alltoall: `count` per peer.
+  std::function<void(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op)> reduce_scatter;
+  std::function<void(const void* send, void* recv, std::size_t sendcount, DataType type)> all_gather;
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type, int root)> broadcast;
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root)> reduce;
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type)> all_to_all;
+  /// Sends `count` elements to rank `to` while receiving as many from rank `from`.
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type, int to, int from)> send_recv;
+  /// Why the in-place form of `c` cannot run (empty or unset = it can); its columns print N/A.
+  std::function<std::string(Collective c)> in_place_unsupported;
   /// Returns once every rank has entered it.
   std::function<void()> barrier;
   /// Why `type` cannot be benchmarked (empty or unset = supported).
@@ -77,9 +100,13 @@ struct Backend {
   std::vector<std::string> notes;
 };
 
-/// Runs the allreduce benchmark over every (type, op, size) of `args` and prints the
-/// nccl-tests table on rank 0's stdout. Returns the process exit code: 0, or 1 when any
-/// element was wrong. Throws whatever the backend throws, and `std::bad_alloc`.
+/// Runs the benchmark of `c` over every (type, op, size) of `args` and prints the nccl-tests
+/// table on rank 0's stdout. Sizes are the total bytes of the row (nccl-tests: the whole
+/// vector, e.g. every rank's blocks for reduce-scatter). Returns the process exit code: 0, or
+/// 1 when any element was wrong. Throws whatever the backend throws, and `std::bad_alloc`.
+int run_perf(Collective c, const PerfArgs& args, Backend& backend);
+
+/// `run_perf(Collective::AllReduce, ...)`.
 int run_all_reduce_perf(const PerfArgs& args, Backend& backend);
 
 /// Finishes an average for backends without a native one: divides each of `count` summed

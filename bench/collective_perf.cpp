@@ -1,0 +1,114 @@
+// <collective>_perf: nccl-tests-compatible benchmarks of ringfence's collectives. One source,
+// compiled once per collective (RINGFENCE_PERF_COLLECTIVE names the enumerator):
+//
+//   build/bin/ringfence-run -n 4 build/bin/all_reduce_perf -b 8 -e 64M -f 4 -d all -o all
+//   build/bin/ringfence-run -n 4 build/bin/reduce_scatter_perf -b 8 -e 64M -f 4 -d all -o all
+//   build/bin/ringfence-run -n 4 build/bin/broadcast_perf -b 8 -e 64M -f 4 -r 1
+//
+// The table, flags and checks are shared with the mpi_*_perf programs (perf_common.hpp); this
+// file only wires a ringfence Communicator into the driver.
+#include <cstdio>
+#include <exception>
+#include <ringfence/ringfence.hpp>
+#include <string>
+#include <vector>
+
+#include "perf_common.hpp"
+
+#ifndef RINGFENCE_PERF_COLLECTIVE
+#define RINGFENCE_PERF_COLLECTIVE AllReduce
+#endif
+
+namespace {
+
+namespace rf = ringfence;
+namespace bench = ringfence::bench;
+
+constexpr bench::Collective kCollective = bench::Collective::RINGFENCE_PERF_COLLECTIVE;
+
+// The launcher's rank, read before the communicator exists so that only rank 0 prints help
+// and usage errors. Falls back to 0 (a plain, unlaunched run).
+int launcher_rank() {
+  const rf::Environment env = rf::Environment::from_process();
+  for (const char* name : {"RINGFENCE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"}) {
+    if (const auto v = env.get(name)) {
+      try {
+        return std::stoi(*v);
+      } catch (const std::exception&) {
+        return 0;
+      }
+    }
+  }
+  return 0;
+}
+
+// "peer:transport" of each of rank 0's links, plus the options that shape the data path.
+std::vector<std::string> describe(const rf::Communicator& comm) {
+  const rf::CommOptions& o = comm.options();
+  std::vector<std::string> notes;
+  notes.push_back("ringfence options: chunk_bytes " + std::to_string(o.chunk_bytes) + " slots " + std::to_string(o.slots) +
+                  " timeout_ms " + std::to_string(o.timeout.count()));
+  if (comm.rank() == 0) {
+    std::string links = "rank 0 links:";
+    for (const rf::LinkInfo& l : comm.links()) links += " " + std::to_string(l.peer) + ":" + l.transport;
+    notes.push_back(links);
+  }
+  return notes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string program = std::string(bench::collective_name(kCollective)) + "_perf";
+  int rank = launcher_rank();
+  const bench::ParseOutcome parsed = bench::parse_args(argc, argv, program.c_str(), rank == 0);
+  if (!parsed.args) return parsed.exit_code;
+  try {
+    rf::Communicator comm = rf::Communicator::from_env();
+    rank = comm.rank();
+    bench::Backend backend;
+    backend.name = std::string("ringfence ") + rf::kVersionString;
+    backend.rank = comm.rank();
+    backend.size = comm.size();
+    backend.allreduce = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op) {
+      comm.allreduce(send, recv, count, type, op);
+    };
+    backend.reduce_scatter = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op) {
+      comm.reduce_scatter(send, recv, count, type, op);
+    };
+    backend.all_gather = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type) {
+      comm.allgather(send, recv, count, type);
+    };
+    backend.broadcast = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type, int root) {
+      comm.broadcast(send, recv, count, type, root);
+    };
+    backend.reduce = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op, int root) {
+      comm.reduce(send, recv, count, type, op, root);
+    };
+    backend.all_to_all = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type) {
+      comm.alltoall(send, recv, count, type);
+    };
+    backend.send_recv = [&comm](const void* send, void* recv, std::size_t count, rf::DataType type, int to, int from) {
+      comm.group_start();
+      comm.send(send, count, type, to);
+      comm.recv(recv, count, type, from);
+      comm.group_end();
+    };
+    backend.in_place_unsupported = [](bench::Collective c) {
+      return c == bench::Collective::AllToAll || c == bench::Collective::SendRecv
+                 ? std::string("the send and receive buffers must not overlap")
+                 : std::string();
+    };
+    backend.barrier = [&comm] { comm.barrier(); };
+    backend.alloc = [&comm](std::size_t bytes) { return comm.alloc(bytes); };
+    backend.free = [&comm](void* ptr) { comm.free(ptr); };
+    backend.notes = describe(comm);
+    return bench::run_perf(kCollective, *parsed.args, backend);
+  } catch (const rf::Error& e) {
+    std::fprintf(stderr, "%s: rank %d: ringfence error (%s): %s\n", program.c_str(), rank,
+                 std::string(rf::to_string(e.code())).c_str(), e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, e.what());
+  }
+  return 1;
+}
