@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# compare.sh: ringfence vs MPI allreduce bus bandwidth, side by side in one command, next to
-# the single-host memory-bandwidth bound busbw <= B(n-1)/n^2 (design.md §7).
+# compare.sh: ringfence vs MPI bus bandwidth for every collective, side by side in one
+# command, next to the single-host memory-bandwidth bound busbw <= B(n-1)/n^2 (design.md §7).
 #
 #   bench/compare.sh [--build DIR] [--sizes MIN:MAX[:FACTOR]] [--iters N] [--warmup N]
 #                    [--ranks "2 4"] [--repeat K] [--dtype T] [--op OP] [--inplace]
-#                    [--timeout SEC] [--log-dir DIR]
+#                    [--collectives "all_reduce reduce_scatter ..."] [--timeout SEC] [--log-dir DIR]
 #
-# For each rank count it runs all_reduce_perf under ringfence-run and mpi_all_reduce_perf under
-# mpirun (shared-memory BTL), alternating K times, and keeps each size's best busbw per
-# library (timings on a shared box vary run to run; best-of-K compares capabilities).
+# For each collective and rank count it runs <collective>_perf under ringfence-run and
+# mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
+# size's best busbw per library (timings on a shared box vary; best-of-K compares capabilities).
+# Collectives: all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv (default all).
 # Exits 1 if any run fails (non-zero exit, timeout or no rows), 2 on a usage error.
 set -uo pipefail
 
@@ -25,9 +26,10 @@ column=8   # busbw column of the out-of-place half of the table (12 = in-place)
 placement=out-of-place
 timeout_s=900
 log_dir=""
+collectives="all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv"
 
 usage() {
-  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
@@ -44,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --inplace) column=12; placement=in-place; shift ;;
     --timeout) timeout_s=${2:?}; shift 2 ;;
     --log-dir) log_dir=${2:?}; shift 2 ;;
+    --collectives) collectives=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -55,17 +58,16 @@ factor=${factor:-4}
 [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || die "--repeat expects a positive integer"
 
 rf_run="$build/bin/ringfence-run"
-rf_perf="$build/bin/all_reduce_perf"
-mpi_perf="$build/bin/mpi_all_reduce_perf"
 memcpy_bw="$build/bin/memcpy_bw"
-for f in "$rf_run" "$rf_perf"; do
-  [[ -x "$f" ]] || die "$f not found: build it first (cmake --build $build --target ringfence-run all_reduce_perf memcpy_bw)"
+[[ -x "$rf_run" ]] || die "$rf_run not found: build first (cmake --build $build)"
+for c in $collectives; do
+  [[ -x "$build/bin/${c}_perf" ]] || die "$build/bin/${c}_perf not found: build first (cmake --build $build)"
 done
 
 have_mpi=1
-if [[ ! -x "$mpi_perf" ]] || ! command -v mpirun >/dev/null; then
+if ! command -v mpirun >/dev/null; then
   have_mpi=0
-  echo "# MPI baseline unavailable (no mpirun or no $mpi_perf): MPI columns show '-'" >&2
+  echo "# MPI baseline unavailable (no mpirun): MPI columns show '-'" >&2
 fi
 mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
 [[ "$(id -u)" == 0 ]] && mpirun_cmd+=(--allow-run-as-root)
@@ -103,13 +105,14 @@ best() {
 
 cores=$(nproc)
 llc=$(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo 0)
-echo "# ringfence vs MPI allreduce: dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
+echo "# ringfence vs MPI, collectives: $collectives; dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
      "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores"
 # The bound counts DRAM traffic: it holds once the buffers are well beyond the last-level
 # cache; smaller messages run from cache and may exceed it.
 [[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&
   echo "# bound = B(n-1)/n^2 applies to messages well above the L3 cache ($((llc >> 20)) MiB); smaller ones run from cache"
-printf '%6s %12s %12s %12s %8s %12s\n' "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
+printf '%-15s %6s %12s %12s %12s %8s %12s\n' "collective" "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
+declare -A bounds
 for n in $ranks; do
   # Memory bandwidth with as many copying threads as ranks can run at once.
   threads=$(( n < cores ? n : cores ))
@@ -120,25 +123,32 @@ for n in $ranks; do
   bound="-"
   [[ -n "$B" ]] && bound=$(awk -v b="$B" -v n="$n" 'BEGIN { printf "%.2f", b * (n - 1) / (n * n) }')
   echo "# n=$n: memcpy B = ${B:-?} GB/s ($threads threads, read+write) -> busbw bound B(n-1)/n^2 = $bound GB/s"
+  bounds[$n]=$bound
+done
 
-  rf_logs=()
-  mpi_logs=()
-  for ((k = 1; k <= repeat; k++)); do
-    rf_log="$logs/ringfence.n$n.$k.txt"
-    run "ringfence n=$n" "$rf_log" "$rf_run" -n "$n" "$rf_perf" "${perf_flags[@]}"
-    rf_logs+=("$rf_log")
-    if [[ $have_mpi == 1 ]]; then
-      mpi_log="$logs/mpi.n$n.$k.txt"
-      run "mpi n=$n" "$mpi_log" "${mpirun_cmd[@]}" -np "$n" "$mpi_perf" "${perf_flags[@]}"
-      mpi_logs+=("$mpi_log")
-    fi
+for c in $collectives; do
+  rf_perf="$build/bin/${c}_perf"
+  mpi_perf="$build/bin/mpi_${c}_perf"
+  for n in $ranks; do
+    rf_logs=()
+    mpi_logs=()
+    for ((k = 1; k <= repeat; k++)); do
+      rf_log="$logs/ringfence.$c.n$n.$k.txt"
+      run "ringfence $c n=$n" "$rf_log" "$rf_run" -n "$n" "$rf_perf" "${perf_flags[@]}"
+      rf_logs+=("$rf_log")
+      if [[ $have_mpi == 1 && -x "$mpi_perf" ]]; then
+        mpi_log="$logs/mpi.$c.n$n.$k.txt"
+        run "mpi $c n=$n" "$mpi_log" "${mpirun_cmd[@]}" -np "$n" "$mpi_perf" "${perf_flags[@]}"
+        mpi_logs+=("$mpi_log")
+      fi
+    done
+
+    join -a 1 -a 2 -e - -o 0,1.2,2.2 <(best "${rf_logs[@]}" | sort -k1,1) \
+        <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1) | sort -n |
+      awk -v c="$c" -v n="$n" -v bound="${bounds[$n]}" '{
+        ratio = ($2 != "-" && $3 != "-" && $3 > 0) ? sprintf("%.2f", $2 / $3) : "-"
+        printf "%-15s %6d %12d %12s %12s %8s %12s\n", c, n, $1, $2, $3, ratio, bound }'
   done
-
-  join -a 1 -a 2 -e - -o 0,1.2,2.2 <(best "${rf_logs[@]}" | sort -k1,1) \
-      <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1) | sort -n |
-    awk -v n="$n" -v bound="$bound" '{
-      ratio = ($2 != "-" && $3 != "-" && $3 > 0) ? sprintf("%.2f", $2 / $3) : "-"
-      printf "%6d %12d %12s %12s %8s %12s\n", n, $1, $2, $3, ratio, bound }'
 done
 [[ $status -ne 0 ]] && echo "# some runs failed (see above)" >&2
 exit $status

@@ -172,10 +172,25 @@ class RingRunner {
                         ops[i].send ? ch.sent : ch.received);
           }
       }
-      // Nothing to do: yield a while (cheap when a peer is about to answer), then sleep briefly
-      // so oversubscribed ranks give their cores away.
-      if (++idle < 64) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(idle < 1024 ? 5 : 50));
+      // Nothing to do: wait on the flag the first runnable op needs (the link spins briefly,
+      // then sleeps on a futex its peer wakes), in short slices so that any other op that
+      // becomes ready, a re-send request or an abort is seen soon.
+      ++idle;
+      for (std::size_t i = 0; i < n; ++i) {
+        const P2POp& op = ops[i];
+        if (op.done >= op.bytes) continue;
+        Channel& ch = *channel_of[op.peer];
+        SignalFlag& flag = op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
+        const std::uint64_t target = op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots) : ch.received + 1;
+        const Status st = ch.link->wait(flag, static_cast<std::uint32_t>(target),
+                                        std::chrono::microseconds(idle < 16 ? 20 : 200));
+        if (st.is_error()) {
+          RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
+          return fail(st, ch, op.send ? "a free staging slot (credit) for a send" : "data for a receive",
+                      op.send ? ch.sent : ch.received);
+        }
+        break;
+      }
     }
     // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
     if (c_.checksum)
