@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -71,6 +74,54 @@ std::vector<Bytes> unpack(std::span<const std::byte> in, std::string_view what) 
 }
 
 }  // namespace
+
+struct Work::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::shared_ptr<void> keep;  // storage the queued call uses (e.g. barrier's token)
+
+  void finish(std::exception_ptr e) noexcept {
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+bool Work::test() const noexcept {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+bool Work::wait_for(std::chrono::nanoseconds timeout) const {
+  if (!state_) return true;
+  std::unique_lock lock(state_->mutex);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) return false;
+  if (state_->error) std::rethrow_exception(state_->error);
+  return true;
+}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void Work::keep_alive(std::shared_ptr<void> storage) {
+  if (state_) {
+    std::lock_guard lock(state_->mutex);
+    state_->keep = std::move(storage);
+  }
+}
+
+HealthSnapshot snapshot_of(const Communicator::Impl& m);
+std::vector<LinkInfo> links_of(const Communicator::Impl& m);
 
 struct Communicator::Impl {
   CommOptions options;
@@ -156,6 +207,80 @@ struct Communicator::Impl {
   std::vector<detail::Channel*> channel_of;     // by rank; null for ourselves
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
+  std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
+
+  // ---- asynchronous calls: one progress thread runs queued closures in issue order ----
+  std::mutex queue_mutex;
+  std::condition_variable queue_cv;      // work queued, or the queue drained
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Work::State>>> queue;
+  bool worker_busy = false;
+  bool worker_stop = false;
+  std::thread worker;
+
+  // Runs `run` now (blocking call: after the queue drained) or queues it (async). The checks
+  // already ran on the caller's thread.
+  template <class Run>
+  Work issue(bool async, const char* call, Run run) {
+    RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
+    if (!async) {
+      drain();
+      run();
+      return Work{};
+    }
+    auto state = std::make_shared<Work::State>();
+    std::lock_guard lock(queue_mutex);
+    if (!worker.joinable()) worker = std::thread([this] { work_loop(); });
+    queue.emplace_back(std::function<void()>(std::move(run)), state);
+    queue_cv.notify_all();
+    return Work(std::move(state));
+  }
+
+  void work_loop() {
+    std::unique_lock lock(queue_mutex);
+    for (;;) {
+      queue_cv.wait(lock, [&] { return worker_stop || !queue.empty(); });
+      if (queue.empty()) return;  // stop requested and nothing left
+      auto [run, state] = std::move(queue.front());
+      queue.pop_front();
+      worker_busy = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        run();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      state->finish(error);
+      lock.lock();
+      worker_busy = false;
+      queue_cv.notify_all();
+    }
+  }
+
+  // Waits until every queued call finished (a no-op without asynchronous calls). Bounded: each
+  // queued collective is bounded by the timeout, and after a failure the rest fail at once.
+  void drain() {
+    std::unique_lock lock(queue_mutex);
+    queue_cv.wait(lock, [&] { return queue.empty() && !worker_busy; });
+  }
+
+  // The collectives: argument checks here, on the caller's thread; the closure runs now or on
+  // the progress thread (defined after the class).
+  Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  Work reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
+  Work allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type);
+  Work broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root);
+  Work reduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root);
+  Work alltoall(bool async, const void* send, void* recv, std::size_t count, DataType type);
+
+  void stop_worker() noexcept {
+    {
+      std::lock_guard lock(queue_mutex);
+      worker_stop = true;
+      queue_cv.notify_all();
+    }
+    if (worker.joinable()) worker.join();
+  }
   detail::FlagBlock flags;
   std::uint64_t seq = 0;
   // Direct-write caches: our output buffers registered with the left link's transport, and the
@@ -180,6 +305,7 @@ struct Communicator::Impl {
   std::string failure_message;
 
   ~Impl() {
+    stop_worker();  // queued work finishes first (bounded; fails fast after an error)
     if (monitor) monitor->stop();
     if (event_fd >= 0) ::close(event_fd);
     for (auto& ch : channels)
@@ -585,14 +711,13 @@ struct Communicator::Impl {
 
   // Every collective starts here: refuse a broken communicator or a call inside a group, count
   // the call, and run the fence agreement when it is due.
-  void begin_collective(const char* call, const Communicator& self) {
+  void begin_collective(const char* call) {
     check_usable(call);
-    RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
     ++seq;
     if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
       detail::Failure failure;
       if (!agree(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
-      if (!options.health_prometheus.empty()) write_prometheus(self.health());
+      if (!options.health_prometheus.empty()) write_prometheus(snapshot_of(*this));
     }
   }
 
@@ -605,9 +730,14 @@ struct Communicator::Impl {
 
   void run_group(const char* call) {
     if (group_ops.empty()) return;
+    drain();  // queued asynchronous work runs first (issue order)
+    run_ops(call, group_ops);
+  }
+
+  void run_ops(const char* call, std::vector<detail::P2POp>& ops) {
     detail::Failure failure;
-    const Status s = detail::run_p2p(engine, flags, channel_of.data(), group_ops.data(), group_ops.size(), failure);
-    group_ops.clear();
+    const Status s = detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), failure);
+    ops.clear();
     if (!s.is_ok()) raise(call, failure);
   }
 
@@ -695,128 +825,182 @@ Status Communicator::async_error() const noexcept {
   return impl_->failure;
 }
 
-void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
-  Impl& m = *impl_;
+// ---- collectives: checks on the caller's thread, then run now or queue (async) ----
+
+Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
   const char* call = "allreduce";
-  m.check_usable(call);
-  m.check_type(call, type);
-  m.check_op(call, op);
-  const std::size_t bytes = m.bytes_of(call, "count", count, type);
-  m.check_pointer(call, "sendbuff", send, bytes);
-  m.check_pointer(call, "recvbuff", recv, bytes);
-  m.check_overlap(call, send, bytes, recv, bytes, recv);
-  const Reducer reducer = host_reducer(type, op);
-  m.begin_collective(call, *this);
-  detail::DirectWrite direct;
-  // With checksums every chunk goes through staging: a corrupted chunk must land where it can
-  // be verified and replaced, not in the output.
-  if (m.size > 1 && bytes >= m.options.direct_write_min_bytes && !m.engine.checksum) {
-    // Every rank takes part in the key exchange (same decision everywhere: same count and
-    // options); each decides for its own output whether the left neighbour writes into it.
-    direct.enabled = true;
-    direct.call = static_cast<std::uint32_t>(m.seq);
-    if (m.is_allocated(recv, bytes) || bytes >= m.options.direct_write_user_min_bytes)
-      direct.own_key = m.output_key(recv, bytes, m.left->transport);
-    direct.resolve = &Impl::resolve_remote;
-    direct.ctx = &m;
-  }
-  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct);
-  if (m.size > 1 && m.options.digest_every > 0 && m.seq % static_cast<std::uint64_t>(m.options.digest_every) == 0) {
-    detail::Failure failure;
-    if (!m.compare_digests(recv, bytes, failure).is_ok()) m.raise("result digest comparison after allreduce", failure);
-  }
+  check_usable(call);
+  check_type(call, type);
+  check_op(call, op);
+  const std::size_t bytes = bytes_of(call, "count", count, type);
+  check_pointer(call, "sendbuff", send, bytes);
+  check_pointer(call, "recvbuff", recv, bytes);
+  check_overlap(call, send, bytes, recv, bytes, recv);
+  return issue(async, call, [this, call, send, recv, count, bytes, type, op] {
+    const Reducer reducer = host_reducer(type, op);
+    begin_collective(call);
+    detail::DirectWrite direct;
+    // With checksums every chunk goes through staging: a corrupted chunk must land where it
+    // can be verified and replaced, not in the output.
+    if (size > 1 && bytes >= options.direct_write_min_bytes && !engine.checksum) {
+      // Every rank takes part in the key exchange (same decision everywhere: same count and
+      // options); each decides for its own output whether the left neighbour writes into it.
+      direct.enabled = true;
+      direct.call = static_cast<std::uint32_t>(seq);
+      if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes)
+        direct.own_key = output_key(recv, bytes, left->transport);
+      direct.resolve = &Impl::resolve_remote;
+      direct.ctx = this;
+    }
+    run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct);
+    if (size > 1 && options.digest_every > 0 && seq % static_cast<std::uint64_t>(options.digest_every) == 0) {
+      detail::Failure failure;
+      if (!compare_digests(recv, bytes, failure).is_ok()) raise("result digest comparison after allreduce", failure);
+    }
+  });
 }
 
-void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
-  Impl& m = *impl_;
+Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type,
+                                        ReduceOp op) {
   const char* call = "reduce_scatter";
-  m.check_usable(call);
-  m.check_type(call, type);
-  m.check_op(call, op);
-  const std::size_t recv_bytes = m.bytes_of(call, "recvcount", recvcount, type);
-  const std::size_t send_bytes = m.bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(m.size));
-  m.check_pointer(call, "sendbuff", send, send_bytes);
-  m.check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(m.rank) * recv_bytes : nullptr;
-  m.check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
-  const Reducer reducer = host_reducer(type, op);
-  m.begin_collective(call, *this);
-  m.run_ring_call(call, detail::RingCall{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0}, reducer);
+  check_usable(call);
+  check_type(call, type);
+  check_op(call, op);
+  const std::size_t recv_bytes = bytes_of(call, "recvcount", recvcount, type);
+  const std::size_t send_bytes = bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(size));
+  check_pointer(call, "sendbuff", send, send_bytes);
+  check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * recv_bytes : nullptr;
+  check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
+  return issue(async, call, [=, this] {
+    begin_collective(call);
+    run_ring_call(call, detail::RingCall{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0}, host_reducer(type, op));
+  });
 }
 
-void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type) {
-  Impl& m = *impl_;
+Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type) {
   const char* call = "allgather";
-  m.check_usable(call);
-  m.check_type(call, type);
-  const std::size_t send_bytes = m.bytes_of(call, "sendcount", sendcount, type);
-  const std::size_t recv_bytes = m.bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(m.size));
-  m.check_pointer(call, "sendbuff", send, send_bytes);
-  m.check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(m.rank) * send_bytes : nullptr;
-  m.check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
-  m.begin_collective(call, *this);
-  // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
-  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
+  check_usable(call);
+  check_type(call, type);
+  const std::size_t send_bytes = bytes_of(call, "sendcount", sendcount, type);
+  const std::size_t recv_bytes = bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(size));
+  check_pointer(call, "sendbuff", send, send_bytes);
+  check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * send_bytes : nullptr;
+  check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
+  return issue(async, call, [=, this] {
+    begin_collective(call);
+    // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
+    run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
                   host_reducer(DataType::Uint8, ReduceOp::Sum));
+  });
 }
 
-void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
-  Impl& m = *impl_;
+Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root) {
   const char* call = "broadcast";
-  m.check_usable(call);
-  m.check_type(call, type);
-  m.check_root(call, root);
-  const std::size_t bytes = m.bytes_of(call, "count", count, type);
-  if (m.rank == root) m.check_pointer(call, "sendbuff (on the root)", send, bytes);
-  m.check_pointer(call, "recvbuff", recv, bytes);
-  if (m.rank == root) m.check_overlap(call, send, bytes, recv, bytes, recv);
-  m.begin_collective(call, *this);
-  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, m.position_of(root)},
+  check_usable(call);
+  check_type(call, type);
+  check_root(call, root);
+  const std::size_t bytes = bytes_of(call, "count", count, type);
+  if (rank == root) check_pointer(call, "sendbuff (on the root)", send, bytes);
+  check_pointer(call, "recvbuff", recv, bytes);
+  if (rank == root) check_overlap(call, send, bytes, recv, bytes, recv);
+  return issue(async, call, [=, this] {
+    begin_collective(call);
+    run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, position_of(root)},
                   host_reducer(DataType::Uint8, ReduceOp::Sum));
+  });
 }
 
-void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
-  Impl& m = *impl_;
+Work Communicator::Impl::reduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
   const char* call = "reduce";
-  m.check_usable(call);
-  m.check_type(call, type);
-  m.check_op(call, op);
-  m.check_root(call, root);
-  const std::size_t bytes = m.bytes_of(call, "count", count, type);
-  m.check_pointer(call, "sendbuff", send, bytes);
-  if (m.rank == root) {
-    m.check_pointer(call, "recvbuff (on the root)", recv, bytes);
-    m.check_overlap(call, send, bytes, recv, bytes, recv);
+  check_usable(call);
+  check_type(call, type);
+  check_op(call, op);
+  check_root(call, root);
+  const std::size_t bytes = bytes_of(call, "count", count, type);
+  check_pointer(call, "sendbuff", send, bytes);
+  if (rank == root) {
+    check_pointer(call, "recvbuff (on the root)", recv, bytes);
+    check_overlap(call, send, bytes, recv, bytes, recv);
   }
-  const Reducer reducer = host_reducer(type, op);
-  m.begin_collective(call, *this);
-  m.run_ring_call(call, detail::RingCall{detail::RingCollective::Reduce, send, recv, count, m.position_of(root)}, reducer);
+  return issue(async, call, [=, this] {
+    begin_collective(call);
+    run_ring_call(call, detail::RingCall{detail::RingCollective::Reduce, send, recv, count, position_of(root)},
+                  host_reducer(type, op));
+  });
 }
 
-void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
-  Impl& m = *impl_;
+Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std::size_t count, DataType type) {
   const char* call = "alltoall";
-  m.check_usable(call);
-  m.check_type(call, type);
-  const std::size_t block = m.bytes_of(call, "count", count, type);
-  const std::size_t bytes = m.bytes_of(call, "count", count, type, static_cast<std::size_t>(m.size));
-  m.check_pointer(call, "sendbuff", send, bytes);
-  m.check_pointer(call, "recvbuff", recv, bytes);
-  m.check_overlap(call, send, bytes, recv, bytes, nullptr);
-  m.begin_collective(call, *this);
-  if (block == 0) return;
-  // A group of sends and receives: every pair exchanges its blocks side by side.
-  auto* in = static_cast<std::byte*>(const_cast<void*>(send));
-  auto* out = static_cast<std::byte*>(recv);
-  m.group_ops.clear();
-  for (int k = 0; k < m.size; ++k) {
-    const int to = (m.rank + k) % m.size, from = (m.rank - k + m.size) % m.size;
-    m.group_ops.push_back(detail::P2POp{true, to, in + static_cast<std::size_t>(to) * block, block, 0});
-    m.group_ops.push_back(detail::P2POp{false, from, out + static_cast<std::size_t>(from) * block, block, 0});
-  }
-  m.run_group(call);
+  check_usable(call);
+  check_type(call, type);
+  const std::size_t block = bytes_of(call, "count", count, type);
+  const std::size_t bytes = bytes_of(call, "count", count, type, static_cast<std::size_t>(size));
+  check_pointer(call, "sendbuff", send, bytes);
+  check_pointer(call, "recvbuff", recv, bytes);
+  check_overlap(call, send, bytes, recv, bytes, nullptr);
+  return issue(async, call, [=, this] {
+    begin_collective(call);
+    if (block == 0) return;
+    // A group of sends and receives: every pair exchanges its blocks side by side. The op list
+    // is this call's own (group_ops belongs to the user's thread).
+    auto* in = static_cast<std::byte*>(const_cast<void*>(send));
+    auto* out = static_cast<std::byte*>(recv);
+    alltoall_ops.clear();
+    for (int k = 0; k < size; ++k) {
+      const int to = (rank + k) % size, from = (rank - k + size) % size;
+      alltoall_ops.push_back(detail::P2POp{true, to, in + static_cast<std::size_t>(to) * block, block, 0});
+      alltoall_ops.push_back(detail::P2POp{false, from, out + static_cast<std::size_t>(from) * block, block, 0});
+    }
+    run_ops(call, alltoall_ops);
+  });
 }
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+  impl_->allreduce(false, send, recv, count, type, op);
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
+  impl_->reduce_scatter(false, send, recv, recvcount, type, op);
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type) {
+  impl_->allgather(false, send, recv, sendcount, type);
+}
+void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
+  impl_->broadcast(false, send, recv, count, type, root);
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
+  impl_->reduce(false, send, recv, count, type, op, root);
+}
+void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
+  impl_->alltoall(false, send, recv, count, type);
+}
+Work Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+  return impl_->allreduce(true, send, recv, count, type, op);
+}
+Work Communicator::reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
+  return impl_->reduce_scatter(true, send, recv, recvcount, type, op);
+}
+Work Communicator::allgather_async(const void* send, void* recv, std::size_t sendcount, DataType type) {
+  return impl_->allgather(true, send, recv, sendcount, type);
+}
+Work Communicator::broadcast_async(const void* send, void* recv, std::size_t count, DataType type, int root) {
+  return impl_->broadcast(true, send, recv, count, type, root);
+}
+Work Communicator::reduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
+  return impl_->reduce(true, send, recv, count, type, op, root);
+}
+Work Communicator::alltoall_async(const void* send, void* recv, std::size_t count, DataType type) {
+  return impl_->alltoall(true, send, recv, count, type);
+}
+Work Communicator::barrier_async() {
+  // A one-element allreduce (see barrier()); the token lives as long as the work.
+  auto token = std::make_shared<std::uint8_t>(0);
+  Work w = impl_->allreduce(true, token.get(), token.get(), 1, DataType::Uint8, ReduceOp::Max);
+  w.keep_alive(std::move(token));
+  return w;
+}
+void Communicator::synchronize() { impl_->drain(); }
 
 void Communicator::send(const void* buf, std::size_t count, DataType type, int peer) {
   impl_->queue_p2p("send", true, buf, count, type, peer);
@@ -866,11 +1050,13 @@ void Communicator::free(void* ptr) {
   a.erase(it);
 }
 
-std::vector<LinkInfo> Communicator::links() const {
+std::vector<LinkInfo> Communicator::links() const { return links_of(*impl_); }
+
+std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
   std::vector<LinkInfo> out;
-  for (const auto& ch : impl_->channels) {
+  for (const auto& ch : m.channels) {
     LinkInfo info;
-    info.rank = impl_->rank;
+    info.rank = m.rank;
     info.peer = ch->peer;
     info.transport = ch->transport_name;
     if (ch->link) {
@@ -895,16 +1081,18 @@ std::vector<Relay> Communicator::relays() const { return impl_->relays; }
 std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
 std::uint64_t Communicator::digest_mismatches() const noexcept { return impl_->digest_mismatch_count; }
 
-HealthSnapshot Communicator::health() const {
+HealthSnapshot Communicator::health() const { return snapshot_of(*impl_); }
+
+HealthSnapshot snapshot_of(const Communicator::Impl& m) {
   HealthSnapshot h;
-  h.rank = impl_->rank;
-  h.sequence = impl_->seq;
-  h.epoch = impl_->epoch;
-  h.ring = ring();
-  h.fenced = impl_->fenced;
-  h.relays = impl_->relays;
-  h.background_samples = impl_->monitor ? impl_->monitor->background_samples() : 0;
-  h.links = links();
+  h.rank = m.rank;
+  h.sequence = m.seq;
+  h.epoch = m.epoch;
+  h.ring = m.ring.empty() ? std::vector<int>{0} : m.ring;
+  h.fenced = m.fenced;
+  h.relays = m.relays;
+  h.background_samples = m.monitor ? m.monitor->background_samples() : 0;
+  h.links = links_of(m);
   return h;
 }
 

@@ -6,10 +6,16 @@
 /// `links()`, `link_table()` and `async_error()` may be called from any thread.
 /// Blocking: collectives block the calling thread until the local result is complete, and
 /// progress on the calling thread. Every wait is bounded by `CommOptions::timeout`.
+/// Asynchronous: the `*_async` variants validate their arguments at once, queue the
+/// collective and return a `Work`; one progress thread per communicator (started by the first
+/// asynchronous call) runs the queue in issue order. A blocking call first waits for the
+/// queued work, so the issue order is the execution order for every call (NCCL's stream
+/// order). Buffers of queued work must stay valid until it completes.
 /// Errors: argument errors throw `InvalidUsage` naming the argument and the rank; a dead or
 /// stalled peer throws `TimeoutError` / `PeerUnreachableError` naming the peer and the link.
 /// After a peer failure the communicator is unusable (every later call throws); destroy it.
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <ringfence/error.hpp>
@@ -24,6 +30,29 @@
 #include <vector>
 
 namespace ringfence {
+
+/// Handle of an asynchronous collective. Copyable; every copy refers to the same work. A
+/// default-constructed handle is complete.
+class Work {
+ public:
+  Work() = default;
+  /// True once the work finished (successfully or not). Never blocks or throws.
+  bool test() const noexcept;
+  /// Blocks until the work finished; rethrows its error (the same exception types as the
+  /// blocking call). Bounded: the collective's own waits time out.
+  void wait() const;
+  /// Like `wait()`, but returns false if the work is still running after `timeout`.
+  bool wait_for(std::chrono::nanoseconds timeout) const;
+  /// Keeps `storage` alive until the handle's last copy is gone (used for internal buffers).
+  void keep_alive(std::shared_ptr<void> storage);
+
+  struct State;  ///< shared completion state (private)
+  /// Wraps a state (used by the communicator).
+  explicit Work(std::shared_ptr<State> state) noexcept : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 /// Snapshot of one link, for tables and tests.
 struct LinkInfo {
@@ -140,6 +169,24 @@ class Communicator {
 
   /// Returns when every rank has entered the barrier.
   void barrier();
+
+  /// Asynchronous variants: same arguments and checks as the blocking calls (argument errors
+  /// throw at once); the collective runs on the progress thread in issue order.
+  Work allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  /// See `reduce_scatter`.
+  Work reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
+  /// See `allgather`.
+  Work allgather_async(const void* send, void* recv, std::size_t sendcount, DataType type);
+  /// See `broadcast`.
+  Work broadcast_async(const void* send, void* recv, std::size_t count, DataType type, int root);
+  /// See `reduce`.
+  Work reduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root);
+  /// See `alltoall`.
+  Work alltoall_async(const void* send, void* recv, std::size_t count, DataType type);
+  /// See `barrier`.
+  Work barrier_async();
+  /// Waits for every queued asynchronous call (rethrowing nothing: use each `Work`).
+  void synchronize();
 
   /// Allocates `bytes` of memory shared with peers (zero-copy path). Host memory only for now.
   /// Throws `InvalidUsage` for unsupported kinds. Free with `free()` before destroying.

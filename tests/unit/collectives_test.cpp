@@ -2,6 +2,7 @@
 // op where one applies), in place and out of place, odd counts, every root; exact results;
 // nothing written outside the output; argument errors name the argument and the rank.
 #include <atomic>
+#include <thread>
 #include <cstring>
 #include <ringfence/communicator.hpp>
 #include <ringfence/error.hpp>
@@ -13,6 +14,12 @@
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
+
+// Catch2 2.x assertions are not thread-safe: rank threads throw, run_ranks reports.
+#define T_CHECK(cond)                                                                                             \
+  do {                                                                                                            \
+    if (!(cond)) throw std::runtime_error(std::string("check failed: " #cond " at line ") + std::to_string(__LINE__)); \
+  } while (0)
 
 namespace {
 
@@ -287,4 +294,85 @@ TEST_CASE("collective argument errors name the argument and the rank", "[engine]
   REQUIRE(err.empty());
   REQUIRE(messages[0] == "ok");
   REQUIRE(messages[1] == "ok");
+}
+
+TEST_CASE("async collectives run in issue order and overlap with the caller", "[engine][collectives][async]") {
+  for (int n : {1, 2, 3, 4}) {
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, small_chunks(), [&](Communicator& comm) {
+      const std::size_t count = 3001;
+      constexpr int kCalls = 8;
+      std::vector<std::vector<float>> in(kCalls, std::vector<float>(count)), out(kCalls, std::vector<float>(count));
+      std::vector<Work> works;
+      for (int i = 0; i < kCalls; ++i) {
+        test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in[static_cast<std::size_t>(i)].data(), count);
+        works.push_back(comm.allreduce_async(in[static_cast<std::size_t>(i)].data(), out[static_cast<std::size_t>(i)].data(), count,
+                                             DataType::Float32, ReduceOp::Sum));
+      }
+      // Order: a reduce into `acc` then a broadcast of `acc`, both queued, then a blocking
+      // allgather that must see the broadcast's result.
+      std::vector<float> acc(count, -1.0f), gathered(count * static_cast<std::size_t>(n));
+      std::vector<float> mine(count);
+      test::fill_input(DataType::Float32, ReduceOp::Max, comm.rank(), n, mine.data(), count);
+      Work r = comm.reduce_async(mine.data(), acc.data(), count, DataType::Float32, ReduceOp::Max, n - 1);
+      Work b = comm.broadcast_async(acc.data(), acc.data(), count, DataType::Float32, n - 1);
+      Work barrier = comm.barrier_async();
+      comm.allgather(acc.data(), gathered.data(), count, DataType::Float32);  // blocking: runs after the queue
+      T_CHECK(r.test() && b.test() && barrier.test());
+      for (auto& w : works) w.wait();
+      r.wait();
+      b.wait();
+      barrier.wait();
+      for (int i = 1; i < kCalls; ++i) wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out[static_cast<std::size_t>(i)].data(), count);
+      for (int s = 0; s < n; ++s)
+        wrong += test::count_wrong(DataType::Float32, ReduceOp::Max, n, gathered.data() + static_cast<std::size_t>(s) * count, count);
+      comm.synchronize();
+    });
+    INFO("ranks " << n);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("async: wait_for times out while a peer is late, then completes", "[engine][collectives][async]") {
+  std::atomic<int> early{0};
+  const std::string err = test::run_ranks(2, small_chunks(), [&](Communicator& comm) {
+    int value = comm.rank() + 1;
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    Work w = comm.allreduce_async(&value, &value, 1, DataType::Int32, ReduceOp::Sum);
+    if (comm.rank() == 0 && !w.wait_for(std::chrono::milliseconds(20))) ++early;
+    T_CHECK(w.wait_for(std::chrono::seconds(10)));
+    T_CHECK(w.test());
+    T_CHECK(value == 3);
+  });
+  REQUIRE(err.empty());
+  REQUIRE(early == 1);
+}
+
+TEST_CASE("async: a peer that never joins turns into an error at wait(), and later calls fail fast",
+          "[engine][collectives][async]") {
+  CommOptions o = small_chunks();
+  o.timeout = std::chrono::milliseconds(300);
+  std::atomic<int> timeouts{0}, fast{0};
+  const std::string err = test::run_ranks(2, o, [&](Communicator& comm) {
+    if (comm.rank() == 1) return;  // leaves without taking part
+    int value = 1;
+    Work w = comm.allreduce_async(&value, &value, 1, DataType::Int32, ReduceOp::Sum);
+    Work later = comm.allreduce_async(&value, &value, 1, DataType::Int32, ReduceOp::Sum);
+    try {
+      w.wait();
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::Timeout || e.code() == ErrorCode::PeerUnreachable) ++timeouts;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      later.wait();
+    } catch (const Error&) {
+      if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200)) ++fast;
+    }
+    T_CHECK(!comm.async_error().is_ok());
+  });
+  REQUIRE(err.empty());
+  REQUIRE(timeouts == 1);
+  REQUIRE(fast == 1);
 }
