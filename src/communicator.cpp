@@ -208,6 +208,12 @@ struct Communicator::Impl {
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
+  std::vector<std::byte> alltoall_relay;        // blocks this rank carries around fenced links
+
+  bool is_fenced(int a, int b) const noexcept {
+    const LinkId l = LinkId::of(a, b);
+    return std::find(fenced.begin(), fenced.end(), l) != fenced.end();
+  }
 
   // ---- asynchronous calls: one progress thread runs queued closures in issue order ----
   std::mutex queue_mutex;
@@ -731,6 +737,16 @@ struct Communicator::Impl {
   void run_group(const char* call) {
     if (group_ops.empty()) return;
     drain();  // queued asynchronous work runs first (issue order)
+    for (const auto& op : group_ops)
+      if (op.peer != rank && is_fenced(rank, op.peer)) {
+        group_ops.clear();
+        // Point-to-point has no third party to relay through; fail everywhere alike, at once.
+        detail::Failure f{Status(ErrorCode::Fenced), op.peer,
+                          "a route for point-to-point transfers over a fenced link (none exists until a fallback transport "
+                          "such as tcp is available)",
+                          0};
+        raise(call, f);
+      }
     run_ops(call, group_ops);
   }
 
@@ -768,6 +784,7 @@ struct Communicator::Impl {
         why = fmt::format("timed out after {} ms waiting for {} from rank {}", options.timeout.count(), f.what, f.peer);
         break;
       case ErrorCode::PeerUnreachable: why = fmt::format("rank {} is unreachable (process exited?) while waiting for {}", f.peer, f.what); break;
+      case ErrorCode::Fenced: why = fmt::format("the link to rank {} is fenced ({})", f.peer, f.what); break;
       default:
         why = fmt::format("{} while {} (native code {})", to_string(f.status.code()), f.what, f.status.native());
         break;
@@ -947,13 +964,50 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
     // is this call's own (group_ops belongs to the user's thread).
     auto* in = static_cast<std::byte*>(const_cast<void*>(send));
     auto* out = static_cast<std::byte*>(recv);
-    alltoall_ops.clear();
+    auto block_of = [&](std::byte* base, int r) { return base + static_cast<std::size_t>(r) * block; };
+    auto& ops = alltoall_ops;
+    ops.clear();
     for (int k = 0; k < size; ++k) {
       const int to = (rank + k) % size, from = (rank - k + size) % size;
-      alltoall_ops.push_back(detail::P2POp{true, to, in + static_cast<std::size_t>(to) * block, block, 0});
-      alltoall_ops.push_back(detail::P2POp{false, from, out + static_cast<std::size_t>(from) * block, block, 0});
+      if (!is_fenced(rank, to)) ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
+      if (!is_fenced(rank, from)) ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
     }
-    run_ops(call, alltoall_ops);
+    if (fenced.empty()) return run_ops(call, ops);
+    // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
+    // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the
+    // same relays from the agreed fence list, and ops to one peer keep the same order at both
+    // ends (own block first, then relayed ones in fence order).
+    alltoall_relay.resize(2 * fenced.size() * block);
+    std::vector<int> via(fenced.size());
+    for (std::size_t i = 0; i < fenced.size(); ++i) {
+      const LinkId l = fenced[i];
+      via[i] = -1;
+      for (int c = 0; c < size && via[i] < 0; ++c)
+        if (c != l.a && c != l.b && !is_fenced(c, l.a) && !is_fenced(c, l.b)) via[i] = c;
+      if (via[i] < 0) {
+        detail::Failure f{Status(ErrorCode::Fenced), rank == l.a ? l.b : l.a, "a rank to relay alltoall blocks around the fenced link", 0};
+        raise(call, f);
+      }
+      std::byte* tmp = alltoall_relay.data() + 2 * i * block;
+      if (rank == l.a) ops.push_back(detail::P2POp{true, via[i], block_of(in, l.b), block, 0});
+      if (rank == l.b) ops.push_back(detail::P2POp{true, via[i], block_of(in, l.a), block, 0});
+      if (rank == via[i]) {
+        ops.push_back(detail::P2POp{false, l.a, tmp, block, 0});          // a's block for b
+        ops.push_back(detail::P2POp{false, l.b, tmp + block, block, 0});  // b's block for a
+      }
+    }
+    run_ops(call, ops);
+    for (std::size_t i = 0; i < fenced.size(); ++i) {
+      const LinkId l = fenced[i];
+      std::byte* tmp = alltoall_relay.data() + 2 * i * block;
+      if (rank == via[i]) {
+        ops.push_back(detail::P2POp{true, l.b, tmp, block, 0});
+        ops.push_back(detail::P2POp{true, l.a, tmp + block, block, 0});
+      }
+      if (rank == l.a) ops.push_back(detail::P2POp{false, via[i], block_of(out, l.b), block, 0});
+      if (rank == l.b) ops.push_back(detail::P2POp{false, via[i], block_of(out, l.a), block, 0});
+    }
+    run_ops(call, ops);
   });
 }
 
