@@ -19,6 +19,7 @@
 #include <ringfence/plan.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/reduce_ops.hpp>
+#include <ringfence/tuner.hpp>
 #include <thread>
 
 #include "engine.hpp"
@@ -205,6 +206,8 @@ struct Communicator::Impl {
   void* inbox_mem = nullptr;
   void* scratch_mem = nullptr;                  // partial results in flight (engine.scratch)
   std::vector<detail::Channel*> channel_of;     // by rank; null for ourselves
+  std::vector<detail::Channel*> position_channel;  // by ring position; null for ourselves
+  bool tree_allowed = false;                    // the plan lets the double binary tree run
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
@@ -273,6 +276,8 @@ struct Communicator::Impl {
   // The collectives: argument checks here, on the caller's thread; the closure runs now or on
   // the progress thread (defined after the class).
   Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  void run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes,
+                               const Reducer& reducer);
   Work reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
   Work allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type);
   Work broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root);
@@ -476,7 +481,7 @@ struct Communicator::Impl {
       RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
       RINGFENCE_EXPECTS(to_string(parts[2]) == protocol_fingerprint(),
                         "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
-                        "RINGFENCE_SLOTS, RINGFENCE_DIRECT_WRITE_MIN_BYTES and RINGFENCE_CHECKSUM must match on every rank",
+                        "RINGFENCE_SLOTS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and RINGFENCE_TUNER_* must match on every rank",
                         rank, ch->peer, to_string(parts[2]), protocol_fingerprint());
       ch->peer_inbox = ch->transport->import_region(parts[0]);
       ch->peer_flags = ch->transport->import_region(parts[1]);
@@ -502,9 +507,11 @@ struct Communicator::Impl {
 
   std::string protocol_fingerprint() const {
     return fmt::format(
-        "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={}",
+        "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={} "
+        "algo={} tuner={}/{}",
         engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
-        agreement_enabled(), options.digest_every);  // the user threshold may differ per rank
+        agreement_enabled(), options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us,
+        options.tuner_gbps);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -562,6 +569,17 @@ struct Communicator::Impl {
     }
     left = &channel_to(left_rank);
     right = &channel_to(right_rank);
+    // Trees name peers by ring position; they run only on plans without relays whose tree
+    // edges avoid every fenced link.
+    position_channel.assign(n, nullptr);
+    for (std::size_t p = 0; p < n; ++p)
+      if (ring[p] != rank) position_channel[p] = &channel_to(ring[p]);
+    tree_allowed = relays.empty();
+    for (int t = 0; t < 2 && tree_allowed; ++t)
+      for (int p = 0; p < static_cast<int>(n) && tree_allowed; ++p) {
+        const int parent = double_tree_node(t, p, static_cast<int>(n)).parent;
+        if (parent >= 0 && is_fenced(ring[static_cast<std::size_t>(p)], ring[static_cast<std::size_t>(parent)])) tree_allowed = false;
+      }
   }
 
   // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
@@ -856,6 +874,25 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
   return issue(async, call, [this, call, send, recv, count, bytes, type, op] {
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call);
+    const TunerModel model{options.tuner_alpha_us, options.tuner_gbps};
+    if (choose_allreduce(model, options.algorithm, size, bytes, tree_allowed) == Algorithm::Tree) {
+      detail::RingCall c{detail::RingCollective::TreeAllreduce, send, recv, count, 0};
+      c.by_position = position_channel.data();
+      c.by_rank = channel_of.data();
+      run_ring_call(call, c, reducer);
+    } else {
+      run_ring_allreduce_call(call, send, recv, count, bytes, reducer);
+    }
+    if (size > 1 && options.digest_every > 0 && seq % static_cast<std::uint64_t>(options.digest_every) == 0) {
+      detail::Failure failure;
+      if (!compare_digests(recv, bytes, failure).is_ok()) raise("result digest comparison after allreduce", failure);
+    }
+  });
+}
+
+void Communicator::Impl::run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count,
+                                                 std::size_t bytes, const Reducer& reducer) {
+  {
     detail::DirectWrite direct;
     // With checksums every chunk goes through staging: a corrupted chunk must land where it
     // can be verified and replaced, not in the output.
@@ -870,11 +907,7 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
       direct.ctx = this;
     }
     run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct);
-    if (size > 1 && options.digest_every > 0 && seq % static_cast<std::uint64_t>(options.digest_every) == 0) {
-      detail::Failure failure;
-      if (!compare_digests(recv, bytes, failure).is_ok()) raise("result digest comparison after allreduce", failure);
-    }
-  });
+  }
 }
 
 Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type,

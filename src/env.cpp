@@ -55,6 +55,15 @@ long long parse_integer(std::string_view name, std::string_view text, long long 
   return v;
 }
 
+double parse_positive_double(std::string_view name, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !(v > 0) || v > 1e12)
+    throw InvalidUsage(fmt::format("{}='{}': expected a positive number", name, text));
+  return v;
+}
+
 bool parse_bool(std::string_view name, std::string_view text) {
   if (text == "1" || text == "true" || text == "on" || text == "yes") return true;
   if (text == "0" || text == "false" || text == "off" || text == "no") return false;
@@ -98,7 +107,7 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP",
       "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
-      "RINGFENCE_HEALTH_PROMETHEUS"};
+      "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -135,6 +144,14 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES"))
     o.direct_write_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
+  if (auto v = env.get("RINGFENCE_ALGO")) {
+    if (*v == "auto") o.algorithm = Algorithm::Auto;
+    else if (*v == "ring") o.algorithm = Algorithm::Ring;
+    else if (*v == "tree") o.algorithm = Algorithm::Tree;
+    else throw InvalidUsage(fmt::format("RINGFENCE_ALGO='{}': expected auto, ring or tree", *v));
+  }
+  if (auto v = env.get("RINGFENCE_TUNER_ALPHA_US")) o.tuner_alpha_us = parse_positive_double("RINGFENCE_TUNER_ALPHA_US", *v);
+  if (auto v = env.get("RINGFENCE_TUNER_GBPS")) o.tuner_gbps = parse_positive_double("RINGFENCE_TUNER_GBPS", *v);
   if (auto v = env.get("RINGFENCE_TRANSPORTS")) {
     o.transports = split_list(*v);
     if (o.transports.empty()) bad_value("RINGFENCE_TRANSPORTS", *v, "a comma-separated list such as shm,tcp");

@@ -38,6 +38,12 @@ class RingRunner {
         relays_(relays),
         failure_(failure) {}
 
+  // Tree mode: steps name peers by ring position; every channel may carry re-send requests.
+  void use_positions(Channel* const* by_position, Channel* const* by_rank) noexcept {
+    by_position_ = by_position;
+    nack_all_ = by_rank;
+  }
+
   // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
   // relayed sender's schedule (to know how many of its chunks this call carries).
   template <class Make>
@@ -55,19 +61,24 @@ class RingRunner {
     Step step;
     while (schedule.next(step)) {
       const std::size_t off = step.offset * elem, oo = step.out_offset * elem, bytes = step.count * elem;
+      // Ring schedules talk to the left and right channels (which may be relays); tree
+      // schedules name their peers by ring position.
+      Channel& rx = by_position_ && step.peer >= 0 ? *by_position_[step.peer] : *left_;
+      Channel& tx = by_position_ && step.peer >= 0 ? *by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer]
+                                                   : *right_;
       switch (step.kind) {
         case StepKind::CopyInput:
           if (in + off != out + oo) std::memcpy(out + oo, in + off, bytes);
           break;
-        case StepKind::SendInput: RINGFENCE_TRY(send_chunk(*right_, in + off, bytes)); break;
-        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes)); break;
+        case StepKind::SendInput: RINGFENCE_TRY(send_chunk(tx, in + off, bytes)); break;
+        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(tx, out + oo, bytes)); break;
         case StepKind::SendFinal:
           if (direct_.enabled) {
             if (!peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
             peer_out_known = true;
-            RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes, peer_out, oo));  // peer_out null: staging
+            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes, peer_out, oo));  // peer_out null: staging
           } else {
-            RINGFENCE_TRY(send_chunk(*right_, out + oo, bytes));
+            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes));
           }
           break;
         case StepKind::RecvReduceSend: {
@@ -77,28 +88,31 @@ class RingRunner {
           // message m - slots - 1, accepted before m - 1 could be sent, so a re-send of any
           // unaccepted message still finds its bytes.
           const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(*left_, slot, nullptr, bytes));
-          std::byte* tmp =
-              c_.scratch + static_cast<std::size_t>(right_->sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
+          RINGFENCE_TRY(wait_chunk(rx, slot, nullptr, bytes));
+          std::byte* tmp = c_.scratch + static_cast<std::size_t>(tx.sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
           reducer_.combine(tmp, slot, in + off, step.count, c_.size);
-          RINGFENCE_TRY(release_chunk(*left_));
-          RINGFENCE_TRY(send_chunk(*right_, tmp, bytes));
+          RINGFENCE_TRY(release_chunk(rx));
+          RINGFENCE_TRY(send_chunk(tx, tmp, bytes));
           break;
         }
         case StepKind::RecvReduce:
         case StepKind::RecvReduceLast:
+        case StepKind::RecvReduceAcc:
+        case StepKind::RecvReduceAccLast:
         case StepKind::RecvCopy: {
           const bool landed_in_output = step.kind == StepKind::RecvCopy && own_out_direct;
           const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(*left_, slot, landed_in_output ? out + oo : nullptr, bytes));
-          if (step.kind == StepKind::RecvCopy) {
-            if (!landed_in_output) std::memcpy(out + oo, slot, bytes);
-          } else if (step.kind == StepKind::RecvReduce) {
-            reducer_.combine(out + oo, slot, in + off, step.count, c_.size);
-          } else {
-            reducer_.finish(out + oo, slot, in + off, step.count, c_.size);
+          RINGFENCE_TRY(wait_chunk(rx, slot, landed_in_output ? out + oo : nullptr, bytes));
+          switch (step.kind) {
+            case StepKind::RecvCopy:
+              if (!landed_in_output) std::memcpy(out + oo, slot, bytes);
+              break;
+            case StepKind::RecvReduce: reducer_.combine(out + oo, slot, in + off, step.count, c_.size); break;
+            case StepKind::RecvReduceLast: reducer_.finish(out + oo, slot, in + off, step.count, c_.size); break;
+            case StepKind::RecvReduceAcc: reducer_.combine(out + oo, slot, out + oo, step.count, c_.size); break;
+            default: reducer_.finish(out + oo, slot, out + oo, step.count, c_.size); break;
           }
-          RINGFENCE_TRY(release_chunk(*left_));
+          RINGFENCE_TRY(release_chunk(rx));
           break;
         }
       }
@@ -227,7 +241,14 @@ class RingRunner {
 
   Status finish_call() noexcept {
     // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
-    if (c_.checksum && c_.size > 1 && right_->sent > 0)
+    if (c_.checksum && by_position_) {
+      for (int p = 0; p < c_.size; ++p) {
+        Channel* ch = by_position_[p];
+        if (ch && ch->sent > 0)
+          RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
+                                  ch->sent - 1));
+      }
+    } else if (c_.checksum && c_.size > 1 && right_->sent > 0)
       RINGFENCE_TRY(wait_flag(*right_, flags_.credit[right_->peer], static_cast<std::uint32_t>(right_->sent),
                               "acceptance of the last chunks", right_->sent - 1));
     // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
@@ -524,6 +545,7 @@ class RingRunner {
   Failure& failure_;
   std::uint64_t relay_target_[kMaxRelayDuties] = {};
   Channel* const* nack_all_ = nullptr;  // point-to-point mode: channel per rank (null for ourselves)
+  Channel* const* by_position_ = nullptr;  // tree mode: channel per ring position (null for ourselves)
   Channel self_channel_;                // names ourselves in failures
 };
 
@@ -546,6 +568,10 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
       return runner.run([&](int pos) { return ChainBroadcastSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
     case RingCollective::Reduce:
       return runner.run([&](int pos) { return ChainReduceSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
+    case RingCollective::TreeAllreduce:
+      if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);  // trees never run on a relayed plan
+      runner.use_positions(call.by_position, call.by_rank);
+      return runner.run([&](int pos) { return DoubleTreeAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
   }
   return Status(ErrorCode::InvalidUsage);
 }

@@ -26,6 +26,13 @@ struct ShmOptions {
   bool cross_memory_attach = true;
 };
 
+/// Allreduce algorithm (see docs/tuning.md).
+enum class Algorithm : std::uint8_t {
+  Auto,  ///< the tuner picks by message size, rank count and plan
+  Ring,  ///< pipelined ring reduce-scatter + allgather (bandwidth-optimal; relays fenced hops)
+  Tree,  ///< double binary tree (latency grows with log2 n); ring when the plan has relays
+};
+
 /// Options of one communicator. Plain aggregate; every field has a sane default.
 struct CommOptions {
   /// Deadline for every wait on a peer (signal, credit, store, connect). A dead or stalled peer
@@ -36,6 +43,14 @@ struct CommOptions {
   std::size_t chunk_bytes = 256 * 1024;
   /// Chunks in flight per link (staging slots per peer). Env: RINGFENCE_SLOTS.
   int slots = 4;
+  /// Allreduce algorithm; Auto lets the tuner choose. Must match on every rank.
+  /// Env: RINGFENCE_ALGO=auto|ring|tree.
+  Algorithm algorithm = Algorithm::Auto;
+  /// Tuner model (alpha-beta, docs/tuning.md): cost of one hop of one chunk in microseconds
+  /// (signal, wake-up, pipeline bubble) and the bandwidth of one link in GB/s. Must match on
+  /// every rank. Env: RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS.
+  double tuner_alpha_us = 6.0;
+  double tuner_gbps = 2.0;
   /// Messages of at least this many bytes whose output buffer comes from `alloc()` receive
   /// final values straight into that buffer (one memcpy by the sender into the shared
   /// segment) instead of through staging slots plus a copy. SIZE_MAX disables it. Must match

@@ -20,6 +20,8 @@ enum class StepKind : std::uint8_t {
   RecvCopy,       ///< output[offset..] = inbox (or nothing, when the sender wrote the output directly)
   CopyInput,      ///< output[out_offset..] = input[offset..] (local, no peer; nothing when they alias)
   RecvReduceSend, ///< tmp = inbox op input[offset..]; send tmp to `to` (a partial result that is not kept)
+  RecvReduceAcc,  ///< output[out_offset..] = inbox op output[out_offset..] (accumulate a further partial)
+  RecvReduceAccLast, ///< same, producing the final value (avg divides here)
 };
 
 /// True for the step kinds that send to `Step::peer`.
@@ -31,7 +33,7 @@ constexpr int sends_of(StepKind kind) noexcept { return is_send(kind) || kind ==
 /// True for the step kinds that receive from `Step::peer`.
 constexpr bool is_recv(StepKind kind) noexcept {
   return kind == StepKind::RecvReduce || kind == StepKind::RecvReduceLast || kind == StepKind::RecvCopy ||
-         kind == StepKind::RecvReduceSend;
+         kind == StepKind::RecvReduceSend || kind == StepKind::RecvReduceAcc || kind == StepKind::RecvReduceAccLast;
 }
 
 /// One step of a schedule. Offsets and counts are in elements. Steps that read the input use
@@ -297,6 +299,143 @@ class ChainReduceSchedule : public detail::ChunkedRingSchedule<ChainReduceSchedu
 
  private:
   int distance_;
+};
+
+/// One rank's place in a binary tree over `size` ranks: its parent (-1 at the root) and up to
+/// two children (-1 when absent), in the order their partial results are combined.
+struct TreeNode {
+  int parent = -1;
+  int child[2] = {-1, -1};
+};
+
+/// NCCL's binary tree over ranks 0..size-1 (root 0): rank r's parent clears r's lowest set
+/// bit and sets the next one up, falling back to clearing only when that leaves the range.
+/// Depth ceil(log2(size)); every rank has at most two children.
+constexpr int binary_tree_parent(int rank, int size) noexcept {
+  if (rank == 0) return -1;
+  int bit = 1;
+  while ((rank & bit) == 0) bit <<= 1;
+  const int up = (rank ^ bit) | (bit << 1);
+  return up < size ? up : rank ^ bit;
+}
+
+/// Tree `tree` (0 or 1) of the double binary tree: tree 0 is the binary tree above; tree 1 is
+/// its mirror (rank r plays n-1-r) for even sizes and its shift by one for odd sizes, so most
+/// leaves of one tree are inner nodes of the other and the two halves of the data load every
+/// rank's links about evenly (NCCL's double binary tree).
+constexpr TreeNode double_tree_node(int tree, int rank, int size) noexcept {
+  auto to_tree = [&](int r) { return tree == 0 ? r : size % 2 == 0 ? size - 1 - r : (r - 1 + size) % size; };
+  auto from_tree = [&](int v) { return v < 0 ? -1 : tree == 0 ? v : size % 2 == 0 ? size - 1 - v : (v + 1) % size; };
+  const int v = to_tree(rank);
+  TreeNode node;
+  node.parent = from_tree(binary_tree_parent(v, size));
+  int k = 0;
+  for (int c = 0; c < size && k < 2; ++c)
+    if (c != v && binary_tree_parent(c, size) == v) node.child[k++] = from_tree(c);
+  return node;
+}
+
+/// Double-binary-tree allreduce: the first half of the data is reduced up tree 0 and broadcast
+/// back down it, the second half likewise on tree 1, in pipelined chunks. Latency grows with
+/// the depth (2 log2 n hops) instead of the ring's 2(n-1): the choice for small messages on
+/// many ranks. Each inner node combines its input, then its first child's partial, then its
+/// second's, so every element is reduced in one fixed order and broadcast: results are
+/// bit-identical on every rank (but may differ in the last bit from the ring's order).
+/// Peers are ranks (positions of the plan); per link both ends see the same message order.
+class DoubleTreeAllreduceSchedule {
+ public:
+  /// `chunk_elems` > 0. `size` >= 1, 0 <= `rank` < `size`.
+  constexpr DoubleTreeAllreduceSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : rank_(rank), size_(size), count_(count), chunk_(chunk_elems ? chunk_elems : 1) {
+    for (int t = 0; t < 2; ++t) {
+      node_[t] = double_tree_node(t, rank, size);
+      half_[t] = split(count, 2, static_cast<std::size_t>(t));
+    }
+    chunks_ = (half_[0].count + chunk_ - 1) / chunk_;  // the first half is never the smaller
+  }
+
+  /// Tree `t`'s view of this rank.
+  constexpr const TreeNode& node(int t) const noexcept { return node_[t]; }
+
+  /// Produces the next step; false when the schedule is finished.
+  constexpr bool next(Step& out) noexcept {
+    if (count_ == 0) return false;
+    if (size_ == 1) {
+      if (done_single_) return false;
+      done_single_ = true;
+      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
+      return true;
+    }
+    // Cursor: chunk c, phase p (0: up tree 0, 1: up tree 1, 2: down tree 0, 3: down tree 1),
+    // sub-step i (at most three per phase).
+    while (chunk_idx_ < chunks_) {
+      const std::size_t c = chunk_idx_;
+      const int p = phase_, i = sub_;
+      if (++sub_ == 3) {
+        sub_ = 0;
+        if (++phase_ == 4) {
+          phase_ = 0;
+          ++chunk_idx_;
+        }
+      }
+      const int t = p & 1;
+      const Range& h = half_[t];
+      const std::size_t begin = c * chunk_;
+      if (begin >= h.count) continue;
+      const std::size_t len = h.count - begin < chunk_ ? h.count - begin : chunk_;
+      const std::size_t off = h.begin + begin;
+      if (make(t, p < 2, i, off, len, out)) return true;
+    }
+    return false;
+  }
+
+ private:
+  // Sub-step i of the up (reduce) or down (broadcast) phase of tree t for [off, off + len).
+  constexpr bool make(int t, bool up, int i, std::size_t off, std::size_t len, Step& out) const noexcept {
+    const TreeNode& nd = node_[t];
+    const int kids = (nd.child[0] >= 0 ? 1 : 0) + (nd.child[1] >= 0 ? 1 : 0);
+    const bool root = nd.parent < 0;
+    if (up) {
+      if (i < kids) {  // combine child i's partial
+        const bool last = root && i == kids - 1;
+        const StepKind k = i == 0 ? (last ? StepKind::RecvReduceLast : StepKind::RecvReduce)
+                                  : (last ? StepKind::RecvReduceAccLast : StepKind::RecvReduceAcc);
+        out = Step{k, nd.child[i], off, len, off};
+        return true;
+      }
+      if (i == kids && !root) {  // pass our partial up: our input alone (leaf) or the combination
+        out = Step{kids == 0 ? StepKind::SendInput : StepKind::SendOutput, nd.parent, off, len, off};
+        return true;
+      }
+      return false;
+    }
+    // Down: receive the final value (unless root), then forward it to each child.
+    int j = i;
+    if (!root) {
+      if (i == 0) {
+        out = Step{StepKind::RecvCopy, nd.parent, off, len, off};
+        return true;
+      }
+      j = i - 1;
+    }
+    if (j < kids) {
+      out = Step{StepKind::SendFinal, nd.child[j], off, len, off};
+      return true;
+    }
+    return false;
+  }
+
+  int rank_;
+  int size_;
+  std::size_t count_;
+  std::size_t chunk_;
+  TreeNode node_[2] = {};
+  Range half_[2] = {};
+  std::size_t chunks_ = 0;
+  std::size_t chunk_idx_ = 0;
+  int phase_ = 0;
+  int sub_ = 0;
+  bool done_single_ = false;
 };
 
 }  // namespace ringfence

@@ -27,25 +27,33 @@ struct World {
   std::vector<Vec> in, out;
 };
 
-// Runs one schedule per rank (`make(rank)`), at most `slots` undelivered messages per link.
-// Returns false on deadlock.
+// Runs one schedule per rank (`make(rank)`), at most `slots` undelivered messages per directed
+// link. `ring`: sends must go right and receives come from the left. Returns false on deadlock.
 template <class Make>
-bool simulate(int n, World& w, std::size_t slots, Make make) {
+bool simulate(int n, World& w, std::size_t slots, Make make, bool ring = true) {
   using Schedule = decltype(make(0));
+  const auto un = static_cast<std::size_t>(n);
   std::vector<Schedule> sched;
   for (int r = 0; r < n; ++r) sched.push_back(make(r));
-  std::vector<std::deque<Vec>> queue(static_cast<std::size_t>(n));  // queue[r]: r -> r+1
-  std::vector<Step> pending(static_cast<std::size_t>(n));
-  std::vector<bool> has(static_cast<std::size_t>(n), false), done(static_cast<std::size_t>(n), false);
+  std::vector<std::deque<Vec>> queue(un * un);  // queue[a * n + b]: a -> b
+  auto link = [&](int a, int b) -> std::deque<Vec>& {
+    REQUIRE(a >= 0);
+    REQUIRE(b >= 0);
+    REQUIRE(a < n);
+    REQUIRE(b < n);
+    REQUIRE(a != b);
+    return queue[static_cast<std::size_t>(a) * un + static_cast<std::size_t>(b)];
+  };
+  std::vector<Step> pending(un);
+  std::vector<bool> has(un, false), done(un, false);
   // RecvReduceSend consumes first (freeing the inbox slot), then waits for room to send.
-  std::vector<Vec> outgoing(static_cast<std::size_t>(n));
-  std::vector<bool> consumed(static_cast<std::size_t>(n), false);
+  std::vector<Vec> outgoing(un);
+  std::vector<bool> consumed(un, false);
   int finished = 0;
   while (finished < n) {
     bool progress = false;
     for (int r = 0; r < n; ++r) {
       const auto ur = static_cast<std::size_t>(r);
-      const auto left = static_cast<std::size_t>((r + n - 1) % n);
       Vec& in = w.in[ur];
       Vec& out = w.out[ur];
       while (!done[ur]) {
@@ -71,36 +79,45 @@ bool simulate(int n, World& w, std::size_t slots, Make make) {
         if (s.kind == StepKind::CopyInput) {
           for (std::size_t i = 0; i < s.count; ++i) out_at(i) = in_at(i);
         } else if (is_send(s.kind)) {
-          REQUIRE(s.peer == (r + 1) % n);
-          if (queue[ur].size() >= slots) break;
+          if (ring) REQUIRE(s.peer == (r + 1) % n);
+          auto& q = link(r, s.peer);
+          if (q.size() >= slots) break;
           Vec m(s.count);
           for (std::size_t i = 0; i < s.count; ++i) m[i] = s.kind == StepKind::SendInput ? in_at(i) : out_at(i);
-          queue[ur].push_back(std::move(m));
+          q.push_back(std::move(m));
         } else {
-          REQUIRE(s.peer == (r + n - 1) % n);
+          if (ring) REQUIRE(s.peer == (r + n - 1) % n);
           if (s.kind == StepKind::RecvReduceSend && consumed[ur]) {
-            REQUIRE(s.to == (r + 1) % n);
-            if (queue[ur].size() >= slots) break;
-            queue[ur].push_back(std::move(outgoing[ur]));
+            if (ring) REQUIRE(s.to == (r + 1) % n);
+            auto& q = link(r, s.to);
+            if (q.size() >= slots) break;
+            q.push_back(std::move(outgoing[ur]));
             consumed[ur] = false;
             has[ur] = false;
             progress = true;
             continue;
           }
-          if (queue[left].empty()) break;
-          Vec m = std::move(queue[left].front());
-          queue[left].pop_front();
+          auto& q = link(s.peer, r);
+          if (q.empty()) break;
+          Vec m = std::move(q.front());
+          q.pop_front();
           REQUIRE(m.size() == s.count);  // both ends agree on every message size
-          if (s.kind == StepKind::RecvCopy) {
-            for (std::size_t i = 0; i < s.count; ++i) out_at(i) = m[i];
-          } else if (s.kind == StepKind::RecvReduceSend) {
-            for (std::size_t i = 0; i < s.count; ++i) m[i] = combine(m[i], in_at(i));
-            outgoing[ur] = std::move(m);
-            consumed[ur] = true;
-            progress = true;
-            continue;  // the same step, now waiting to send
-          } else {
-            for (std::size_t i = 0; i < s.count; ++i) out_at(i) = combine(m[i], in_at(i));
+          switch (s.kind) {
+            case StepKind::RecvCopy:
+              for (std::size_t i = 0; i < s.count; ++i) out_at(i) = m[i];
+              break;
+            case StepKind::RecvReduceSend:
+              for (std::size_t i = 0; i < s.count; ++i) m[i] = combine(m[i], in_at(i));
+              outgoing[ur] = std::move(m);
+              consumed[ur] = true;
+              progress = true;
+              continue;  // the same step, now waiting to send
+            case StepKind::RecvReduceAcc:
+            case StepKind::RecvReduceAccLast:
+              for (std::size_t i = 0; i < s.count; ++i) out_at(i) = combine(m[i], out_at(i));
+              break;
+            default:
+              for (std::size_t i = 0; i < s.count; ++i) out_at(i) = combine(m[i], in_at(i));
           }
         }
         has[ur] = false;
@@ -215,4 +232,41 @@ TEST_CASE("ring schedules send n-1 messages per chunk on every link (relays coun
     REQUIRE(sends == (n - 1) * 4);
     REQUIRE(recvs == (n - 1) * 4);
   }
+}
+
+TEST_CASE("double binary tree: every rank has at most two children and each tree spans all ranks", "[schedule][tree]") {
+  for (int n = 1; n <= 64; ++n)
+    for (int t = 0; t < 2; ++t) {
+      INFO("n=" << n << " tree=" << t);
+      int roots = 0;
+      for (int r = 0; r < n; ++r) {
+        const TreeNode nd = double_tree_node(t, r, n);
+        if (nd.parent < 0) ++roots;
+        for (int c : nd.child)
+          if (c >= 0) REQUIRE(double_tree_node(t, c, n).parent == r);  // children and parents agree
+        // Walking up reaches the root within ceil(log2 n) + 1 hops (no cycles, shallow).
+        int hops = 0;
+        for (int v = r; double_tree_node(t, v, n).parent >= 0; v = double_tree_node(t, v, n).parent) REQUIRE(++hops <= 8);
+      }
+      REQUIRE(roots == 1);
+    }
+}
+
+TEST_CASE("double binary tree allreduce schedule: every element reduced once, identical everywhere", "[schedule][tree]") {
+  for (int n = 1; n <= 16; ++n)
+    for (std::size_t count : kCounts)
+      for (std::size_t chunk : kChunks)
+        for (std::size_t slots : kSlots) {
+          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+          const auto un = static_cast<std::size_t>(n);
+          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
+            w.out[static_cast<std::size_t>(r)].assign(count, 0);
+          }
+          REQUIRE(simulate(n, w, slots, [&](int r) { return DoubleTreeAllreduceSchedule(r, n, count, chunk); }, false));
+          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
+          for (int r = 0; r < n; ++r)
+            for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));
+        }
 }

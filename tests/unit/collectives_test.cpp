@@ -376,3 +376,55 @@ TEST_CASE("async: a peer that never joins turns into an error at wait(), and lat
   REQUIRE(timeouts == 1);
   REQUIRE(fast == 1);
 }
+
+TEST_CASE("tree allreduce is exact for every dtype, op and placement", "[engine][collectives][tree]") {
+  const bool checksum = GENERATE(false, true);
+  for (int n : {3, 4, 5, 8}) {
+    CommOptions o = small_chunks(checksum);
+    o.algorithm = Algorithm::Tree;
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      for (std::size_t count : kCounts)
+        for (int t = 0; t < kNumDataTypes; ++t)
+          for (int op_i = 0; op_i < kNumReduceOps; ++op_i) {
+            const auto type = static_cast<DataType>(t);
+            const auto op = static_cast<ReduceOp>(op_i);
+            const std::size_t bytes = count * size_of(type);
+            Guarded in(bytes), out(bytes);
+            test::fill_input(type, op, comm.rank(), n, in.get(), count);
+            comm.allreduce(in.get(), out.get(), count, type, op);
+            wrong += test::count_wrong(type, op, n, out.get(), count) + (out.intact() ? 0 : 1);
+            comm.allreduce(in.get(), in.get(), count, type, op);  // in place
+            wrong += test::count_wrong(type, op, n, in.get(), count) + (in.intact() ? 0 : 1);
+          }
+    });
+    INFO(describe(n, checksum));
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("tree allreduce: corrupted chunks are re-sent; a fenced tree edge sends allreduce back to the ring",
+          "[engine][collectives][tree][fault]") {
+  const bool agree = GENERATE(false, true);
+  CommOptions o = small_chunks(true);
+  o.algorithm = Algorithm::Tree;
+  o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // link 0-1 is an edge of the second tree at 4 ranks
+  o.health_agree_every = agree ? 2 : 0;
+  std::atomic<std::size_t> wrong{0}, fenced{0}, errors{0};
+  const std::string err = test::run_ranks(4, o, [&](Communicator& comm) {
+    std::vector<float> in(20000), out(20000);
+    for (int it = 0; it < 12; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 4, in.data(), in.size());
+      comm.allreduce(in.data(), out.data(), in.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 4, out.data(), out.size());
+    }
+    fenced += comm.fenced_links().size();
+    for (const auto& l : comm.links()) errors += l.checksum_errors;
+  });
+  INFO("agree " << agree);
+  REQUIRE(err.empty());
+  REQUIRE(wrong == 0);
+  REQUIRE(errors > 0);                         // the fault hit tree traffic and was repaired
+  REQUIRE(fenced == (agree ? 4u : 0u));        // every rank fenced 0-1 (and then ran the ring)
+}

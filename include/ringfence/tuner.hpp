@@ -1,0 +1,56 @@
+#pragma once
+/// \file tuner.hpp
+/// The allreduce tuner: an alpha-beta model of the ring and the double binary tree, pure code
+/// so it is unit-tested and documented (docs/tuning.md). Every rank evaluates it on the same
+/// inputs (size, rank count, options, plan), so every rank picks the same algorithm.
+
+#include <cstddef>
+#include <ringfence/options.hpp>
+
+namespace ringfence {
+
+/// Model parameters: per-hop cost and per-link bandwidth.
+struct TunerModel {
+  double alpha_us = 6.0;  ///< one chunk hop: signal, wake-up, pipeline bubble (microseconds)
+  double gbps = 2.0;      ///< bytes a link moves per nanosecond (GB/s)
+};
+
+/// ceil(log2(n)) for n >= 1: the depth of the binary trees.
+constexpr int tree_depth(int n) noexcept {
+  int d = 0;
+  while ((1 << d) < n) ++d;
+  return d;
+}
+
+/// Predicted ring allreduce time in microseconds: 2(n-1) hops of latency, and every rank moves
+/// 2(n-1)/n of the message.
+constexpr double predict_ring_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
+  if (n <= 1) return 0.0;
+  const double s = static_cast<double>(bytes) / (m.gbps * 1e3);  // microseconds to move `bytes` once
+  return 2.0 * (n - 1) * m.alpha_us + 2.0 * (n - 1) / n * s;
+}
+
+/// Bandwidth term of the tree relative to moving the message once: an inner node takes two
+/// children's halves in, sends its partial up, takes the final in and sends two copies down,
+/// and reduces on the way (fitted on the development machine, docs/tuning.md: 2.75 at 4 ranks).
+inline constexpr double kTreeBandwidthFactor = 3.0;
+
+/// Predicted double-binary-tree allreduce time: 2 ceil(log2 n) hops of latency (up, then
+/// down) plus `kTreeBandwidthFactor` times the time to move the message once.
+constexpr double predict_tree_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
+  if (n <= 1) return 0.0;
+  const double s = static_cast<double>(bytes) / (m.gbps * 1e3);
+  return 2.0 * tree_depth(n) * m.alpha_us + kTreeBandwidthFactor * s;
+}
+
+/// The algorithm for an allreduce of `bytes` on `n` ranks. `requested` other than Auto wins
+/// (Tree falls back to Ring when `tree_allowed` is false: the plan relays a fenced hop, or a
+/// tree edge is fenced). Auto takes the tree only when it is predicted strictly faster.
+constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, int n, std::size_t bytes,
+                                     bool tree_allowed) noexcept {
+  if (n <= 2 || !tree_allowed) return Algorithm::Ring;
+  if (requested != Algorithm::Auto) return requested;
+  return predict_tree_us(m, n, bytes) < predict_ring_us(m, n, bytes) ? Algorithm::Tree : Algorithm::Ring;
+}
+
+}  // namespace ringfence

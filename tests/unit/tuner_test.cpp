@@ -1,0 +1,49 @@
+// The allreduce tuner: pure model, same answer on every rank, overrides and plan limits.
+#include <ringfence/tuner.hpp>
+
+#include "support/catch.hpp"
+
+using namespace ringfence;
+
+TEST_CASE("tuner: tree for small messages on many ranks, ring for large ones and small rings", "[tuner]") {
+  const TunerModel m{};
+  REQUIRE(tree_depth(1) == 0);
+  REQUIRE(tree_depth(2) == 1);
+  REQUIRE(tree_depth(5) == 3);
+  REQUIRE(tree_depth(8) == 3);
+  // Two ranks: the tree is the ring; three: same latency (depth 2 vs 2 hops), more bytes.
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 3, 8, true) == Algorithm::Ring);
+  for (int n : {4, 8, 16, 64}) {
+    INFO("n=" << n);
+    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, 8, true) == Algorithm::Tree);
+    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, std::size_t{256} << 20, true) == Algorithm::Ring);
+    // One crossover: once the ring wins it keeps winning as messages grow.
+    bool ring_seen = false;
+    for (std::size_t b = 8; b <= (std::size_t{1} << 30); b *= 2) {
+      const Algorithm a = choose_allreduce(m, Algorithm::Auto, n, b, true);
+      if (a == Algorithm::Ring) ring_seen = true;
+      else REQUIRE_FALSE(ring_seen);
+    }
+  }
+  // The crossover grows with the rank count (the ring's latency grows linearly).
+  auto crossover = [&](int n) {
+    std::size_t b = 8;
+    while (choose_allreduce(m, Algorithm::Auto, n, b, true) == Algorithm::Tree) b *= 2;
+    return b;
+  };
+  REQUIRE(crossover(8) > crossover(4));
+  REQUIRE(crossover(64) > crossover(8));
+}
+
+TEST_CASE("tuner: explicit requests win unless the plan forbids the tree", "[tuner]") {
+  const TunerModel m{};
+  REQUIRE(choose_allreduce(m, Algorithm::Ring, 8, 8, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, std::size_t{1} << 30, true) == Algorithm::Tree);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, 8, false) == Algorithm::Ring);  // relayed plan
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 2, 8, true) == Algorithm::Ring);
+  // Model terms: latency dominates at 8 bytes, bandwidth at 1 GiB.
+  REQUIRE(predict_ring_us(m, 8, 8) > predict_tree_us(m, 8, 8));
+  REQUIRE(predict_ring_us(m, 8, std::size_t{1} << 30) < predict_tree_us(m, 8, std::size_t{1} << 30));
+}
