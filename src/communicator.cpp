@@ -875,8 +875,10 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call);
     const TunerModel model{options.tuner_alpha_us, options.tuner_gbps};
-    if (choose_allreduce(model, options.algorithm, size, bytes, tree_allowed) == Algorithm::Tree) {
-      detail::RingCall c{detail::RingCollective::TreeAllreduce, send, recv, count, 0};
+    const Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
+    if (algo != Algorithm::Ring) {
+      detail::RingCall c{algo == Algorithm::Tree ? detail::RingCollective::TreeAllreduce : detail::RingCollective::DirectAllreduce,
+                         send, recv, count, 0};
       c.by_position = position_channel.data();
       c.by_rank = channel_of.data();
       run_ring_call(call, c, reducer);

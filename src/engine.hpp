@@ -174,7 +174,7 @@ struct EngineConfig {
 };
 
 /// The ring collectives the executor runs (schedules in schedule.hpp).
-enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce };
+enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce, DirectAllreduce };
 
 /// One ring call. `count`: allreduce/broadcast/reduce elements; reduce-scatter and allgather:
 /// elements per block. `root`: ring position of the root (broadcast, reduce).
@@ -184,7 +184,7 @@ struct RingCall {
   void* recv = nullptr;
   std::size_t count = 0;
   int root = 0;
-  /// TreeAllreduce: channel per ring position and per rank (null for ourselves).
+  /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
   Channel* const* by_position = nullptr;
   Channel* const* by_rank = nullptr;
 };

@@ -572,6 +572,10 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
       if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);  // trees never run on a relayed plan
       runner.use_positions(call.by_position, call.by_rank);
       return runner.run([&](int pos) { return DoubleTreeAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
+    case RingCollective::DirectAllreduce:
+      if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);
+      runner.use_positions(call.by_position, call.by_rank);
+      return runner.run([&](int pos) { return DirectAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
   }
   return Status(ErrorCode::InvalidUsage);
 }

@@ -438,4 +438,77 @@ class DoubleTreeAllreduceSchedule {
   bool done_single_ = false;
 };
 
+/// Direct allreduce: the data is cut into `size` slices; every rank sends slice q of its
+/// input straight to rank q, rank q reduces its slice from everyone (its own input first, then
+/// rank q+1's, q+2's, ... so the order is fixed) and sends the result straight to every rank.
+/// Two hops of latency whatever the rank count, n-1 messages in and out per chunk on every rank;
+/// every link is used, so it needs a plan without fenced links. Peers are ranks (positions).
+class DirectAllreduceSchedule {
+ public:
+  /// `chunk_elems` > 0. `size` >= 1, 0 <= `rank` < `size`.
+  constexpr DirectAllreduceSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : rank_(rank), size_(size), count_(count), chunk_(chunk_elems ? chunk_elems : 1) {
+    const Range largest = split(count, static_cast<std::size_t>(size), 0);
+    chunks_ = (largest.count + chunk_ - 1) / chunk_;
+  }
+
+  /// Produces the next step; false when the schedule is finished.
+  constexpr bool next(Step& out) noexcept {
+    if (count_ == 0) return false;
+    if (size_ == 1) {
+      if (done_single_) return false;
+      done_single_ = true;
+      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
+      return true;
+    }
+    // Cursor: chunk c, phase p (0: scatter, 1: reduce, 2: gather sends, 3: gather receives),
+    // k = 1..n-1 (the peer at distance k).
+    while (chunk_idx_ < chunks_) {
+      const std::size_t c = chunk_idx_;
+      const int p = phase_, k = k_;
+      if (++k_ == size_) {
+        k_ = 1;
+        if (++phase_ == 4) {
+          phase_ = 0;
+          ++chunk_idx_;
+        }
+      }
+      const int fwd = (rank_ + k) % size_, back = (rank_ - k + size_) % size_;
+      // Slice whose chunk c this step moves: the peer's (scatter), ours (reduce, gather sends),
+      // or the sender's (gather receives).
+      const int owner = p == 0 ? fwd : p == 3 ? back : rank_;
+      const Range sl = split(count_, static_cast<std::size_t>(size_), static_cast<std::size_t>(owner));
+      const std::size_t begin = c * chunk_;
+      if (begin >= sl.count) continue;
+      const std::size_t len = sl.count - begin < chunk_ ? sl.count - begin : chunk_;
+      const std::size_t off = sl.begin + begin;
+      switch (p) {
+        case 0: out = Step{StepKind::SendInput, fwd, off, len, off}; break;
+        case 1: {
+          const bool last = k == size_ - 1;
+          const StepKind kind = k == 1 ? (last ? StepKind::RecvReduceLast : StepKind::RecvReduce)
+                                       : (last ? StepKind::RecvReduceAccLast : StepKind::RecvReduceAcc);
+          out = Step{kind, fwd, off, len, off};
+          break;
+        }
+        case 2: out = Step{StepKind::SendFinal, fwd, off, len, off}; break;
+        default: out = Step{StepKind::RecvCopy, back, off, len, off}; break;
+      }
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  int rank_;
+  int size_;
+  std::size_t count_;
+  std::size_t chunk_;
+  std::size_t chunks_ = 0;
+  std::size_t chunk_idx_ = 0;
+  int phase_ = 0;
+  int k_ = 1;
+  bool done_single_ = false;
+};
+
 }  // namespace ringfence

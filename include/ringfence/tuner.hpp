@@ -43,14 +43,39 @@ constexpr double predict_tree_us(const TunerModel& m, int n, std::size_t bytes) 
   return 2.0 * tree_depth(n) * m.alpha_us + kTreeBandwidthFactor * s;
 }
 
-/// The algorithm for an allreduce of `bytes` on `n` ranks. `requested` other than Auto wins
-/// (Tree falls back to Ring when `tree_allowed` is false: the plan relays a fenced hop, or a
-/// tree edge is fenced). Auto takes the tree only when it is predicted strictly faster.
-constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, int n, std::size_t bytes,
-                                     bool tree_allowed) noexcept {
-  if (n <= 2 || !tree_allowed) return Algorithm::Ring;
-  if (requested != Algorithm::Auto) return requested;
-  return predict_tree_us(m, n, bytes) < predict_ring_us(m, n, bytes) ? Algorithm::Tree : Algorithm::Ring;
+/// Bandwidth term of direct relative to the ring's 2(n-1)/n: the reducing rank takes n-1
+/// chunks of one slice in a burst, which costs a little more than the ring's steady stream
+/// (fitted on the development machine, docs/tuning.md).
+inline constexpr double kDirectBandwidthFactor = 1.1;
+
+/// Predicted direct allreduce time: two hops, each rank posting its n-1 messages of a phase
+/// back to back (half a hop each), and 2(n-1)/n of the message moved like the ring.
+constexpr double predict_direct_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
+  if (n <= 1) return 0.0;
+  const double s = static_cast<double>(bytes) / (m.gbps * 1e3);
+  return (n + 1) * m.alpha_us / 2.0 + kDirectBandwidthFactor * 2.0 * (n - 1) / n * s;
+}
+
+/// The algorithm for an allreduce of `bytes` on `n` ranks. A `requested` algorithm other than
+/// Auto wins where the plan allows it (Tree needs `tree_allowed`: no relayed hop, no fenced tree
+/// edge; Direct needs `direct_allowed`: no fenced link at all), else the ring runs. Auto takes
+/// the tree or direct only when predicted strictly faster than the ring.
+constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, int n, std::size_t bytes, bool tree_allowed,
+                                     bool direct_allowed) noexcept {
+  if (n <= 2) return Algorithm::Ring;
+  if (requested == Algorithm::Tree) return tree_allowed ? Algorithm::Tree : Algorithm::Ring;
+  if (requested == Algorithm::Direct) return direct_allowed ? Algorithm::Direct : Algorithm::Ring;
+  if (requested == Algorithm::Ring) return Algorithm::Ring;
+  // The fastest predicted; ties go to the ring (it relays fenced hops, so it never changes
+  // plan under a fence), then to the tree.
+  Algorithm best = Algorithm::Ring;
+  double t = predict_ring_us(m, n, bytes);
+  if (tree_allowed && predict_tree_us(m, n, bytes) < t) {
+    best = Algorithm::Tree;
+    t = predict_tree_us(m, n, bytes);
+  }
+  if (direct_allowed && predict_direct_us(m, n, bytes) < t) best = Algorithm::Direct;
+  return best;
 }
 
 }  // namespace ringfence

@@ -377,11 +377,12 @@ TEST_CASE("async: a peer that never joins turns into an error at wait(), and lat
   REQUIRE(fast == 1);
 }
 
-TEST_CASE("tree allreduce is exact for every dtype, op and placement", "[engine][collectives][tree]") {
+TEST_CASE("tree and direct allreduce are exact for every dtype, op and placement", "[engine][collectives][tree][direct]") {
   const bool checksum = GENERATE(false, true);
+  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct);
   for (int n : {3, 4, 5, 8}) {
     CommOptions o = small_chunks(checksum);
-    o.algorithm = Algorithm::Tree;
+    o.algorithm = algo;
     std::atomic<std::size_t> wrong{0};
     const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
       for (std::size_t count : kCounts)
@@ -398,17 +399,18 @@ TEST_CASE("tree allreduce is exact for every dtype, op and placement", "[engine]
             wrong += test::count_wrong(type, op, n, in.get(), count) + (in.intact() ? 0 : 1);
           }
     });
-    INFO(describe(n, checksum));
+    INFO(describe(n, checksum) << " algo " << static_cast<int>(algo));
     REQUIRE(err.empty());
     REQUIRE(wrong == 0);
   }
 }
 
-TEST_CASE("tree allreduce: corrupted chunks are re-sent; a fenced tree edge sends allreduce back to the ring",
-          "[engine][collectives][tree][fault]") {
+TEST_CASE("tree and direct allreduce: corrupted chunks are re-sent; a fenced link sends allreduce back to the ring",
+          "[engine][collectives][tree][direct][fault]") {
   const bool agree = GENERATE(false, true);
+  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct);
   CommOptions o = small_chunks(true);
-  o.algorithm = Algorithm::Tree;
+  o.algorithm = algo;
   o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // link 0-1 is an edge of the second tree at 4 ranks
   o.health_agree_every = agree ? 2 : 0;
   std::atomic<std::size_t> wrong{0}, fenced{0}, errors{0};
@@ -422,7 +424,7 @@ TEST_CASE("tree allreduce: corrupted chunks are re-sent; a fenced tree edge send
     fenced += comm.fenced_links().size();
     for (const auto& l : comm.links()) errors += l.checksum_errors;
   });
-  INFO("agree " << agree);
+  INFO("agree " << agree << " algo " << static_cast<int>(algo));
   REQUIRE(err.empty());
   REQUIRE(wrong == 0);
   REQUIRE(errors > 0);                         // the fault hit tree traffic and was repaired

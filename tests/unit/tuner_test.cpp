@@ -11,17 +11,18 @@ TEST_CASE("tuner: tree for small messages on many ranks, ring for large ones and
   REQUIRE(tree_depth(2) == 1);
   REQUIRE(tree_depth(5) == 3);
   REQUIRE(tree_depth(8) == 3);
-  // Two ranks: the tree is the ring; three: same latency (depth 2 vs 2 hops), more bytes.
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true) == Algorithm::Ring);
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 3, 8, true) == Algorithm::Ring);
+  // Two ranks: tree and direct are the ring. Three: the tree has the ring's latency (depth 2
+  // vs 2 hops) and moves more bytes.
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 3, 8, true, false) == Algorithm::Ring);
   for (int n : {4, 8, 16, 64}) {
     INFO("n=" << n);
-    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, 8, true) == Algorithm::Tree);
-    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, std::size_t{256} << 20, true) == Algorithm::Ring);
+    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, 8, true, true) != Algorithm::Ring);
+    REQUIRE(choose_allreduce(m, Algorithm::Auto, n, std::size_t{256} << 20, true, true) == Algorithm::Ring);
     // One crossover: once the ring wins it keeps winning as messages grow.
     bool ring_seen = false;
     for (std::size_t b = 8; b <= (std::size_t{1} << 30); b *= 2) {
-      const Algorithm a = choose_allreduce(m, Algorithm::Auto, n, b, true);
+      const Algorithm a = choose_allreduce(m, Algorithm::Auto, n, b, true, true);
       if (a == Algorithm::Ring) ring_seen = true;
       else REQUIRE_FALSE(ring_seen);
     }
@@ -29,7 +30,7 @@ TEST_CASE("tuner: tree for small messages on many ranks, ring for large ones and
   // The crossover grows with the rank count (the ring's latency grows linearly).
   auto crossover = [&](int n) {
     std::size_t b = 8;
-    while (choose_allreduce(m, Algorithm::Auto, n, b, true) == Algorithm::Tree) b *= 2;
+    while (choose_allreduce(m, Algorithm::Auto, n, b, true, true) != Algorithm::Ring) b *= 2;
     return b;
   };
   REQUIRE(crossover(8) > crossover(4));
@@ -38,12 +39,26 @@ TEST_CASE("tuner: tree for small messages on many ranks, ring for large ones and
 
 TEST_CASE("tuner: explicit requests win unless the plan forbids the tree", "[tuner]") {
   const TunerModel m{};
-  REQUIRE(choose_allreduce(m, Algorithm::Ring, 8, 8, true) == Algorithm::Ring);
-  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, std::size_t{1} << 30, true) == Algorithm::Tree);
-  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, 8, false) == Algorithm::Ring);  // relayed plan
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, false) == Algorithm::Ring);
-  REQUIRE(choose_allreduce(m, Algorithm::Tree, 2, 8, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Ring, 8, 8, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, std::size_t{1} << 30, true, true) == Algorithm::Tree);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 8, 8, false, false) == Algorithm::Ring);  // relayed plan
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, false, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Tree, 2, 8, true, true) == Algorithm::Ring);
   // Model terms: latency dominates at 8 bytes, bandwidth at 1 GiB.
   REQUIRE(predict_ring_us(m, 8, 8) > predict_tree_us(m, 8, 8));
   REQUIRE(predict_ring_us(m, 8, std::size_t{1} << 30) < predict_tree_us(m, 8, std::size_t{1} << 30));
+}
+
+TEST_CASE("tuner: direct for small and medium messages on a few ranks, the tree on many, the ring for bulk",
+          "[tuner]") {
+  const TunerModel m{};
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 4, 4096, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 64, 64, true, true) == Algorithm::Tree);  // (n+1)/2 > 2 log2 n hops
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, std::size_t{16} << 20, true, true) == Algorithm::Ring);
+  // A fence anywhere rules direct out; a relayed plan rules the tree out too.
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, true, false) == Algorithm::Tree);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, false, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, 4096, true, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, std::size_t{1} << 30, true, true) == Algorithm::Direct);
 }
