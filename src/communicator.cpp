@@ -208,6 +208,7 @@ struct Communicator::Impl {
   std::vector<detail::Channel*> channel_of;     // by rank; null for ourselves
   std::vector<detail::Channel*> position_channel;  // by ring position; null for ourselves
   bool tree_allowed = false;                    // the plan lets the double binary tree run
+  std::vector<std::byte> oneshot_copy;          // in-place one-shot allreduce input (one slot)
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
@@ -269,6 +270,7 @@ struct Communicator::Impl {
   // Waits until every queued call finished (a no-op without asynchronous calls). Bounded: each
   // queued collective is bounded by the timeout, and after a failure the rest fail at once.
   void drain() {
+    if (!worker.joinable()) return;  // no asynchronous call was ever made (only this thread starts it)
     std::unique_lock lock(queue_mutex);
     queue_cv.wait(lock, [&] { return queue.empty() && !worker_busy; });
   }
@@ -415,6 +417,7 @@ struct Communicator::Impl {
     inbox_mem = allocate(inbox_bytes * channels.size());
     for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
     scratch_mem = allocate(engine.slot_bytes * static_cast<std::size_t>(engine.slots + 1));
+    oneshot_copy.resize(engine.slot_bytes);
     engine.scratch = static_cast<std::byte*>(scratch_mem);
     channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : channels) channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
@@ -875,10 +878,20 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call);
     const TunerModel model{options.tuner_alpha_us, options.tuner_gbps};
-    const Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
+    Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
+    // One-shot sends the input to every peer before any result lands, so in place it works on a
+    // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
+    if (algo == Algorithm::OneShot && bytes > oneshot_copy.size()) algo = Algorithm::Ring;
+    const void* src = send;
+    if (algo == Algorithm::OneShot && send == recv && bytes > 0) {
+      std::memcpy(oneshot_copy.data(), send, bytes);
+      src = oneshot_copy.data();
+    }
     if (algo != Algorithm::Ring) {
-      detail::RingCall c{algo == Algorithm::Tree ? detail::RingCollective::TreeAllreduce : detail::RingCollective::DirectAllreduce,
-                         send, recv, count, 0};
+      const auto kind = algo == Algorithm::Tree     ? detail::RingCollective::TreeAllreduce
+                        : algo == Algorithm::Direct ? detail::RingCollective::DirectAllreduce
+                                                    : detail::RingCollective::OneShotAllreduce;
+      detail::RingCall c{kind, src, recv, count, 0};
       c.by_position = position_channel.data();
       c.by_rank = channel_of.data();
       run_ring_call(call, c, reducer);

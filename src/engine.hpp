@@ -174,7 +174,7 @@ struct EngineConfig {
 };
 
 /// The ring collectives the executor runs (schedules in schedule.hpp).
-enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce, DirectAllreduce };
+enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce, DirectAllreduce, OneShotAllreduce };
 
 /// One ring call. `count`: allreduce/broadcast/reduce elements; reduce-scatter and allgather:
 /// elements per block. `root`: ring position of the root (broadcast, reduce).

@@ -149,7 +149,8 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     else if (*v == "ring") o.algorithm = Algorithm::Ring;
     else if (*v == "tree") o.algorithm = Algorithm::Tree;
     else if (*v == "direct") o.algorithm = Algorithm::Direct;
-    else throw InvalidUsage(fmt::format("RINGFENCE_ALGO='{}': expected auto, ring, tree or direct", *v));
+    else if (*v == "oneshot") o.algorithm = Algorithm::OneShot;
+    else throw InvalidUsage(fmt::format("RINGFENCE_ALGO='{}': expected auto, ring, tree, direct or oneshot", *v));
   }
   if (auto v = env.get("RINGFENCE_TUNER_ALPHA_US")) o.tuner_alpha_us = parse_positive_double("RINGFENCE_TUNER_ALPHA_US", *v);
   if (auto v = env.get("RINGFENCE_TUNER_GBPS")) o.tuner_gbps = parse_positive_double("RINGFENCE_TUNER_GBPS", *v);

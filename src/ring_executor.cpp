@@ -63,13 +63,27 @@ class RingRunner {
       const std::size_t off = step.offset * elem, oo = step.out_offset * elem, bytes = step.count * elem;
       // Ring schedules talk to the left and right channels (which may be relays); tree
       // schedules name their peers by ring position.
-      Channel& rx = by_position_ && step.peer >= 0 ? *by_position_[step.peer] : *left_;
-      Channel& tx = by_position_ && step.peer >= 0 ? *by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer]
-                                                   : *right_;
+      Channel* const rx_p = by_position_ && step.peer >= 0 ? by_position_[step.peer] : left_;
+      Channel* const tx_p =
+          by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
+      if (step.kind == StepKind::CopyInput) {
+        if (in + off != out + oo) std::memcpy(out + oo, in + off, bytes);
+        continue;
+      }
+      if (step.kind == StepKind::ReduceInputAcc) {
+        reducer_.combine(out + oo, in + off, out + oo, step.count, c_.size);
+        continue;
+      }
+      if (step.kind == StepKind::ReduceInputAccLast) {
+        reducer_.finish(out + oo, in + off, out + oo, step.count, c_.size);
+        continue;
+      }
+      Channel& rx = *rx_p;  // every remaining step talks to a peer
+      Channel& tx = *tx_p;
       switch (step.kind) {
         case StepKind::CopyInput:
-          if (in + off != out + oo) std::memcpy(out + oo, in + off, bytes);
-          break;
+        case StepKind::ReduceInputAcc:
+        case StepKind::ReduceInputAccLast: break;  // handled above
         case StepKind::SendInput: RINGFENCE_TRY(send_chunk(tx, in + off, bytes)); break;
         case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(tx, out + oo, bytes)); break;
         case StepKind::SendFinal:
@@ -572,6 +586,10 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
       if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);  // trees never run on a relayed plan
       runner.use_positions(call.by_position, call.by_rank);
       return runner.run([&](int pos) { return DoubleTreeAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
+    case RingCollective::OneShotAllreduce:
+      if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);
+      runner.use_positions(call.by_position, call.by_rank);
+      return runner.run([&](int pos) { return OneShotAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
     case RingCollective::DirectAllreduce:
       if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);
       runner.use_positions(call.by_position, call.by_rank);

@@ -32,6 +32,7 @@ enum class Algorithm : std::uint8_t {
   Ring,  ///< pipelined ring reduce-scatter + allgather (bandwidth-optimal; relays fenced hops)
   Tree,  ///< double binary tree (latency grows with log2 n); ring when the plan has relays
   Direct,  ///< every rank reduces one slice from all peers (two hops); ring once a link is fenced
+  OneShot, ///< every rank sends its whole input to all and reduces all itself (one hop; tiny messages)
 };
 
 /// Options of one communicator. Plain aggregate; every field has a sane default.
@@ -45,7 +46,7 @@ struct CommOptions {
   /// Chunks in flight per link (staging slots per peer). Env: RINGFENCE_SLOTS.
   int slots = 4;
   /// Allreduce algorithm; Auto lets the tuner choose. Must match on every rank.
-  /// Env: RINGFENCE_ALGO=auto|ring|tree|direct.
+  /// Env: RINGFENCE_ALGO=auto|ring|tree|direct|oneshot.
   Algorithm algorithm = Algorithm::Auto;
   /// Tuner model (alpha-beta, docs/tuning.md): cost of one hop of one chunk in microseconds
   /// (signal, wake-up, pipeline bubble) and the bandwidth of one link in GB/s. Must match on

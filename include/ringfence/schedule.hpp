@@ -22,6 +22,8 @@ enum class StepKind : std::uint8_t {
   RecvReduceSend, ///< tmp = inbox op input[offset..]; send tmp to `to` (a partial result that is not kept)
   RecvReduceAcc,  ///< output[out_offset..] = inbox op output[out_offset..] (accumulate a further partial)
   RecvReduceAccLast, ///< same, producing the final value (avg divides here)
+  ReduceInputAcc,     ///< output[out_offset..] = input[offset..] op output[out_offset..] (local)
+  ReduceInputAccLast, ///< same, producing the final value (avg divides here)
 };
 
 /// True for the step kinds that send to `Step::peer`.
@@ -508,6 +510,64 @@ class DirectAllreduceSchedule {
   std::size_t chunk_idx_ = 0;
   int phase_ = 0;
   int k_ = 1;
+  bool done_single_ = false;
+};
+
+/// One-shot allreduce for small messages: every rank sends its whole input to every peer,
+/// then combines all n inputs itself in rank order (0, 1, ..., n-1), so every rank computes the
+/// identical expression: one hop of latency, (n-1) times the message on every link.
+class OneShotAllreduceSchedule {
+ public:
+  /// `chunk_elems` > 0. `size` >= 1, 0 <= `rank` < `size`.
+  constexpr OneShotAllreduceSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
+      : rank_(rank), size_(size), count_(count), chunk_(chunk_elems ? chunk_elems : 1), chunks_((count + chunk_ - 1) / chunk_) {}
+
+  /// Produces the next step; false when the schedule is finished.
+  constexpr bool next(Step& out) noexcept {
+    if (count_ == 0) return false;
+    if (size_ == 1) {
+      if (done_single_) return false;
+      done_single_ = true;
+      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
+      return true;
+    }
+    // Cursor: chunk c, index i in [0, 2n-1): i < n-1 sends to rank + 1 + i; then the n
+    // contributions q = i - (n - 1) in rank order.
+    while (chunk_idx_ < chunks_) {
+      const std::size_t c = chunk_idx_;
+      const int i = index_;
+      if (++index_ == 2 * size_ - 1) {
+        index_ = 0;
+        ++chunk_idx_;
+      }
+      const std::size_t off = c * chunk_;
+      const std::size_t len = count_ - off < chunk_ ? count_ - off : chunk_;
+      if (i < size_ - 1) {
+        out = Step{StepKind::SendInput, (rank_ + 1 + i) % size_, off, len, off};
+        return true;
+      }
+      const int q = i - (size_ - 1);
+      const bool last = q == size_ - 1;
+      if (q == 0) {
+        out = q == rank_ ? Step{StepKind::CopyInput, -1, off, len, off} : Step{StepKind::RecvCopy, q, off, len, off};
+      } else if (q == rank_) {
+        out = Step{last ? StepKind::ReduceInputAccLast : StepKind::ReduceInputAcc, -1, off, len, off};
+      } else {
+        out = Step{last ? StepKind::RecvReduceAccLast : StepKind::RecvReduceAcc, q, off, len, off};
+      }
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  int rank_;
+  int size_;
+  std::size_t count_;
+  std::size_t chunk_;
+  std::size_t chunks_;
+  std::size_t chunk_idx_ = 0;
+  int index_ = 0;
   bool done_single_ = false;
 };
 

@@ -56,25 +56,39 @@ constexpr double predict_direct_us(const TunerModel& m, int n, std::size_t bytes
   return (n + 1) * m.alpha_us / 2.0 + kDirectBandwidthFactor * 2.0 * (n - 1) / n * s;
 }
 
+/// Predicted one-shot allreduce time: one hop, but every rank sends the whole message to each
+/// of its n-1 peers and reduces n inputs. (The communicator runs it only up to one chunk.)
+constexpr double predict_oneshot_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
+  if (n <= 1) return 0.0;
+  const double s = static_cast<double>(bytes) / (m.gbps * 1e3);
+  return m.alpha_us * n / 2.0 + 2.0 * (n - 1) * s;
+}
+
 /// The algorithm for an allreduce of `bytes` on `n` ranks. A `requested` algorithm other than
 /// Auto wins where the plan allows it (Tree needs `tree_allowed`: no relayed hop, no fenced tree
-/// edge; Direct needs `direct_allowed`: no fenced link at all), else the ring runs. Auto takes
-/// the tree or direct only when predicted strictly faster than the ring.
+/// edge; Direct and OneShot need `direct_allowed`: no fenced link at all), else the ring runs.
+/// Auto takes the fastest prediction (ties go to the ring, which relays fenced hops). At two
+/// ranks the tree and direct are the ring; only one-shot differs (one hop instead of two).
 constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, int n, std::size_t bytes, bool tree_allowed,
                                      bool direct_allowed) noexcept {
-  if (n <= 2) return Algorithm::Ring;
+  if (n <= 1) return Algorithm::Ring;
+  if (n == 2 && requested != Algorithm::OneShot && requested != Algorithm::Auto) return Algorithm::Ring;
   if (requested == Algorithm::Tree) return tree_allowed ? Algorithm::Tree : Algorithm::Ring;
-  if (requested == Algorithm::Direct) return direct_allowed ? Algorithm::Direct : Algorithm::Ring;
+  if (requested == Algorithm::Direct || requested == Algorithm::OneShot) return direct_allowed ? requested : Algorithm::Ring;
   if (requested == Algorithm::Ring) return Algorithm::Ring;
   // The fastest predicted; ties go to the ring (it relays fenced hops, so it never changes
   // plan under a fence), then to the tree.
   Algorithm best = Algorithm::Ring;
   double t = predict_ring_us(m, n, bytes);
-  if (tree_allowed && predict_tree_us(m, n, bytes) < t) {
+  if (n > 2 && tree_allowed && predict_tree_us(m, n, bytes) < t) {
     best = Algorithm::Tree;
     t = predict_tree_us(m, n, bytes);
   }
-  if (direct_allowed && predict_direct_us(m, n, bytes) < t) best = Algorithm::Direct;
+  if (n > 2 && direct_allowed && predict_direct_us(m, n, bytes) < t) {
+    best = Algorithm::Direct;
+    t = predict_direct_us(m, n, bytes);
+  }
+  if (direct_allowed && predict_oneshot_us(m, n, bytes) < t) best = Algorithm::OneShot;
   return best;
 }
 

@@ -78,6 +78,8 @@ bool simulate(int n, World& w, std::size_t slots, Make make, bool ring = true) {
         };
         if (s.kind == StepKind::CopyInput) {
           for (std::size_t i = 0; i < s.count; ++i) out_at(i) = in_at(i);
+        } else if (s.kind == StepKind::ReduceInputAcc || s.kind == StepKind::ReduceInputAccLast) {
+          for (std::size_t i = 0; i < s.count; ++i) out_at(i) = combine(in_at(i), out_at(i));
         } else if (is_send(s.kind)) {
           if (ring) REQUIRE(s.peer == (r + 1) % n);
           auto& q = link(r, s.peer);
@@ -284,6 +286,25 @@ TEST_CASE("direct allreduce schedule: every element reduced once, identical ever
             w.out[static_cast<std::size_t>(r)].assign(count, 0);
           }
           REQUIRE(simulate(n, w, slots, [&](int r) { return DirectAllreduceSchedule(r, n, count, chunk); }, false));
+          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
+          for (int r = 0; r < n; ++r)
+            for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));
+        }
+}
+
+TEST_CASE("one-shot allreduce schedule: every element reduced once, identical everywhere", "[schedule][oneshot]") {
+  for (int n = 1; n <= 16; ++n)
+    for (std::size_t count : kCounts)
+      for (std::size_t chunk : kChunks)
+        for (std::size_t slots : kSlots) {
+          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+          const auto un = static_cast<std::size_t>(n);
+          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+          for (int r = 0; r < n; ++r) {
+            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
+            w.out[static_cast<std::size_t>(r)].assign(count, 0);
+          }
+          REQUIRE(simulate(n, w, slots, [&](int r) { return OneShotAllreduceSchedule(r, n, count, chunk); }, false));
           const std::uint64_t all = (std::uint64_t{1} << n) - 1;
           for (int r = 0; r < n; ++r)
             for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));

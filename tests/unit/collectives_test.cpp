@@ -377,10 +377,10 @@ TEST_CASE("async: a peer that never joins turns into an error at wait(), and lat
   REQUIRE(fast == 1);
 }
 
-TEST_CASE("tree and direct allreduce are exact for every dtype, op and placement", "[engine][collectives][tree][direct]") {
+TEST_CASE("tree, direct and one-shot allreduce are exact for every dtype, op and placement", "[engine][collectives][tree][direct]") {
   const bool checksum = GENERATE(false, true);
-  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct);
-  for (int n : {3, 4, 5, 8}) {
+  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct, Algorithm::OneShot);
+  for (int n : {2, 3, 4, 5, 8}) {
     CommOptions o = small_chunks(checksum);
     o.algorithm = algo;
     std::atomic<std::size_t> wrong{0};
@@ -405,10 +405,10 @@ TEST_CASE("tree and direct allreduce are exact for every dtype, op and placement
   }
 }
 
-TEST_CASE("tree and direct allreduce: corrupted chunks are re-sent; a fenced link sends allreduce back to the ring",
+TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent; a fenced link sends allreduce back to the ring",
           "[engine][collectives][tree][direct][fault]") {
   const bool agree = GENERATE(false, true);
-  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct);
+  const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct, Algorithm::OneShot);
   CommOptions o = small_chunks(true);
   o.algorithm = algo;
   o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // link 0-1 is an edge of the second tree at 4 ranks

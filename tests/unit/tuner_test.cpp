@@ -11,9 +11,12 @@ TEST_CASE("tuner: tree for small messages on many ranks, ring for large ones and
   REQUIRE(tree_depth(2) == 1);
   REQUIRE(tree_depth(5) == 3);
   REQUIRE(tree_depth(8) == 3);
-  // Two ranks: tree and direct are the ring. Three: the tree has the ring's latency (depth 2
-  // vs 2 hops) and moves more bytes.
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true, true) == Algorithm::Ring);
+  // Two ranks: tree and direct are the ring; one-shot (one hop) wins tiny messages. Three: the
+  // tree has the ring's latency (depth 2 vs 2 hops) and moves more bytes.
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true, true) == Algorithm::OneShot);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, 8, true, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 2, std::size_t{1} << 20, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(m, Algorithm::Direct, 2, 8, true, true) == Algorithm::Ring);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 3, 8, true, false) == Algorithm::Ring);
   for (int n : {4, 8, 16, 64}) {
     INFO("n=" << n);
@@ -54,6 +57,7 @@ TEST_CASE("tuner: direct for small and medium messages on a few ranks, the tree 
   const TunerModel m{};
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 4, 4096, true, true) == Algorithm::Direct);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, true, true) == Algorithm::OneShot);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 64, 64, true, true) == Algorithm::Tree);  // (n+1)/2 > 2 log2 n hops
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, std::size_t{16} << 20, true, true) == Algorithm::Ring);
   // A fence anywhere rules direct out; a relayed plan rules the tree out too.
