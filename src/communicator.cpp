@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -315,6 +316,7 @@ struct Communicator::Impl {
   std::vector<RemoteReg> remote_regs;
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
   Status failure;
+  std::atomic<bool> failed{false};  // failure is set (lock-free fast path of check_usable)
   std::string failure_message;
 
   ~Impl() {
@@ -640,6 +642,7 @@ struct Communicator::Impl {
           std::lock_guard lock(status_mutex);
           failure_message = message;
           this->failure = Status(ErrorCode::Fenced);
+          failed.store(true, std::memory_order_release);
         }
         log.error("{}", message);
         for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
@@ -680,6 +683,7 @@ struct Communicator::Impl {
   }
 
   void check_usable(const char* call) const {
+    if (!failed.load(std::memory_order_acquire)) return;
     std::lock_guard lock(status_mutex);
     if (!failure.is_ok())
       throw Error(failure.code(), fmt::format("rank {}: {} on a communicator that already failed: {}", rank, call, failure_message));
@@ -815,6 +819,7 @@ struct Communicator::Impl {
       std::lock_guard lock(status_mutex);
       failure = f.status;
       failure_message = message;
+      failed.store(true, std::memory_order_release);
     }
     log.error("{}", message);
     throw_status(f.status, message);
