@@ -4,12 +4,15 @@
 #
 #   bench/compare.sh [--build DIR] [--sizes MIN:MAX[:FACTOR]] [--iters N] [--warmup N]
 #                    [--ranks "2 4"] [--repeat K] [--dtype T] [--op OP] [--inplace]
-#                    [--collectives "all_reduce reduce_scatter ..."] [--timeout SEC] [--log-dir DIR]
+#                    [--collectives "all_reduce reduce_scatter ..."] [--metric busbw|time]
+#                    [--timeout SEC] [--log-dir DIR]
 #
 # For each collective and rank count it runs <collective>_perf under ringfence-run and
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
 # size's best busbw per library (timings on a shared box vary; best-of-K compares capabilities).
 # Collectives: all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv (default all).
+# --metric time compares the time column instead (best = lowest; the ratio is MPI time over
+# ringfence time, so > 1 still means ringfence is faster): use it for small-message latency.
 # Exits 1 if any run fails (non-zero exit, timeout or no rows), 2 on a usage error.
 set -uo pipefail
 
@@ -23,13 +26,14 @@ repeat=1
 dtype=float
 op=sum
 column=8   # busbw column of the out-of-place half of the table (12 = in-place)
+metric=busbw
 placement=out-of-place
 timeout_s=900
 log_dir=""
 collectives="all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv"
 
 usage() {
-  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
@@ -47,11 +51,17 @@ while [[ $# -gt 0 ]]; do
     --timeout) timeout_s=${2:?}; shift 2 ;;
     --log-dir) log_dir=${2:?}; shift 2 ;;
     --collectives) collectives=${2:?}; shift 2 ;;
+    --metric) metric=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
 
+case "$metric" in
+  busbw) ;;
+  time) column=$((column - 2)) ;;
+  *) die "--metric expects busbw or time" ;;
+esac
 IFS=: read -r min_b max_b factor <<<"$sizes"
 [[ -n "$min_b" && -n "$max_b" ]] || die "--sizes expects MIN:MAX[:FACTOR], e.g. 64K:256M:4"
 factor=${factor:-4}
@@ -99,8 +109,9 @@ run() {
 # best LOGFILES...: "size busbw" per size, the best busbw over the given runs. Strips the
 # "[rank] " prefix ringfence-run puts on every line.
 best() {
-  cat "$@" 2>/dev/null | sed -E 's/^\[[0-9]+\] //' | awk -v c="$column" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {
-      if (!($1 in bw) || $c + 0 > bw[$1]) bw[$1] = $c + 0 } END { for (s in bw) printf "%s %.2f\n", s, bw[s] }' | sort -n
+  cat "$@" 2>/dev/null | sed -E 's/^\[[0-9]+\] //' | awk -v c="$column" -v m="$metric" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {
+      if (!($1 in bw)) bw[$1] = $c + 0
+      else if (m == "time" ? ($c + 0 < bw[$1]) : ($c + 0 > bw[$1])) bw[$1] = $c + 0 } END { for (s in bw) printf "%s %.2f\n", s, bw[s] }' | sort -n
 }
 
 cores=$(nproc)
@@ -112,6 +123,7 @@ echo "# ringfence vs MPI, collectives: $collectives; dtype $dtype op $op, sizes 
 [[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&
   echo "# bound = B(n-1)/n^2 applies to messages well above the L3 cache ($((llc >> 20)) MiB); smaller ones run from cache"
 printf '%-15s %6s %12s %12s %12s %8s %12s\n' "collective" "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
+[[ $metric == time ]] && echo "# values are times in us (lower is better); ratio = MPI / ringfence"
 declare -A bounds
 for n in $ranks; do
   # Memory bandwidth with as many copying threads as ranks can run at once.
@@ -145,8 +157,8 @@ for c in $collectives; do
 
     join -a 1 -a 2 -e - -o 0,1.2,2.2 <(best "${rf_logs[@]}" | sort -k1,1) \
         <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1) | sort -n |
-      awk -v c="$c" -v n="$n" -v bound="${bounds[$n]}" '{
-        ratio = ($2 != "-" && $3 != "-" && $3 > 0) ? sprintf("%.2f", $2 / $3) : "-"
+      awk -v c="$c" -v n="$n" -v m="$metric" -v bound="${bounds[$n]}" '{
+        ratio = ($2 != "-" && $3 != "-" && $3 > 0 && $2 > 0) ? sprintf("%.2f", m == "time" ? $3 / $2 : $2 / $3) : "-"
         printf "%-15s %6d %12d %12s %12s %8s %12s\n", c, n, $1, $2, $3, ratio, bound }'
   done
 done

@@ -25,6 +25,14 @@
 namespace ringfence::detail {
 namespace {
 
+inline void cpu_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class RingRunner {
  public:
   RingRunner(const EngineConfig& c, FlagBlock flags, Channel* left, Channel* right, const Reducer& reducer,
@@ -313,7 +321,12 @@ class RingRunner {
   // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
   // communicator timeout. Services re-send requests from the right neighbour meanwhile.
   Status wait_flag(Channel& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
-    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    // A short spin first: a small message's answer usually arrives within a microsecond, and
+    // reading the clock for the deadline would cost as much as the wait.
+    for (int i = 0; i < 64; ++i) {
+      if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+      cpu_pause();
+    }
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
       RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
