@@ -1,10 +1,13 @@
 // Host reduction kernels. Compiled with -O3 (and -march=${RINGFENCE_ARCH}) so the element loops
 // in reduce_ops.hpp vectorise; this is the only place the element-type templates are
 // instantiated for the host, 10 types x 5 ops.
+#include <cstring>
 #include <ringfence/reduce_ops.hpp>
 
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(__AVX__)
 #include <immintrin.h>
+#endif
+#if defined(__F16C__) && defined(__AVX__)
 #define RINGFENCE_HAVE_F16C 1
 #else
 #define RINGFENCE_HAVE_F16C 0
@@ -119,6 +122,29 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept {
     case DataType::Float64: return make<double>(op);
   }
   return Reducer{};
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+#if defined(__AVX2__)
+  if (n >= 512) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    std::size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+      const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+    }
+    if (i < n) std::memcpy(d + i, s + i, n - i);  // < 128 bytes: glibc's vector path
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
 }
 
 }  // namespace ringfence

@@ -75,7 +75,7 @@ class RingRunner {
       Channel* const tx_p =
           by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
       if (step.kind == StepKind::CopyInput) {
-        if (in + off != out + oo) std::memcpy(out + oo, in + off, bytes);
+        if (in + off != out + oo) copy_bytes(out + oo, in + off, bytes);
         continue;
       }
       if (step.kind == StepKind::ReduceInputAcc) {
@@ -127,7 +127,7 @@ class RingRunner {
           RINGFENCE_TRY(wait_chunk(rx, slot, landed_in_output ? out + oo : nullptr, bytes));
           switch (step.kind) {
             case StepKind::RecvCopy:
-              if (!landed_in_output) std::memcpy(out + oo, slot, bytes);
+              if (!landed_in_output) copy_bytes(out + oo, slot, bytes);
               break;
             case StepKind::RecvReduce: reducer_.combine(out + oo, slot, in + off, step.count, c_.size); break;
             case StepKind::RecvReduceLast: reducer_.finish(out + oo, slot, in + off, step.count, c_.size); break;
@@ -155,7 +155,7 @@ class RingRunner {
       while (j < n && (ops[j].send || ops[j].peer != c_.rank)) ++j;
       if (j == n || ops[j].bytes != ops[i].bytes)
         return fail(Status(ErrorCode::InvalidUsage), self_channel_, "a matching receive from ourselves", 0);
-      if (ops[j].buf != ops[i].buf) std::memcpy(ops[j].buf, ops[i].buf, ops[i].bytes);
+      if (ops[j].buf != ops[i].buf) copy_bytes(ops[j].buf, ops[i].buf, ops[i].bytes);
       ops[i].done = ops[i].bytes;
       ops[j].done = ops[j].bytes;
       ++j;
@@ -185,7 +185,7 @@ class RingRunner {
             continue;
           const std::byte* slot = nullptr;
           RINGFENCE_TRY(wait_chunk(ch, slot, nullptr, len));
-          std::memcpy(op.buf + op.done, slot, len);
+          copy_bytes(op.buf + op.done, slot, len);
           RINGFENCE_TRY(release_chunk(ch));
         }
         op.done += len;

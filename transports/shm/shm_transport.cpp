@@ -22,6 +22,7 @@
 #include <ringfence/error.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
+#include <ringfence/reduce_ops.hpp>
 #include <ringfence/transports/shm.hpp>
 #include <string>
 #include <vector>
@@ -135,7 +136,7 @@ class ShmLink final : public Link {
       return fail(ErrorCode::InvalidUsage);
     if (!has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
-      std::memcpy(dst->base + op.dst_offset, op.src, op.bytes);
+      copy_bytes(dst->base + op.dst_offset, op.src, op.bytes);
     } else {
       RINGFENCE_TRY(cma_write(*dst, op));
     }
