@@ -12,5 +12,6 @@
 #include <ringfence/status.hpp>
 #include <ringfence/store.hpp>
 #include <ringfence/transport.hpp>
+#include <ringfence/tuner.hpp>
 #include <ringfence/types.hpp>
 #include <ringfence/version.hpp>

@@ -49,11 +49,12 @@ constexpr double predict_tree_us(const TunerModel& m, int n, std::size_t bytes) 
 inline constexpr double kDirectBandwidthFactor = 1.1;
 
 /// Predicted direct allreduce time: two hops, each rank posting its n-1 messages of a phase
-/// back to back (half a hop each), and 2(n-1)/n of the message moved like the ring.
+/// back to back (about a hop each when ranks share cores), and 2(n-1)/n of the message moved
+/// like the ring.
 constexpr double predict_direct_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
   if (n <= 1) return 0.0;
   const double s = static_cast<double>(bytes) / (m.gbps * 1e3);
-  return (n + 1) * m.alpha_us / 2.0 + kDirectBandwidthFactor * 2.0 * (n - 1) / n * s;
+  return (n + 1) * m.alpha_us + kDirectBandwidthFactor * 2.0 * (n - 1) / n * s;
 }
 
 /// Predicted one-shot allreduce time: one hop, but every rank sends the whole message to each

@@ -52,16 +52,18 @@ TEST_CASE("tuner: explicit requests win unless the plan forbids the tree", "[tun
   REQUIRE(predict_ring_us(m, 8, std::size_t{1} << 30) < predict_tree_us(m, 8, std::size_t{1} << 30));
 }
 
-TEST_CASE("tuner: direct for small and medium messages on a few ranks, the tree on many, the ring for bulk",
+TEST_CASE("tuner: one-shot for tiny messages, tree and direct for medium ones, the ring for bulk",
           "[tuner]") {
   const TunerModel m{};
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 4, 4096, true, true) == Algorithm::Direct);
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 4, 65536, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 131072, true, true) == Algorithm::Direct);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8192, true, true) == Algorithm::Tree);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, true, true) == Algorithm::OneShot);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 64, 64, true, true) == Algorithm::Tree);  // (n+1)/2 > 2 log2 n hops
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, std::size_t{16} << 20, true, true) == Algorithm::Ring);
-  // A fence anywhere rules direct out; a relayed plan rules the tree out too.
-  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, true, false) == Algorithm::Tree);
+  // A fence anywhere rules direct and one-shot out; a relayed plan rules the tree out too.
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 8, true, false) == Algorithm::Tree);
+  REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 131072, true, false) != Algorithm::Direct);
   REQUIRE(choose_allreduce(m, Algorithm::Auto, 8, 4096, false, false) == Algorithm::Ring);
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, 4096, true, false) == Algorithm::Ring);
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, std::size_t{1} << 30, true, true) == Algorithm::Direct);
