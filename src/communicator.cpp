@@ -131,7 +131,9 @@ struct Communicator::Impl {
   int rank = 0;
   int size = 1;
   std::shared_ptr<Store> store;
-  std::unique_ptr<TcpStoreServer> server;  // when this rank hosts the store
+  std::shared_ptr<TcpStoreServer> server;  // when this rank hosts the store (shared with shrunk communicators)
+  TransportRegistry registry;              // what setup() used (shrink builds from it again)
+  std::uint64_t shrinks = 0;               // shrink() calls so far (store namespace of the next)
   PeerInfo self;
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<detail::Channel>> channels;
@@ -587,6 +589,26 @@ struct Communicator::Impl {
       }
   }
 
+  // Installs an agreed fence list at setup (shrink carries fences over): the same planning as
+  // an agreement, without the vote. Throws LinkFencedError when no plan avoids them.
+  void install_fences(std::vector<LinkId> all) {
+    std::vector<int> next_ring = ring;
+    std::optional<std::vector<Relay>> next_relays = plan_relays(ring, all);
+    if (!next_relays) {
+      auto reordered = plan_ring(size, all);
+      if (!reordered)
+        throw LinkFencedError(fmt::format("rank {}: no ring of {} ranks avoids the fenced links {}", rank, size, to_string(all)), rank,
+                              all.front().a == rank ? all.front().b : all.front().a);
+      next_ring = std::move(*reordered);
+      next_relays.emplace();
+    }
+    fenced = std::move(all);
+    for (const auto& l : fenced)
+      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+    set_ring(std::move(next_ring), std::move(*next_relays));
+    ++epoch;
+  }
+
   // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
   // wants fenced; a checksummed allreduce (max) of the n x n proposal matrix gives every rank
   // the same union, so every rank fences the same links and switches to the same ring before
@@ -843,14 +865,46 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   impl_->rank = rank;
   impl_->size = size;
   impl_->store = std::move(store);
+  impl_->registry = registry;
   impl_->setup(registry);
 }
 
+Communicator Communicator::shrink(const std::vector<int>& exclude) { return shrink(exclude, impl_->options); }
+
+Communicator Communicator::shrink(const std::vector<int>& exclude, CommOptions options) {
+  Impl& m = *impl_;
+  std::vector<int> gone = exclude;
+  std::sort(gone.begin(), gone.end());
+  gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+  for (int r : gone)
+    RINGFENCE_EXPECTS(r >= 0 && r < m.size, "rank {}: shrink: excluded rank {} is out of range [0, {})", m.rank, r, m.size);
+  RINGFENCE_EXPECTS(!std::binary_search(gone.begin(), gone.end(), m.rank),
+                    "rank {}: shrink: this rank is in the exclude list (excluded ranks must not call shrink)", m.rank);
+  const int new_size = m.size - static_cast<int>(gone.size());
+  auto new_rank_of = [&](int r) {  // survivors keep their order
+    return r - static_cast<int>(std::lower_bound(gone.begin(), gone.end(), r) - gone.begin());
+  };
+  m.drain();  // queued work first (it fails fast when the communicator is broken)
+  // A fresh namespace in the store: the shrink count (equal on every survivor: same calls in
+  // the same order) and the excluded ranks.
+  const std::string prefix = fmt::format("shrink/{}/{}/", m.shrinks++, fmt::join(gone, ","));
+  Communicator next(std::make_shared<PrefixStore>(m.store, prefix), new_rank_of(m.rank), new_size, m.registry, std::move(options));
+  next.impl_->server = m.server;
+  // Fences between survivors stay: the same agreed list on every survivor gives the same plan.
+  std::vector<LinkId> carried;
+  for (const LinkId& l : m.fenced)
+    if (!std::binary_search(gone.begin(), gone.end(), l.a) && !std::binary_search(gone.begin(), gone.end(), l.b))
+      carried.push_back(LinkId::of(new_rank_of(l.a), new_rank_of(l.b)));
+  if (!carried.empty()) next.impl_->install_fences(std::move(carried));
+  m.log.warn("shrunk to {} ranks without rank(s) {}: this rank is now rank {}", new_size, fmt::join(gone, ","), next.rank());
+  return next;
+}
+
 Communicator Communicator::from_launch(const LaunchInfo& launch, const TransportRegistry& registry, CommOptions options) {
-  std::unique_ptr<TcpStoreServer> server;
+  std::shared_ptr<TcpStoreServer> server;
   if (launch.host_store) {
     const Logger log(options.log_level, launch.rank);
-    server = std::make_unique<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
+    server = std::make_shared<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
   }
   auto store = std::make_shared<TcpStoreClient>(launch.store_host, launch.store_port, launch.token, options.timeout);
   Communicator comm(std::move(store), launch.rank, launch.size, registry, std::move(options));

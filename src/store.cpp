@@ -768,4 +768,16 @@ JobToken random_token() {
   return token;
 }
 
+PrefixStore::PrefixStore(std::shared_ptr<Store> inner, std::string prefix) : inner_(std::move(inner)), prefix_(std::move(prefix)) {
+  RINGFENCE_EXPECTS(inner_ != nullptr, "PrefixStore: inner store must not be null");
+}
+std::string PrefixStore::key(std::string_view k) const {
+  std::string out = prefix_;
+  out += k;
+  return out;
+}
+void PrefixStore::set(std::string_view k, std::span<const std::byte> value) { inner_->set(key(k), value); }
+Bytes PrefixStore::get(std::string_view k, std::chrono::milliseconds timeout) { return inner_->get(key(k), timeout); }
+std::int64_t PrefixStore::add(std::string_view k, std::int64_t delta) { return inner_->add(key(k), delta); }
+
 }  // namespace ringfence

@@ -170,6 +170,18 @@ class Communicator {
   /// Returns when every rank has entered the barrier.
   void barrier();
 
+  /// A new communicator of the ranks not in `exclude` (renumbered in rank order), built
+  /// through this communicator's bootstrap store. Every surviving rank calls it with the same
+  /// list; excluded ranks must not (they may be dead, e.g. after a `PeerUnreachableError`).
+  /// Works on a communicator that already failed. Links fenced here between two survivors stay
+  /// fenced in the new plan. The store must still be reachable (under ringfence-run the
+  /// launcher hosts it; a rank hosting it must not be excluded). Same options unless given.
+  /// Throws `InvalidUsage` for a bad list (out of range, excludes everyone, or this rank),
+  /// `TimeoutError` when a survivor does not join within the timeout.
+  Communicator shrink(const std::vector<int>& exclude);
+  /// See `shrink(exclude)`; the new communicator uses `options`.
+  Communicator shrink(const std::vector<int>& exclude, CommOptions options);
+
   /// Asynchronous variants: same arguments and checks as the blocking calls (argument errors
   /// throw at once); the collective runs on the progress thread in issue order.
   Work allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);

@@ -45,6 +45,22 @@ class Store {
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
 };
 
+/// A view of another store whose keys all start with `prefix`: communicators built on the same
+/// store (e.g. by `Communicator::shrink`) keep their setup keys apart.
+class PrefixStore final : public Store {
+ public:
+  /// `inner` must not be null.
+  PrefixStore(std::shared_ptr<Store> inner, std::string prefix);
+  void set(std::string_view key, std::span<const std::byte> value) override;
+  Bytes get(std::string_view key, std::chrono::milliseconds timeout) override;
+  std::int64_t add(std::string_view key, std::int64_t delta) override;
+
+ private:
+  std::string key(std::string_view k) const;
+  std::shared_ptr<Store> inner_;
+  std::string prefix_;
+};
+
 /// Longest key a store accepts, in bytes.
 inline constexpr std::size_t kMaxStoreKeyBytes = 1024;
 /// Default longest value the TCP store accepts, in bytes.

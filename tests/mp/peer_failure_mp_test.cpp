@@ -4,6 +4,8 @@
 //          PeerUnreachableError or TimeoutError naming a rank, well within the timeout.
 //   stall: the last rank sleeps for 3x the timeout instead of joining; survivors must see
 //          TimeoutError after roughly the timeout (RINGFENCE_TIMEOUT_MS), not later than 2x.
+//   shrink: as exit, then the survivors shrink the communicator without the dead rank and
+//          run exact allreduces on it.
 // The failing rank exits 0 so the launcher lets the survivors report.
 #include <unistd.h>
 
@@ -20,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
   const bool stall = argc > 1 && std::strcmp(argv[1], "stall") == 0;
+  const bool shrink = argc > 1 && std::strcmp(argv[1], "shrink") == 0;
   try {
     Communicator comm = Communicator::from_env();
     const int victim = comm.size() - 1;
@@ -68,6 +71,25 @@ int main(int argc, char** argv) {
         if (!std::strstr(again.what(), "already failed")) return 1;
       }
       if (comm.async_error().is_ok()) return 1;
+      if (shrink) {
+        Communicator small = comm.shrink({victim});
+        const int n = small.size();
+        if (n != comm.size() - 1 || small.rank() != comm.rank()) return 1;
+        for (int it = 0; it < 3; ++it) {
+          std::vector<double> v(100000);
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7 + static_cast<std::size_t>(small.rank()) * 3) % 13);
+          small.allreduce(v.data(), v.data(), v.size(), DataType::Float64, ReduceOp::Sum);
+          for (std::size_t i = 0; i < v.size(); ++i) {
+            double want = 0;
+            for (int r = 0; r < n; ++r) want += static_cast<double>((i * 7 + static_cast<std::size_t>(r) * 3) % 13);
+            if (v[i] != want) {
+              std::fprintf(stderr, "FAIL: element %zu after shrink: %g != %g\n", i, v[i], want);
+              return 1;
+            }
+          }
+        }
+        std::printf("rank %d: shrunk to %d ranks, allreduce exact\n", small.rank(), n);
+      }
       std::printf("1 passed, 0 failed\n");
       return 0;
     }

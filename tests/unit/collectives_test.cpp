@@ -430,3 +430,63 @@ TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent; a 
   REQUIRE(errors > 0);                         // the fault hit tree traffic and was repaired
   REQUIRE(fenced == (agree ? 4u : 0u));        // every rank fenced 0-1 (and then ran the ring)
 }
+
+TEST_CASE("shrink: survivors of a departed rank build a smaller communicator and keep fences", "[engine][shrink]") {
+  CommOptions o = small_chunks(true);
+  o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // gets 0-1 fenced before the shrink
+  std::atomic<std::size_t> wrong{0}, ok{0};
+  const std::string err = test::run_ranks(4, o, [&](Communicator& comm) {
+    std::vector<float> buf(20000);
+    for (int it = 0; it < 6; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 4, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 4, buf.data(), buf.size());
+    }
+    T_CHECK(comm.fenced_links().size() == 1);
+    if (comm.rank() == 2) return;  // leaves (its communicator is destroyed)
+    Communicator small = comm.shrink({2});
+    T_CHECK(small.size() == 3);
+    T_CHECK(small.rank() == (comm.rank() < 2 ? comm.rank() : comm.rank() - 1));
+    // Old 0-1 is new 0-1: still fenced, and the plan routes around it.
+    T_CHECK(small.fenced_links().size() == 1);
+    T_CHECK(small.fenced_links()[0].a == 0 && small.fenced_links()[0].b == 1);
+    for (int it = 0; it < 4; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, small.rank(), 3, buf.data(), buf.size());
+      small.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 3, buf.data(), buf.size());
+      std::vector<float> all(3 * 100);
+      test::fill_pattern(DataType::Float32, small.rank(), buf.data(), 100, static_cast<std::size_t>(small.rank()) * 100);
+      small.allgather(buf.data(), all.data(), 100, DataType::Float32);
+      for (int b = 0; b < 3; ++b)
+        wrong += test::count_wrong_pattern(DataType::Float32, b, all.data() + b * 100, 100, static_cast<std::size_t>(b) * 100);
+    }
+    // A second shrink of the shrunk communicator (new namespace in the same store): without
+    // rank 1 the fenced link 0-1 is gone with it. (Without rank 2 instead, ranks 0 and 1 would
+    // be left with only their fenced link: shrink refuses that with LinkFencedError.)
+    if (small.rank() == 1) return;
+    Communicator smaller = small.shrink({1});
+    T_CHECK(smaller.size() == 2 && smaller.fenced_links().empty());
+    int v = smaller.rank() + 1;
+    smaller.allreduce(&v, &v, 1, DataType::Int32, ReduceOp::Sum);
+    T_CHECK(v == 3);
+    ++ok;
+  });
+  INFO(err);
+  REQUIRE(err.empty());
+  REQUIRE(wrong == 0);
+  REQUIRE(ok == 2);
+}
+
+TEST_CASE("shrink: bad exclude lists are refused naming the rank", "[engine][shrink][validation]") {
+  const std::string err = test::run_ranks(2, small_chunks(), [&](Communicator& comm) {
+    for (const std::vector<int>& bad : {std::vector<int>{comm.rank()}, std::vector<int>{2}, std::vector<int>{-1}}) {
+      try {
+        (void)comm.shrink(bad);
+        throw std::runtime_error("shrink accepted a bad list");
+      } catch (const InvalidUsage& e) {
+        T_CHECK(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": shrink") != std::string::npos);
+      }
+    }
+  });
+  REQUIRE(err.empty());
+}
