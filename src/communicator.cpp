@@ -610,18 +610,26 @@ struct Communicator::Impl {
   }
 
   // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
-  // wants fenced; a checksummed allreduce (max) of the n x n proposal matrix gives every rank
-  // the same union, so every rank fences the same links and switches to the same ring before
-  // the next collective. Returns Ok or the failure of the internal allreduce.
+  // wants fenced (vote 2) and the fenced links it finds fit to come back (vote 1); a checksummed
+  // allreduce (max) of the n x n matrix gives every rank the same result, so every rank fences
+  // and readmits the same links and switches to the same plan before the next collective. A
+  // fence vote dominates a readmission vote. Returns Ok or the failure of the internal allreduce.
   Status agree(detail::Failure& failure) {
-    // Proposals: links whose peer sent too many corrupted chunks, and mapped links whose
-    // hardware-counter policy says fence. `votes` is preallocated (n x n, upper triangle used).
+    constexpr std::uint8_t kReadmit = 1, kFence = 2;
+    // `votes` is preallocated (n x n, upper triangle used).
     std::fill(votes.begin(), votes.end(), std::uint8_t{0});
+    auto vote = [&](LinkId l, std::uint8_t v) {
+      std::uint8_t& slot = votes[static_cast<std::size_t>(l.a * size + l.b)];
+      slot = std::max(slot, v);
+    };
+    auto is_fenced_link = [&](LinkId l) { return std::find(fenced.begin(), fenced.end(), l) != fenced.end(); };
     auto propose = [&](LinkId l, std::uint64_t count, const std::string& why) {
-      votes[static_cast<std::size_t>(l.a * size + l.b)] = 1;
+      vote(l, kFence);
       log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
       emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
     };
+    // Proposals: links whose peer sent too many corrupted chunks, and mapped links whose
+    // hardware-counter policy says fence.
     for (auto& ch : channels) {
       const std::uint64_t new_errors = ch->checksum_errors - ch->checksum_errors_judged;
       ch->checksum_errors_judged = ch->checksum_errors;
@@ -631,28 +639,49 @@ struct Communicator::Impl {
         propose(l, new_errors, fmt::format("{} corrupted chunks from rank {} since the last agreement", new_errors, ch->peer));
     }
     if (monitor)
-      for (const auto& [l, why] : monitor->evaluate(std::chrono::steady_clock::now()))
-        if (l.b < size && std::find(fenced.begin(), fenced.end(), l) == fenced.end()) propose(l, 0, why);
+      for (const auto& a : monitor->evaluate(std::chrono::steady_clock::now())) {
+        if (a.link.b >= size) continue;
+        if (a.state == health::LinkState::Fenced) {
+          if (is_fenced_link(a.link)) vote(a.link, kFence);  // still serving its cool-down
+          else propose(a.link, 0, a.why);
+        } else if (is_fenced_link(a.link)) {
+          vote(a.link, kReadmit);  // cool-down served, nothing wrong since: probation in the plan
+        }
+      }
+    // An end whose transport cannot resume a fenced link keeps it fenced.
+    for (const LinkId& l : fenced)
+      if (l.a == rank || l.b == rank)
+        if (!channel_to(l.a == rank ? l.b : l.a).link->can_reopen()) vote(l, kFence);
 
     detail::EngineConfig config = engine;
     config.checksum = true;  // the votes themselves must not be corrupted on the way
     const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
     RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, votes.data(), votes.data(), votes.size(), max,
                                              detail::DirectWrite{}, relay_duties, failure));
-    std::vector<LinkId> added;
+    std::vector<LinkId> added, readmitted;
     for (int a = 0; a < size; ++a)
-      for (int b = a + 1; b < size; ++b)
-        if (votes[static_cast<std::size_t>(a * size + b)] && std::find(fenced.begin(), fenced.end(), LinkId{a, b}) == fenced.end())
-          added.push_back(LinkId{a, b});
-    if (added.empty()) return Status::ok();
+      for (int b = a + 1; b < size; ++b) {
+        const std::uint8_t v = votes[static_cast<std::size_t>(a * size + b)];
+        const LinkId l{a, b};
+        if (v == kFence && !is_fenced_link(l)) added.push_back(l);
+        if (v == kReadmit && is_fenced_link(l)) readmitted.push_back(l);
+      }
+    if (added.empty() && readmitted.empty()) return Status::ok();
 
-    // Every rank holds the same union, so every rank computes the same plan. Prefer relays: the
+    // Every rank holds the same votes, so every rank computes the same plan. Prefer relays: the
     // logical ring (and every element's reduction order) stays, so results stay bit-identical
     // to the unfenced plan. Otherwise re-order the ring; with neither, fail everywhere alike.
-    std::vector<LinkId> all = fenced;
+    // When links come back the plan starts again from rank order, so a job whose fences all
+    // healed runs the original plan again.
+    std::vector<LinkId> all;
+    for (const LinkId& l : fenced)
+      if (std::find(readmitted.begin(), readmitted.end(), l) == readmitted.end()) all.push_back(l);
     all.insert(all.end(), added.begin(), added.end());
-    std::vector<int> next_ring = ring;
-    std::optional<std::vector<Relay>> next_relays = plan_relays(ring, all);
+    std::vector<int> base = ring;
+    if (!readmitted.empty())
+      for (int i = 0; i < size; ++i) base[static_cast<std::size_t>(i)] = i;
+    std::vector<int> next_ring = base;
+    std::optional<std::vector<Relay>> next_relays = plan_relays(base, all);
     if (!next_relays) {
       auto reordered = plan_ring(size, all);
       if (!reordered) {
@@ -668,21 +697,31 @@ struct Communicator::Impl {
         }
         log.error("{}", message);
         for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
-        throw LinkFencedError(message, rank, added.front().a == rank ? added.front().b : added.front().a);
+        const LinkId first = added.empty() ? all.front() : added.front();
+        throw LinkFencedError(message, rank, first.a == rank ? first.b : first.a);
       }
       next_ring = std::move(*reordered);
       next_relays.emplace();
     }
     fenced = std::move(all);
-    for (const auto& l : added)
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& l : added) {
       if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+      if (monitor) monitor->fence(l, "fenced by agreement", now);  // serves a cool-down before readmission
+    }
+    for (const auto& l : readmitted)
+      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->reopen();
     set_ring(std::move(next_ring), std::move(*next_relays));
     ++epoch;
     const std::string plan = relays.empty() ? fmt::format("{}", fmt::join(ring, "-"))
                                             : fmt::format("{} relays {}", fmt::join(ring, "-"), to_string(relays));
     for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
+    for (const auto& l : readmitted)
+      emit(HealthEvent{EventKind::LinkReadmitted, rank, l.a, l.b, 0, 0, 0, "cool-down served, counters clean; agreed by all ranks", 0});
     emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0, plan, 0});
-    log.warn("fenced link {} at collective #{}; epoch {}: ring {}", to_string(added), seq, epoch, plan);
+    if (!added.empty()) log.warn("fenced link {} at collective #{}; epoch {}: ring {}", to_string(added), seq, epoch, plan);
+    if (!readmitted.empty())
+      log.warn("readmitted link {} at collective #{}; epoch {}: ring {}", to_string(readmitted), seq, epoch, plan);
     return Status::ok();
   }
 

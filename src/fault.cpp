@@ -161,6 +161,8 @@ class FaultLink final : public Link {
     return inner_->wait(flag, target, max);
   }
   void fence(FenceReason why) noexcept override { inner_->fence(why); }
+  bool can_reopen() const noexcept override { return inner_->can_reopen(); }
+  void reopen() noexcept override { inner_->reopen(); }
   LinkState state() const noexcept override { return inner_->state(); }
   int peer() const noexcept override { return inner_->peer(); }
   const LinkStats& stats() const noexcept override { return inner_->stats(); }

@@ -105,9 +105,17 @@ void HealthMonitor::stop() noexcept {
   if (sampler_.joinable()) sampler_.join();
 }
 
-std::vector<std::pair<LinkId, std::string>> HealthMonitor::evaluate(health::TimePoint now) {
-  std::vector<std::pair<LinkId, std::string>> fenced;
-  if (map_.empty()) return fenced;
+void HealthMonitor::fence(LinkId link, const std::string& reason, health::TimePoint now) {
+  std::lock_guard lock(mutex_);
+  const auto it = policies_.find({link.a, link.b});
+  if (it == policies_.end()) return;
+  if (auto t = it->second.fence(reason, now))
+    log_.info("health: link {}-{} {} -> {} ({})", link.a, link.b, to_string(t->from), to_string(t->to), reason);
+}
+
+std::vector<HealthMonitor::Assessment> HealthMonitor::evaluate(health::TimePoint now) {
+  std::vector<Assessment> out;
+  if (map_.empty()) return out;
   std::lock_guard lock(mutex_);
   sample_locked(now);
   for (const auto& s : map_) {
@@ -120,13 +128,14 @@ std::vector<std::pair<LinkId, std::string>> HealthMonitor::evaluate(health::Time
     health::LinkPolicy& policy = policies_.at({s.link.a, s.link.b});
     if (auto t = policy.observe(e, now))
       log_.info("health: link {}-{} {} -> {}", s.link.a, s.link.b, to_string(t->from), to_string(t->to));
-    if (policy.state() == health::LinkState::Fenced) {
-      std::string why;
-      for (const auto& r : policy.last_verdict().reasons) why += (why.empty() ? "" : "; ") + r;
-      fenced.emplace_back(s.link, why.empty() ? std::string("policy: fenced") : why);
+    Assessment a{s.link, policy.state(), {}};
+    if (a.state == health::LinkState::Fenced) {
+      for (const auto& r : policy.last_verdict().reasons) a.why += (a.why.empty() ? "" : "; ") + r;
+      if (a.why.empty()) a.why = "policy: fenced";
     }
+    out.push_back(std::move(a));
   }
-  return fenced;
+  return out;
 }
 
 }  // namespace ringfence::detail

@@ -44,9 +44,18 @@ class HealthMonitor {
   /// True when any link is mapped to hardware counters.
   bool active() const noexcept { return !map_.empty(); }
 
-  /// Samples every source once and runs each mapped link's policy; returns the links whose
-  /// policy is (now) Fenced with the reasons. `now` is the steady clock. Thread-safe.
-  std::vector<std::pair<LinkId, std::string>> evaluate(health::TimePoint now);
+  /// One mapped link's policy state after an evaluation.
+  struct Assessment {
+    LinkId link;
+    health::LinkState state = health::LinkState::Healthy;
+    std::string why;  ///< the verdict's reasons (fenced links)
+  };
+  /// Samples every source once and runs each mapped link's policy; returns every mapped link's
+  /// state. `now` is the steady clock. Thread-safe.
+  std::vector<Assessment> evaluate(health::TimePoint now);
+  /// The communicator fenced `link` (agreement, e.g. for checksum errors): its policy serves a
+  /// cool-down before the link may be readmitted. No-op for unmapped links. Thread-safe.
+  void fence(LinkId link, const std::string& reason, health::TimePoint now);
 
   /// Reads every source once into the counter bank (deltas, windows). Thread-safe.
   void sample(health::TimePoint now);

@@ -21,9 +21,11 @@ enum class EventKind : std::uint8_t {
   Replanned,       ///< new plan in `detail`: ring (ranks joined by '-') and relays ("relays x->z->y"), epoch `epoch`
   NoPlan,          ///< link a-b must be fenced but neither a relay nor a ring avoids the fenced links
   DigestMismatch,  ///< rank `count`'s output digest differs from the majority's (`detail` lists digests)
+  LinkReadmitted,  ///< every rank agreed: fenced link a-b served its cool-down with clean counters and is back in the plan
 };
 
-/// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan".
+/// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan", "digest_mismatch",
+/// "link_readmitted".
 std::string_view to_string(EventKind kind) noexcept;
 /// Inverse of `to_string(EventKind)`.
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;

@@ -185,6 +185,13 @@ class Link {
                                     std::chrono::nanoseconds max) noexcept = 0;
   /// Fences the link: idempotent; pending operations complete with `Fenced`, later ones fail.
   virtual void fence(FenceReason why) noexcept = 0;
+  /// True when `reopen()` can undo a `FenceReason::HealthPolicy` fence (the hardware path is
+  /// still there and the transport can resume). Default: false (the link stays fenced).
+  virtual bool can_reopen() const noexcept { return false; }
+  /// Undoes a health-policy fence so the link carries traffic again (a fenced link that served
+  /// its cool-down and whose counters are clean is readmitted into the plan). Only called when
+  /// `can_reopen()` is true and no operation is pending.
+  virtual void reopen() noexcept {}
   /// Current state.
   virtual LinkState state() const noexcept = 0;
   /// Peer rank.

@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
         l.fenced = true;
         l.fenced_at = e->sequence;
         break;
+      case ringfence::EventKind::LinkReadmitted:
+        l.fenced = false;
+        l.reason = "readmitted at collective #" + std::to_string(e->sequence) + " (cool-down served, counters clean)";
+        break;
       case ringfence::EventKind::NoPlan:
         l.no_plan = true;
         l.reason = "neither a relay nor a ring avoids the fenced links";

@@ -497,6 +497,68 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
   }
 }
 
+TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",
+          "[health][nvml][e2e][probation]") {
+  test::TempDir dir{"ringfence-probation"};
+  dir.write("state", "count 1\nlinks 4\n");
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::uint64_t> fenced_at(n, 0), readmitted_at(n, 0);
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::size_t> relays(n, 99);
+  std::vector<std::uint64_t> epochs(n, 0);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health.window = std::chrono::milliseconds(100);            // the storm leaves the window quickly
+  o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
+  o.health_link_map = "1-2=nvml:0:1";
+  o.health_interval = std::chrono::milliseconds(0);
+  o.host_id = "probation";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
+      if (e.kind == EventKind::LinkReadmitted) readmitted_at[r] = e.sequence;
+    });
+    std::vector<std::int32_t> buf(10000);
+    for (int it = 0; it < 40; ++it) {
+      if (it == 4) {  // the NVLink replays once (a storm), then stays quiet
+        sync.arrive_and_wait();
+        if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+        sync.arrive_and_wait();
+      }
+      if (it >= 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the cool-down pass
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    fences[r] = comm.fenced_links();
+    rings[r] = comm.ring();
+    relays[r] = comm.relays().size();
+    epochs[r] = comm.epoch();
+  });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fenced_at[r] == 6);                 // first agreement after the storm
+    REQUIRE(readmitted_at[r] > fenced_at[r]);   // after the cool-down, at the same collective everywhere
+    REQUIRE(readmitted_at[r] == readmitted_at[0]);
+    REQUIRE(fences[r].empty());
+    REQUIRE(rings[r] == std::vector<int>{0, 1, 2, 3});  // the original plan, no relays
+    REQUIRE(relays[r] == 0);
+    REQUIRE(epochs[r] == 2);                    // fenced, then readmitted
+  }
+}
+
 TEST_CASE("the background sampler reads the counter sources between collectives and stops with the communicator",
           "[health][nvml]") {
   test::TempDir dir{"ringfence-sampler"};

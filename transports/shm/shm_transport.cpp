@@ -205,6 +205,12 @@ class ShmLink final : public Link {
     // only refuses later operations. Idempotent.
     state_ = LinkState::Fenced;
   }
+  // A health fence only stops use: the mapped segments stay, so the link can resume (its
+  // message counters did not move while fenced, on either end).
+  bool can_reopen() const noexcept override { return true; }
+  void reopen() noexcept override {
+    if (state_ == LinkState::Fenced) state_ = LinkState::Up;
+  }
   LinkState state() const noexcept override { return state_; }
   int peer() const noexcept override { return peer_; }
   const LinkStats& stats() const noexcept override { return stats_; }
