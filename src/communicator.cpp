@@ -313,9 +313,9 @@ struct Communicator::Impl {
     RemoteRegion region;
   };
   static constexpr std::size_t kRegCacheEntries = 32;
-  std::vector<LocalReg> local_regs;
+  std::deque<LocalReg> local_regs;   // deques: entries keep their address while others come and go
   std::vector<std::pair<std::uintptr_t, std::size_t>> user_allocs;  // alloc()ed ranges
-  std::vector<RemoteReg> remote_regs;
+  std::deque<RemoteReg> remote_regs;
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
   Status failure;
   std::atomic<bool> failed{false};  // failure is set (lock-free fast path of check_usable)
@@ -525,7 +525,7 @@ struct Communicator::Impl {
   std::span<const std::byte> output_key(void* ptr, std::size_t bytes, Transport* t) {
     for (auto& e : local_regs)
       if (e.ptr == ptr && e.bytes == bytes) return e.key;
-    if (local_regs.size() == kRegCacheEntries) local_regs.erase(local_regs.begin());
+    if (local_regs.size() == kRegCacheEntries) local_regs.pop_front();
     MemoryRegion region = t->register_memory(ptr, bytes, MemoryKind::Host);
     Bytes key = region.key();
     local_regs.push_back(LocalReg{ptr, bytes, std::move(region), std::move(key)});
@@ -534,17 +534,45 @@ struct Communicator::Impl {
 
   static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept {
     auto& self = *static_cast<Impl*>(ctx);
-    for (auto& e : self.remote_regs)
+    return self.import_cached(key, *self.right);
+  }
+
+  // Imports a peer's key with `ch`'s transport, through a bounded cache (a hit allocates
+  // nothing). A group uses at most one key per peer at a time, far below the cache size.
+  const RemoteRegion* import_cached(std::span<const std::byte> key, detail::Channel& ch) noexcept {
+    for (auto& e : remote_regs)
       if (std::equal(e.key.begin(), e.key.end(), key.begin(), key.end())) return &e.region;
     try {
-      if (self.remote_regs.size() == kRegCacheEntries) self.remote_regs.erase(self.remote_regs.begin());
-      RemoteRegion region = self.right->transport->import_region(key);
-      self.remote_regs.push_back(RemoteReg{Bytes(key.begin(), key.end()), std::move(region)});
-      return &self.remote_regs.back().region;
+      if (remote_regs.size() == std::max<std::size_t>(kRegCacheEntries, 2 * static_cast<std::size_t>(size))) remote_regs.pop_front();
+      RemoteRegion region = ch.transport->import_region(key);
+      remote_regs.push_back(RemoteReg{Bytes(key.begin(), key.end()), std::move(region)});
+      return &remote_regs.back().region;
     } catch (const std::exception& e) {
-      self.log.error("importing rank {}'s output buffer failed: {}", self.right->peer, e.what());
+      log.error("importing rank {}'s buffer failed: {}", ch.peer, e.what());
       return nullptr;
     }
+  }
+
+  // Point-to-point direct writes (see detail::P2PDirect).
+  detail::P2PDirect p2p_direct() noexcept {
+    detail::P2PDirect d;
+    d.enabled = !engine.checksum && size > 1;
+    d.min_bytes = options.direct_write_min_bytes;
+    d.ctx = this;
+    d.key_of = [](void* ctx, void* ptr, std::size_t bytes, detail::Channel& ch) noexcept -> std::span<const std::byte> {
+      auto& self = *static_cast<Impl*>(ctx);
+      if (!self.is_allocated(ptr, bytes) && bytes < self.options.p2p_direct_user_min_bytes) return {};
+      try {
+        return self.output_key(ptr, bytes, ch.transport);
+      } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
+        self.log.debug("receive buffer not shareable with rank {} ({}): staging", ch.peer, e.what());
+        return {};
+      }
+    };
+    d.resolve = [](void* ctx, std::span<const std::byte> key, detail::Channel& ch) noexcept {
+      return static_cast<Impl*>(ctx)->import_cached(key, ch);
+    };
+    return d;
   }
 
   // Installs a plan: the logical ring and the relays that carry its fenced hops. Called
@@ -838,7 +866,7 @@ struct Communicator::Impl {
 
   void run_ops(const char* call, std::vector<detail::P2POp>& ops) {
     detail::Failure failure;
-    const Status s = detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), failure);
+    const Status s = detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), p2p_direct(), failure);
     ops.clear();
     if (!s.is_ok()) raise(call, failure);
   }

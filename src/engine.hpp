@@ -35,7 +35,9 @@ struct ChunkTrailer {
 /// - `credit[p]`: p consumed (and verified) chunk m we wrote into its inbox (value m + 1);
 /// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
 /// - `nack[p]`: p found the chunk it is blocked on (number credit[p]) corrupted (value = p's nack count);
-/// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count).
+/// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count);
+/// - `p2p_mail[p]`: p wrote the key of a receive buffer into `p2p_mailbox(p)` (value = how many
+///   keys p published to us so far): the destination of our next direct point-to-point send.
 /// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
 ///   (reporting rank + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody).
 /// All values are monotone for the communicator's lifetime: nothing is ever reset.
@@ -45,15 +47,17 @@ struct FlagBlock {
   SignalFlag* mail = nullptr;
   SignalFlag* nack = nullptr;
   SignalFlag* retry = nullptr;
+  SignalFlag* p2p_mail = nullptr;
   SignalFlag* abort = nullptr;         ///< one word
-  std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes
-  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kWords };
+  std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
+  std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kWords };
 
   static std::size_t bytes(int size) noexcept {
-    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + kMailboxBytes) + sizeof(SignalFlag);
+    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + 2 * kMailboxBytes) + sizeof(SignalFlag);
   }
   static std::size_t abort_offset(int size) noexcept {
-    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + kMailboxBytes);
+    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + 2 * kMailboxBytes);
   }
   /// Encodes an abort word.
   static std::uint32_t abort_value(ErrorCode code, int reporter, int blamed) noexcept {
@@ -70,6 +74,9 @@ struct FlagBlock {
   static std::size_t mailbox_offset(int size, int rank) noexcept {
     return static_cast<std::size_t>(size) * kWords * sizeof(SignalFlag) + static_cast<std::size_t>(rank) * kMailboxBytes;
   }
+  static std::size_t p2p_mailbox_offset(int size, int rank) noexcept {
+    return mailbox_offset(size, size) + static_cast<std::size_t>(rank) * kMailboxBytes;
+  }
   void bind(void* base, int size) noexcept {
     auto* f = static_cast<SignalFlag*>(base);
     data = f;
@@ -77,7 +84,9 @@ struct FlagBlock {
     mail = f + 2 * size;
     nack = f + 3 * size;
     retry = f + 4 * size;
+    p2p_mail = f + 5 * size;
     mailboxes = static_cast<std::byte*>(base) + mailbox_offset(size, 0);
+    p2p_mailboxes = static_cast<std::byte*>(base) + p2p_mailbox_offset(size, 0);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
 };
@@ -122,6 +131,10 @@ struct Channel {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
+  // Direct point-to-point: keys of our receive buffers published to this peer, and keys of the
+  // peer's receive buffers we consumed for our sends.
+  std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
+  std::uint32_t p2p_mail_header[3] = {};
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
   std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement
@@ -196,6 +209,26 @@ struct P2POp {
   std::byte* buf = nullptr;  ///< source (send) or destination (recv)
   std::size_t bytes = 0;
   std::size_t done = 0;   ///< bytes moved so far
+  // Direct mode (engine-internal state): the receiver published its buffer's key; the sender
+  // writes the chunks straight into it (dst) and the receiver copies nothing.
+  bool direct = false;       ///< this op moves its bytes directly (decided by size, same on both ends)
+  bool keyed = false;        ///< recv: key published; send: key fetched
+  const RemoteRegion* dst = nullptr;  ///< send: the receiver's buffer (null: it asked for staging)
+  bool landed = false;       ///< recv: the sender writes into `buf` (we published a non-empty key)
+};
+
+/// How point-to-point transfers may skip the receiver's copy: from `min_bytes` a receiver
+/// publishes its buffer's key (registered with the link's transport; empty = "use staging")
+/// and the sender writes into it. Off with checksums (a corrupted chunk must land in staging).
+struct P2PDirect {
+  bool enabled = false;
+  std::size_t min_bytes = SIZE_MAX;
+  /// Key of `ptr` registered with `ch`'s transport; empty when it cannot be shared (may
+  /// allocate on a cache miss, never throws).
+  std::span<const std::byte> (*key_of)(void* ctx, void* ptr, std::size_t bytes, Channel& ch) noexcept = nullptr;
+  /// Imports a peer's key (cached; nullptr on failure).
+  const RemoteRegion* (*resolve)(void* ctx, std::span<const std::byte> key, Channel& ch) noexcept = nullptr;
+  void* ctx = nullptr;
 };
 
 /// Runs one ring collective over `left`/`right` (see `run_ring_allreduce`).
@@ -205,7 +238,7 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
 /// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
 /// ourselves). Never throws or allocates.
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
-               Failure& failure) noexcept;
+               const P2PDirect& direct, Failure& failure) noexcept;
 
 /// Runs one ring allreduce over `left`/`right` channels. Returns Ok, or an error with
 /// `failure` describing the peer and the wait. Never throws or allocates.

@@ -147,7 +147,7 @@ class RingRunner {
   // one after the other in list order (so both ends agree on the message sequence); everything
   // else progresses side by side without blocking, so no order of calls across ranks can
   // deadlock. `channel_of[r]` is the channel to rank r.
-  Status run_p2p(Channel* const* channel_of, P2POp* ops, std::size_t n) noexcept {
+  Status run_p2p(Channel* const* channel_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept {
     nack_all_ = channel_of;
     // Sends to ourselves pair with receives from ourselves, k-th with k-th.
     for (std::size_t i = 0, j = 0; i < n; ++i) {
@@ -161,6 +161,9 @@ class RingRunner {
       ++j;
     }
     if (c_.size == 1) return Status::ok();  // only transfers to ourselves (no channels exist)
+    // Both ends decide by size alone, so they agree on which transfers go direct.
+    for (std::size_t i = 0; i < n; ++i)
+      ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes;
     const auto slots = static_cast<std::uint64_t>(c_.slots);
     auto last_progress = std::chrono::steady_clock::now();
     for (int idle = 0;;) {
@@ -175,17 +178,27 @@ class RingRunner {
         if (behind) continue;
         Channel& ch = *channel_of[op.peer];
         const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+        if (op.direct && !op.keyed) {
+          if (op.send) {
+            if (!reached(flags_.p2p_mail[ch.peer].value.load(std::memory_order_acquire), ch.p2p_keys_used + 1)) continue;
+            RINGFENCE_TRY(fetch_p2p_key(ch, op, direct));
+          } else {
+            RINGFENCE_TRY(publish_p2p_key(ch, op, direct));
+          }
+          op.keyed = true;
+          progress = true;
+        }
         if (op.send) {
           if (ch.sent >= slots && !reached(flags_.credit[ch.peer].value.load(std::memory_order_acquire),
                                            static_cast<std::uint32_t>(ch.sent + 1 - slots)))
             continue;
-          RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len));
+          RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len, op.dst, op.done));  // dst null: staging
         } else {
           if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
             continue;
           const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(ch, slot, nullptr, len));
-          copy_bytes(op.buf + op.done, slot, len);
+          RINGFENCE_TRY(wait_chunk(ch, slot, op.landed ? op.buf + op.done : nullptr, len));
+          if (!op.landed) copy_bytes(op.buf + op.done, slot, len);
           RINGFENCE_TRY(release_chunk(ch));
         }
         op.done += len;
@@ -216,10 +229,13 @@ class RingRunner {
         const P2POp& op = ops[i];
         if (op.done >= op.bytes) continue;
         Channel& ch = *channel_of[op.peer];
-        SignalFlag& flag = op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
-        const std::uint64_t target = op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots) : ch.received + 1;
+        const bool needs_key = op.send && op.direct && !op.keyed;
+        SignalFlag& flag = needs_key ? flags_.p2p_mail[ch.peer] : op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
+        const std::uint64_t target = needs_key ? ch.p2p_keys_used + 1
+                                     : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
+                                               : ch.received + 1;
         const Status st = ch.link->wait(flag, static_cast<std::uint32_t>(target),
-                                        std::chrono::microseconds(idle < 16 ? 20 : 200));
+                                        std::chrono::microseconds(20));
         if (st.is_error()) {
           RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
           return fail(st, ch, op.send ? "a free staging slot (credit) for a send" : "data for a receive",
@@ -405,6 +421,51 @@ class RingRunner {
     if (len == 0) return Status::ok();
     region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + kMailHeader, len));
     if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
+    return Status::ok();
+  }
+
+  // Direct point-to-point, receiver side: publishes the key of `op`'s buffer (empty = "use my
+  // staging slots") into the sender's p2p mailbox for us, then signals its p2p_mail word. Safe
+  // to overwrite: our previous direct receive from this peer is complete, so the sender read
+  // that key before writing its data.
+  Status publish_p2p_key(Channel& ch, P2POp& op, const P2PDirect& d) noexcept {
+    const std::span<const std::byte> key = d.key_of(d.ctx, op.buf, op.bytes, ch);
+    const std::uint32_t number = ch.p2p_keys_published + 1;
+    if (key.size() + kMailHeader > kMailboxBytes)
+      return fail(Status(ErrorCode::InvalidUsage), ch, "publishing a receive-buffer key (too long)", 0);
+    ch.p2p_mail_header[0] = static_cast<std::uint32_t>(key.size());
+    ch.p2p_mail_header[1] = crc32c(key.data(), key.size(), number);
+    ch.p2p_mail_header[2] = number;
+    const std::size_t base = FlagBlock::p2p_mailbox_offset(c_.size, c_.rank);
+    Status s = ch.link->write(WriteOp{ch.p2p_mail_header, nullptr, &ch.peer_flags, base, kMailHeader, 0});
+    if (s.is_ok() && !key.empty())
+      s = ch.link->write(WriteOp{key.data(), nullptr, &ch.peer_flags, base + kMailHeader, key.size(), 0});
+    if (s.is_ok())
+      s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), number, 0});
+    if (!s.is_ok()) return fail(s, ch, "publishing a receive-buffer key", 0);
+    ch.p2p_keys_published = number;
+    op.landed = !key.empty();
+    return drain(ch, "publishing a receive-buffer key");
+  }
+
+  // Direct point-to-point, sender side: reads the receiver's key for our next direct send
+  // (its p2p_mail word reached it) and imports it (nullptr = write into its staging slots).
+  Status fetch_p2p_key(Channel& ch, P2POp& op, const P2PDirect& d) noexcept {
+    const std::uint32_t number = ch.p2p_keys_used + 1;
+    const std::byte* box = flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
+    std::uint32_t header[3] = {};
+    std::memcpy(header, box, kMailHeader);
+    const std::uint32_t len = header[0];
+    if (len + kMailHeader > kMailboxBytes || header[2] != number || crc32c(box + kMailHeader, len, number) != header[1])
+      return fail(Status(ErrorCode::Transient), ch, "an intact receive-buffer key (it arrived corrupted)", ch.sent);
+    op.dst = nullptr;
+    if (len > 0) {
+      op.dst = d.resolve(d.ctx, std::span<const std::byte>(box + kMailHeader, len), ch);
+      if (!op.dst) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's receive buffer", ch.sent);
+      if (op.dst->size() < op.bytes)
+        return fail(Status(ErrorCode::InvalidUsage), ch, "a receive buffer as large as the send (the counts differ)", ch.sent);
+    }
+    ch.p2p_keys_used = number;
     return Status::ok();
   }
 
@@ -619,11 +680,11 @@ Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* 
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
-               Failure& failure) noexcept {
+               const P2PDirect& direct, Failure& failure) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
   RelayDuties none;
-  return RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).run_p2p(channel_of, ops, n);
+  return RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).run_p2p(channel_of, ops, n, direct);
 }
 
 }  // namespace ringfence::detail

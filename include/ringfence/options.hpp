@@ -63,6 +63,11 @@ struct CommOptions {
   /// docs/architecture.md). Applies only at or above `direct_write_min_bytes`.
   /// Env: RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES=<bytes>|off.
   std::size_t direct_write_user_min_bytes = SIZE_MAX;
+  /// Point-to-point transfers (send/recv, alltoall) of at least `direct_write_min_bytes` go
+  /// straight into the receiver's buffer when it comes from `alloc()`, or when it is a plain
+  /// user buffer of at least this many bytes (cross-memory attach): one copy instead of two.
+  /// SIZE_MAX keeps user buffers on staging. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
+  std::size_t p2p_direct_user_min_bytes = 256 * 1024;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
   std::vector<std::string> transports;

@@ -490,3 +490,59 @@ TEST_CASE("shrink: bad exclude lists are refused naming the rank", "[engine][shr
   });
   REQUIRE(err.empty());
 }
+
+TEST_CASE("point-to-point straight into receive buffers: alloc()ed and user buffers, several transfers per peer",
+          "[engine][collectives][p2p][direct]") {
+  const bool alloc = GENERATE(false, true);
+  CommOptions o = small_chunks();
+  o.direct_write_min_bytes = 1000;       // transfers from 1000 bytes go direct, smaller ones staged
+  o.p2p_direct_user_min_bytes = 1;       // user buffers too (cross-memory attach)
+  for (int n : {2, 3, 4}) {
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      const int right = (comm.rank() + 1) % n, left = (comm.rank() + n - 1) % n;
+      // Per direction three transfers to the same peer: direct, staged, direct (keys are
+      // published and consumed in order while staged chunks interleave).
+      const std::size_t counts[] = {4099, 7, 1500};
+      auto buffer = [&](std::size_t count) -> float* {
+        return alloc ? static_cast<float*>(comm.alloc(count * sizeof(float))) : new float[count];
+      };
+      auto release = [&](float* p) {
+        if (alloc) comm.free(p);
+        else delete[] p;
+      };
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float*> out, in;
+        comm.group_start();
+        for (std::size_t k = 0; k < 3; ++k) {
+          out.push_back(buffer(counts[k]));
+          in.push_back(buffer(counts[k]));
+          test::fill_pattern(DataType::Float32, comm.rank(), out.back(), counts[k], k * 10000 + static_cast<std::size_t>(round));
+          std::fill(in.back(), in.back() + counts[k], -1.0f);
+          comm.send(out.back(), counts[k], DataType::Float32, right);
+          comm.recv(in.back(), counts[k], DataType::Float32, left);
+        }
+        comm.group_end();
+        for (std::size_t k = 0; k < 3; ++k) {
+          wrong += test::count_wrong_pattern(DataType::Float32, left, in[k], counts[k], k * 10000 + static_cast<std::size_t>(round));
+          release(out[k]);
+          release(in[k]);
+        }
+      }
+      // alltoall with blocks above the threshold.
+      const std::size_t count = 700;  // 2800 bytes per block
+      float* a = buffer(count * static_cast<std::size_t>(n));
+      float* b = buffer(count * static_cast<std::size_t>(n));
+      const auto un = static_cast<std::size_t>(n), r = static_cast<std::size_t>(comm.rank());
+      for (std::size_t j = 0; j < un; ++j) test::fill_pattern(DataType::Float32, comm.rank(), a + j * count, count, (j * un + r) * count);
+      comm.alltoall(a, b, count, DataType::Float32);
+      for (std::size_t s = 0; s < un; ++s)
+        wrong += test::count_wrong_pattern(DataType::Float32, static_cast<int>(s), b + s * count, count, (r * un + s) * count);
+      release(a);
+      release(b);
+    });
+    INFO("ranks " << n << " alloc " << alloc);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+  }
+}
