@@ -283,6 +283,9 @@ struct Communicator::Impl {
   Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
   void run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes,
                                const Reducer& reducer);
+  // Direct writes of final values into the right neighbour's output (ring allreduce, allgather
+  // and broadcast): enabled from `direct_write_min_bytes` without checksums.
+  detail::DirectWrite direct_write(void* recv, std::size_t bytes);
   Work reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
   Work allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type);
   Work broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root);
@@ -1031,24 +1034,26 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
   });
 }
 
+detail::DirectWrite Communicator::Impl::direct_write(void* recv, std::size_t bytes) {
+  detail::DirectWrite direct;
+  // With checksums every chunk goes through staging: a corrupted chunk must land where it can
+  // be verified and replaced, not in the output.
+  if (size > 1 && bytes >= options.direct_write_min_bytes && !engine.checksum) {
+    // Every rank takes part in the key exchange (same decision everywhere: same size and
+    // options); each decides for its own output whether the left neighbour writes into it.
+    direct.enabled = true;
+    direct.call = static_cast<std::uint32_t>(seq);
+    if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes)
+      direct.own_key = output_key(recv, bytes, left->transport);
+    direct.resolve = &Impl::resolve_remote;
+    direct.ctx = this;
+  }
+  return direct;
+}
+
 void Communicator::Impl::run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count,
                                                  std::size_t bytes, const Reducer& reducer) {
-  {
-    detail::DirectWrite direct;
-    // With checksums every chunk goes through staging: a corrupted chunk must land where it
-    // can be verified and replaced, not in the output.
-    if (size > 1 && bytes >= options.direct_write_min_bytes && !engine.checksum) {
-      // Every rank takes part in the key exchange (same decision everywhere: same count and
-      // options); each decides for its own output whether the left neighbour writes into it.
-      direct.enabled = true;
-      direct.call = static_cast<std::uint32_t>(seq);
-      if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes)
-        direct.own_key = output_key(recv, bytes, left->transport);
-      direct.resolve = &Impl::resolve_remote;
-      direct.ctx = this;
-    }
-    run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct);
-  }
+  run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct_write(recv, bytes));
 }
 
 Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type,
@@ -1083,7 +1088,7 @@ Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std
     begin_collective(call);
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
     run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
-                  host_reducer(DataType::Uint8, ReduceOp::Sum));
+                  host_reducer(DataType::Uint8, ReduceOp::Sum), direct_write(recv, recv_bytes));
   });
 }
 
@@ -1099,7 +1104,7 @@ Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std
   return issue(async, call, [=, this] {
     begin_collective(call);
     run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, position_of(root)},
-                  host_reducer(DataType::Uint8, ReduceOp::Sum));
+                  host_reducer(DataType::Uint8, ReduceOp::Sum), direct_write(recv, bytes));
   });
 }
 

@@ -241,8 +241,8 @@ class RingAllgatherSchedule : public detail::ChunkedRingSchedule<RingAllgatherSc
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
     if (i == 0) {
       out = Step{StepKind::CopyInput, -1, begin, len, seg(0) * count_ + begin};
-    } else if (i == 1) {
-      out = Step{StepKind::SendInput, right(), begin, len, 0};
+    } else if (i == 1) {  // our block, from the output (the copy above put it there): a final value
+      out = Step{StepKind::SendFinal, right(), begin, len, seg(0) * count_ + begin};
     } else {
       const int k = i / 2;  // hop: receive block r-k, forward it unless it went all the way round
       const std::size_t o = seg(-k) * count_ + begin;
@@ -264,8 +264,8 @@ class ChainBroadcastSchedule : public detail::ChunkedRingSchedule<ChainBroadcast
   constexpr int per_chunk() const noexcept { return 2; }
   /// See `per_chunk`.
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
-    if (distance_ == 0) {
-      out = i == 0 ? Step{StepKind::CopyInput, -1, begin, len, begin} : Step{StepKind::SendInput, right(), begin, len, begin};
+    if (distance_ == 0) {  // the root: copy, then send the copy (a final value, may go straight to the peer's output)
+      out = i == 0 ? Step{StepKind::CopyInput, -1, begin, len, begin} : Step{StepKind::SendFinal, right(), begin, len, begin};
       return true;
     }
     if (i == 0) {

@@ -546,3 +546,44 @@ TEST_CASE("point-to-point straight into receive buffers: alloc()ed and user buff
     REQUIRE(wrong == 0);
   }
 }
+
+TEST_CASE("allgather and broadcast write final values straight into peers' outputs", "[engine][collectives][direct]") {
+  const bool alloc = GENERATE(false, true);
+  CommOptions o = small_chunks();
+  o.direct_write_min_bytes = 1;
+  o.direct_write_user_min_bytes = 1;  // user buffers by cross-memory attach
+  for (int n : {2, 3, 5}) {
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      const auto un = static_cast<std::size_t>(n), r = static_cast<std::size_t>(comm.rank());
+      auto buffer = [&](std::size_t count) -> float* {
+        return alloc ? static_cast<float*>(comm.alloc(count * sizeof(float))) : new float[count];
+      };
+      auto release = [&](float* p) {
+        if (alloc) comm.free(p);
+        else delete[] p;
+      };
+      for (std::size_t count : {std::size_t{1}, std::size_t{333}, std::size_t{5000}}) {
+        float* in = buffer(count);
+        float* out = buffer(un * count);
+        test::fill_pattern(DataType::Float32, comm.rank(), in, count, r * count);
+        comm.allgather(in, out, count, DataType::Float32);
+        for (std::size_t b = 0; b < un; ++b)
+          wrong += test::count_wrong_pattern(DataType::Float32, static_cast<int>(b), out + b * count, count, b * count);
+        comm.allgather(out + r * count, out, count, DataType::Float32);  // in place
+        for (std::size_t b = 0; b < un; ++b)
+          wrong += test::count_wrong_pattern(DataType::Float32, static_cast<int>(b), out + b * count, count, b * count);
+        for (int root = 0; root < n; ++root) {
+          test::fill_pattern(DataType::Float32, comm.rank(), in, count);
+          comm.broadcast(in, out, count, DataType::Float32, root);
+          wrong += test::count_wrong_pattern(DataType::Float32, root, out, count);
+        }
+        release(in);
+        release(out);
+      }
+    });
+    INFO("ranks " << n << " alloc " << alloc);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+  }
+}
