@@ -10,6 +10,7 @@ packages=(
   libibverbs-dev rdma-core
   iproute2 procps
   gnuplot-nox
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
