@@ -74,6 +74,87 @@ Reducer make_half(ReduceOp op) noexcept {
 }
 #endif
 
+#if defined(__AVX2__)
+// bfloat16 with AVX2: 8 elements per step, widened to float exactly (a 16-bit shift), combined
+// in float, rounded back with the scalar rule (ties to even, NaN quieted) in integer lanes, so
+// vector body and scalar tail agree bit for bit. min/max select one of the operands' original
+// bits (as the scalar functors do: no re-rounding, NaN payloads kept).
+enum class Bf16Kind { Sum, Prod, Min, Max, SumDiv };
+
+RINGFENCE_FORCEINLINE __m256i bf16_widen(const BFloat16* p) noexcept {
+  return _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+}
+
+// Eight 32-bit lanes holding 16-bit results -> eight packed bfloat16 at `p`.
+RINGFENCE_FORCEINLINE void bf16_store(BFloat16* p, __m256i v) noexcept {
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+// to_bfloat16 on eight floats: NaN -> (u >> 16) | 0x40, else (u + 0x7fff + ((u >> 16) & 1)) >> 16.
+RINGFENCE_FORCEINLINE __m256i bf16_round(__m256 f) noexcept {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+template <Bf16Kind K, class ScalarOp>
+void bf16_combine(void* dst, const void* a, const void* b, std::size_t n, int divisor, ScalarOp op) noexcept {
+  auto* d = static_cast<BFloat16*>(dst);
+  const auto* x = static_cast<const BFloat16*>(a);
+  const auto* y = static_cast<const BFloat16*>(b);
+  const __m256 div = _mm256_set1_ps(static_cast<float>(divisor));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i ia = bf16_widen(x + i), ib = bf16_widen(y + i);
+    const __m256 va = _mm256_castsi256_ps(ia), vb = _mm256_castsi256_ps(ib);
+    __m256i r;
+    if constexpr (K == Bf16Kind::Min) {  // b < a ? b : a
+      r = _mm256_srli_epi32(_mm256_blendv_epi8(ia, ib, _mm256_castps_si256(_mm256_cmp_ps(vb, va, _CMP_LT_OQ))), 16);
+    } else if constexpr (K == Bf16Kind::Max) {  // a < b ? b : a
+      r = _mm256_srli_epi32(_mm256_blendv_epi8(ia, ib, _mm256_castps_si256(_mm256_cmp_ps(va, vb, _CMP_LT_OQ))), 16);
+    } else if constexpr (K == Bf16Kind::Sum) {
+      r = bf16_round(_mm256_add_ps(va, vb));
+    } else if constexpr (K == Bf16Kind::Prod) {
+      r = bf16_round(_mm256_mul_ps(va, vb));
+    } else {
+      r = bf16_round(_mm256_div_ps(_mm256_add_ps(va, vb), div));
+    }
+    bf16_store(d + i, r);
+  }
+  for (; i < n; ++i) d[i] = op(x[i], y[i]);
+}
+
+template <Bf16Kind K, template <class> class Op>
+void bf16_fn(void* dst, const void* a, const void* b, std::size_t n, int divisor) noexcept {
+  bf16_combine<K>(dst, a, b, n, divisor, Op<BFloat16>{});
+}
+void bf16_sum_div(void* dst, const void* a, const void* b, std::size_t n, int divisor) noexcept {
+  bf16_combine<Bf16Kind::SumDiv>(dst, a, b, n, divisor, SumDivOp<BFloat16>{divisor});
+}
+
+Reducer make_bf16(ReduceOp op) noexcept {
+  Reducer r;
+  r.elem_size = sizeof(BFloat16);
+  switch (op) {
+    case ReduceOp::Sum: r.combine = r.finish = &bf16_fn<Bf16Kind::Sum, SumOp>; break;
+    case ReduceOp::Prod: r.combine = r.finish = &bf16_fn<Bf16Kind::Prod, ProdOp>; break;
+    case ReduceOp::Min: r.combine = r.finish = &bf16_fn<Bf16Kind::Min, MinOp>; break;
+    case ReduceOp::Max: r.combine = r.finish = &bf16_fn<Bf16Kind::Max, MaxOp>; break;
+    case ReduceOp::Avg:
+      r.combine = &bf16_fn<Bf16Kind::Sum, SumOp>;
+      r.finish = &bf16_sum_div;
+      break;
+    default: r = Reducer{}; break;
+  }
+  return r;
+}
+#endif
+
 template <class T, template <class> class Op>
 void combine(void* dst, const void* a, const void* b, std::size_t n, int /*divisor*/) noexcept {
   reduce_loop(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n, Op<T>{});
@@ -117,7 +198,11 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept {
 #else
     case DataType::Float16: return make<Half>(op);
 #endif
+#if defined(__AVX2__)
+    case DataType::BFloat16: return make_bf16(op);
+#else
     case DataType::BFloat16: return make<BFloat16>(op);
+#endif
     case DataType::Float32: return make<float>(op);
     case DataType::Float64: return make<double>(op);
   }
