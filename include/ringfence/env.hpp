@@ -16,7 +16,7 @@
 /// | RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS | tuner model: per-hop cost (us), link bandwidth (GB/s) | 6, 2 |
 /// | RINGFENCE_DIRECT_WRITE_MIN_BYTES | from this size, final values go straight into `alloc()`ed outputs; `off` disables | 256K |
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
-/// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | 256K |
+/// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |

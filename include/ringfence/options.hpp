@@ -66,8 +66,10 @@ struct CommOptions {
   /// Point-to-point transfers (send/recv, alltoall) of at least `direct_write_min_bytes` go
   /// straight into the receiver's buffer when it comes from `alloc()`, or when it is a plain
   /// user buffer of at least this many bytes (cross-memory attach): one copy instead of two.
-  /// SIZE_MAX keeps user buffers on staging. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
-  std::size_t p2p_direct_user_min_bytes = 256 * 1024;
+  /// Off by default: on the development VM cross-memory attach was slower than staging for
+  /// send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB) and only alltoall at 4 ranks
+  /// and 1 MiB gained. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
+  std::size_t p2p_direct_user_min_bytes = SIZE_MAX;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
   std::vector<std::string> transports;
