@@ -10,6 +10,7 @@
 # For each collective and rank count it runs <collective>_perf under ringfence-run and
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
 # size's best busbw per library (timings on a shared box vary; best-of-K compares capabilities).
+# "of-bound" is ringfence's busbw as a share of the bound (meaningful above the L3 cache size).
 # Collectives: all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv (default all).
 # --metric time compares the time column instead (best = lowest; the ratio is MPI time over
 # ringfence time, so > 1 still means ringfence is faster): use it for small-message latency.
@@ -122,7 +123,7 @@ echo "# ringfence vs MPI, collectives: $collectives; dtype $dtype op $op, sizes 
 # cache; smaller messages run from cache and may exceed it.
 [[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&
   echo "# bound = B(n-1)/n^2 applies to messages well above the L3 cache ($((llc >> 20)) MiB); smaller ones run from cache"
-printf '%-15s %6s %12s %12s %12s %8s %12s\n' "collective" "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound"
+printf '%-15s %6s %12s %12s %12s %8s %12s %8s\n' "collective" "ranks" "size(B)" "ringfence" "MPI" "ratio" "bound" "of-bound"
 [[ $metric == time ]] && echo "# values are times in us (lower is better); ratio = MPI / ringfence"
 declare -A bounds
 for n in $ranks; do
@@ -159,7 +160,8 @@ for c in $collectives; do
         <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1) | sort -n |
       awk -v c="$c" -v n="$n" -v m="$metric" -v bound="${bounds[$n]}" '{
         ratio = ($2 != "-" && $3 != "-" && $3 > 0 && $2 > 0) ? sprintf("%.2f", m == "time" ? $3 / $2 : $2 / $3) : "-"
-        printf "%-15s %6d %12d %12s %12s %8s %12s\n", c, n, $1, $2, $3, ratio, bound }'
+        of = (m != "time" && $2 != "-" && bound != "-" && bound > 0) ? sprintf("%.0f%%", 100 * $2 / bound) : "-"
+        printf "%-15s %6d %12d %12s %12s %8s %12s %8s\n", c, n, $1, $2, $3, ratio, bound, of }'
   done
 done
 [[ $status -ne 0 ]] && echo "# some runs failed (see above)" >&2
