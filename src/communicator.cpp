@@ -620,24 +620,39 @@ struct Communicator::Impl {
       }
   }
 
+  // The plan for `all` fenced links starting from ring `base`: relays when they exist (the
+  // logical ring and every element's reduction order stay, so results stay bit-identical),
+  // else a re-ordered ring; nullopt when neither avoids the links. Every rank computes the
+  // same plan from the same list.
+  static std::optional<std::pair<std::vector<int>, std::vector<Relay>>> plan_for(const std::vector<int>& base,
+                                                                                   const std::vector<LinkId>& all, int n) {
+    if (auto relayed = plan_relays(base, all)) return std::pair{base, std::move(*relayed)};
+    if (auto reordered = plan_ring(n, all)) return std::pair{std::move(*reordered), std::vector<Relay>{}};
+    return std::nullopt;
+  }
+
+  // Switches to `plan` with `all` fenced: fences this rank's newly fenced links, reopens its
+  // readmitted ones, rebuilds the ring and bumps the epoch.
+  void install_plan(std::pair<std::vector<int>, std::vector<Relay>> plan, std::vector<LinkId> all,
+                    const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted) {
+    fenced = std::move(all);
+    for (const auto& l : added)
+      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+    for (const auto& l : readmitted)
+      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->reopen();
+    set_ring(std::move(plan.first), std::move(plan.second));
+    ++epoch;
+  }
+
   // Installs an agreed fence list at setup (shrink carries fences over): the same planning as
   // an agreement, without the vote. Throws LinkFencedError when no plan avoids them.
   void install_fences(std::vector<LinkId> all) {
-    std::vector<int> next_ring = ring;
-    std::optional<std::vector<Relay>> next_relays = plan_relays(ring, all);
-    if (!next_relays) {
-      auto reordered = plan_ring(size, all);
-      if (!reordered)
-        throw LinkFencedError(fmt::format("rank {}: no ring of {} ranks avoids the fenced links {}", rank, size, to_string(all)), rank,
-                              all.front().a == rank ? all.front().b : all.front().a);
-      next_ring = std::move(*reordered);
-      next_relays.emplace();
-    }
-    fenced = std::move(all);
-    for (const auto& l : fenced)
-      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
-    set_ring(std::move(next_ring), std::move(*next_relays));
-    ++epoch;
+    auto plan = plan_for(ring, all, size);
+    if (!plan)
+      throw LinkFencedError(fmt::format("rank {}: no ring of {} ranks avoids the fenced links {}", rank, size, to_string(all)), rank,
+                            all.front().a == rank ? all.front().b : all.front().a);
+    const std::vector<LinkId> added = all;
+    install_plan(std::move(*plan), std::move(all), added, {});
   }
 
   // Fence agreement at a collective boundary (design §5.4): every rank contributes the links it
@@ -653,7 +668,7 @@ struct Communicator::Impl {
       std::uint8_t& slot = votes[static_cast<std::size_t>(l.a * size + l.b)];
       slot = std::max(slot, v);
     };
-    auto is_fenced_link = [&](LinkId l) { return std::find(fenced.begin(), fenced.end(), l) != fenced.end(); };
+    auto is_fenced_link = [&](LinkId l) { return is_fenced(l.a, l.b); };
     auto propose = [&](LinkId l, std::uint64_t count, const std::string& why) {
       vote(l, kFence);
       log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
@@ -711,39 +726,28 @@ struct Communicator::Impl {
     std::vector<int> base = ring;
     if (!readmitted.empty())
       for (int i = 0; i < size; ++i) base[static_cast<std::size_t>(i)] = i;
-    std::vector<int> next_ring = base;
-    std::optional<std::vector<Relay>> next_relays = plan_relays(base, all);
-    if (!next_relays) {
-      auto reordered = plan_ring(size, all);
-      if (!reordered) {
-        const std::string message = fmt::format(
-            "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
-            "the fenced links {}; shrink the communicator or replace the hardware",
-            rank, to_string(added), size, to_string(all));
-        {
-          std::lock_guard lock(status_mutex);
-          failure_message = message;
-          this->failure = Status(ErrorCode::Fenced);
-          failed.store(true, std::memory_order_release);
-        }
-        log.error("{}", message);
-        for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
-        const LinkId first = added.empty() ? all.front() : added.front();
-        throw LinkFencedError(message, rank, first.a == rank ? first.b : first.a);
+    auto next = plan_for(base, all, size);
+    if (!next) {
+      const std::string message = fmt::format(
+          "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
+          "the fenced links {}; shrink the communicator or replace the hardware",
+          rank, to_string(added), size, to_string(all));
+      {
+        std::lock_guard lock(status_mutex);
+        failure_message = message;
+        this->failure = Status(ErrorCode::Fenced);
+        failed.store(true, std::memory_order_release);
       }
-      next_ring = std::move(*reordered);
-      next_relays.emplace();
+      log.error("{}", message);
+      for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
+      const LinkId first = added.empty() ? all.front() : added.front();
+      throw LinkFencedError(message, rank, first.a == rank ? first.b : first.a);
     }
-    fenced = std::move(all);
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& l : added) {
-      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
-      if (monitor) monitor->fence(l, "fenced by agreement", now);  // serves a cool-down before readmission
+    install_plan(std::move(*next), std::move(all), added, readmitted);
+    if (monitor) {  // a fenced link serves a cool-down before it may come back
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& l : added) monitor->fence(l, "fenced by agreement", now);
     }
-    for (const auto& l : readmitted)
-      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->reopen();
-    set_ring(std::move(next_ring), std::move(*next_relays));
-    ++epoch;
     const std::string plan = relays.empty() ? fmt::format("{}", fmt::join(ring, "-"))
                                             : fmt::format("{} relays {}", fmt::join(ring, "-"), to_string(relays));
     for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
