@@ -82,7 +82,6 @@ struct Work::State {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
-  std::shared_ptr<void> keep;  // storage the queued call uses (e.g. barrier's token)
 
   void finish(std::exception_ptr e) noexcept {
     {
@@ -113,13 +112,6 @@ void Work::wait() const {
   std::unique_lock lock(state_->mutex);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
-}
-
-void Work::keep_alive(std::shared_ptr<void> storage) {
-  if (state_) {
-    std::lock_guard lock(state_->mutex);
-    state_->keep = std::move(storage);
-  }
 }
 
 HealthSnapshot snapshot_of(const Communicator::Impl& m);
@@ -212,6 +204,7 @@ struct Communicator::Impl {
   std::vector<detail::Channel*> position_channel;  // by ring position; null for ourselves
   bool tree_allowed = false;                    // the plan lets the double binary tree run
   std::vector<std::byte> oneshot_copy;          // in-place one-shot allreduce input (one slot)
+  std::uint8_t barrier_token = 0;               // barrier_async's one-byte allreduce
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
@@ -1231,11 +1224,9 @@ Work Communicator::alltoall_async(const void* send, void* recv, std::size_t coun
   return impl_->alltoall(true, send, recv, count, type);
 }
 Work Communicator::barrier_async() {
-  // A one-element allreduce (see barrier()); the token lives as long as the work.
-  auto token = std::make_shared<std::uint8_t>(0);
-  Work w = impl_->allreduce(true, token.get(), token.get(), 1, DataType::Uint8, ReduceOp::Max);
-  w.keep_alive(std::move(token));
-  return w;
+  // A one-element allreduce (see barrier()) on a token the communicator owns: queued barriers
+  // run one after another on it, and it outlives them all.
+  return impl_->allreduce(true, &impl_->barrier_token, &impl_->barrier_token, 1, DataType::Uint8, ReduceOp::Max);
 }
 void Communicator::synchronize() { impl_->drain(); }
 

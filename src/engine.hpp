@@ -197,8 +197,6 @@ struct RingCall {
   void* recv = nullptr;
   std::size_t count = 0;
   int root = 0;
-  /// Pipeline chunk in bytes (0 = one staging slot); the same on every rank.
-  std::size_t chunk_bytes = 0;
   /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
   Channel* const* by_position = nullptr;
   Channel* const* by_rank = nullptr;

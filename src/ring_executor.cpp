@@ -642,10 +642,7 @@ class RingRunner {
 Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
   RingRunner runner(config, flags, left, right, reducer, direct, relays, failure);
-  // The pipeline chunk: the call's (the tuner may cut big-but-not-huge messages finer for a
-  // deeper pipeline), never more than a staging slot.
-  const std::size_t chunk_bytes = call.chunk_bytes ? std::min(call.chunk_bytes, config.slot_bytes) : config.slot_bytes;
-  const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / reducer.elem_size);
+  const std::size_t chunk = config.slot_bytes / reducer.elem_size;
   const int n = config.size;
   const std::size_t count = call.count;
   switch (call.kind) {

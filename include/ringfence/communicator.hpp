@@ -43,8 +43,6 @@ class Work {
   void wait() const;
   /// Like `wait()`, but returns false if the work is still running after `timeout`.
   bool wait_for(std::chrono::nanoseconds timeout) const;
-  /// Keeps `storage` alive until the handle's last copy is gone (used for internal buffers).
-  void keep_alive(std::shared_ptr<void> storage);
 
   struct State;  ///< shared completion state (private)
   /// Wraps a state (used by the communicator).
