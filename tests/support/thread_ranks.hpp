@@ -4,10 +4,18 @@
 
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <ringfence/communicator.hpp>
 #include <string>
 #include <thread>
 #include <vector>
+
+// Catch2 2.x assertions are not thread-safe: rank threads use T_CHECK, which throws; the
+// thread runner (run_ranks, or a test's own) reports the failure on the test thread.
+#define T_CHECK(cond)                                                                                             \
+  do {                                                                                                            \
+    if (!(cond)) throw std::runtime_error(std::string("check failed: " #cond " at line ") + std::to_string(__LINE__)); \
+  } while (0)
 
 namespace ringfence::test {
 

@@ -136,89 +136,78 @@ const std::size_t kCounts[] = {0, 1, 2, 5, 13, 64, 100};
 const std::size_t kChunks[] = {1, 3, 16, std::size_t{1} << 20};
 const std::size_t kSlots[] = {1, 4};
 
+// One simulated configuration: `n` ranks, `count` elements (per block where the collective has
+// blocks), a root for rooted collectives.
+struct Config {
+  int n;
+  std::size_t count;
+  int root;
+};
+
+// Simulates `make(config, rank)` for every n in [1, 16], count, chunk, slot count (and, with
+// `rooted`, roots 0, n/2 and n-1): rank r's input element k is `input(config, r, k)` for
+// k < in_len(config), its output has out_len(config) zeros, and afterwards output element j must
+// equal `want(config, r, j)`. `ring`: peers must be the ring neighbours.
+template <class Make, class Input, class Want>
+void check_schedules(bool ring, bool rooted, std::size_t (*in_len)(const Config&), std::size_t (*out_len)(const Config&), Make make,
+                     Input input, Want want) {
+  for (int n = 1; n <= 16; ++n)
+    for (int root : rooted ? std::vector<int>{0, n / 2, n - 1} : std::vector<int>{0})
+      for (std::size_t count : kCounts)
+        for (std::size_t chunk : kChunks)
+          for (std::size_t slots : kSlots) {
+            const Config c{n, count, root};
+            INFO("n=" << n << " root=" << root << " count=" << count << " chunk=" << chunk << " slots=" << slots);
+            const auto un = static_cast<std::size_t>(n);
+            World w{std::vector<Vec>(un), std::vector<Vec>(un)};
+            for (int r = 0; r < n; ++r) {
+              for (std::size_t k = 0; k < in_len(c); ++k) w.in[static_cast<std::size_t>(r)].push_back(input(c, r, k));
+              w.out[static_cast<std::size_t>(r)].assign(out_len(c), 0);
+            }
+            REQUIRE(simulate(n, w, slots, [&](int r) { return make(c, r, chunk); }, ring));
+            for (int r = 0; r < n; ++r)
+              for (std::size_t j = 0; j < out_len(c); ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == want(c, r, j));
+          }
+}
+
+std::size_t count_of(const Config& c) { return c.count; }
+std::size_t blocks_of(const Config& c) { return static_cast<std::size_t>(c.n) * c.count; }
+std::uint64_t all_of(const Config& c) { return (std::uint64_t{1} << c.n) - 1; }
+// Element k of every rank's input carries k (reductions).
+std::uint64_t by_index(const Config&, int r, std::size_t k) { return value(k, r); }
+// The reduction of every rank's element j.
+std::uint64_t reduced(const Config& c, int, std::size_t j) { return std::uint64_t{j} << 20 | all_of(c); }
+
 }  // namespace
 
 TEST_CASE("ring reduce-scatter schedule: rank r ends with block r reduced over all ranks", "[schedule]") {
-  for (int n = 1; n <= 16; ++n)
-    for (std::size_t count : kCounts)
-      for (std::size_t chunk : kChunks)
-        for (std::size_t slots : kSlots) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const auto un = static_cast<std::size_t>(n);
-          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-          for (int r = 0; r < n; ++r) {
-            for (std::size_t k = 0; k < un * count; ++k) w.in[static_cast<std::size_t>(r)].push_back(value(k, r));
-            w.out[static_cast<std::size_t>(r)].assign(count, 0);
-          }
-          REQUIRE(simulate(n, w, slots, [&](int r) { return RingReduceScatterSchedule(r, n, count, chunk); }));
-          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
-          for (int r = 0; r < n; ++r)
-            for (std::size_t j = 0; j < count; ++j)
-              REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{static_cast<std::size_t>(r) * count + j} << 20 | all));
-        }
+  check_schedules(
+      true, false, blocks_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return RingReduceScatterSchedule(r, c.n, c.count, chunk); }, by_index,
+      [](const Config& c, int r, std::size_t j) { return reduced(c, r, static_cast<std::size_t>(r) * c.count + j); });
 }
 
 TEST_CASE("ring allgather schedule: every rank ends with every block in place", "[schedule]") {
-  for (int n = 1; n <= 16; ++n)
-    for (std::size_t count : kCounts)
-      for (std::size_t chunk : kChunks)
-        for (std::size_t slots : kSlots) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const auto un = static_cast<std::size_t>(n);
-          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-          for (int r = 0; r < n; ++r) {
-            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(static_cast<std::size_t>(r) * count + j, r));
-            w.out[static_cast<std::size_t>(r)].assign(un * count, 0);
-          }
-          REQUIRE(simulate(n, w, slots, [&](int r) { return RingAllgatherSchedule(r, n, count, chunk); }));
-          for (int r = 0; r < n; ++r)
-            for (int b = 0; b < n; ++b)
-              for (std::size_t j = 0; j < count; ++j) {
-                const std::size_t k = static_cast<std::size_t>(b) * count + j;
-                REQUIRE(w.out[static_cast<std::size_t>(r)][k] == value(k, b));
-              }
-        }
+  check_schedules(
+      true, false, count_of, blocks_of,
+      [](const Config& c, int r, std::size_t chunk) { return RingAllgatherSchedule(r, c.n, c.count, chunk); },
+      [](const Config& c, int r, std::size_t k) { return value(static_cast<std::size_t>(r) * c.count + k, r); },
+      [](const Config& c, int, std::size_t j) { return value(j, static_cast<int>(j / std::max<std::size_t>(c.count, 1))); });
 }
 
 TEST_CASE("chain broadcast schedule: every rank ends with the root's data, nobody reads another input", "[schedule]") {
-  constexpr std::uint64_t poison = ~std::uint64_t{0};
-  for (int n = 1; n <= 16; ++n)
-    for (int root : {0, n / 2, n - 1})
-      for (std::size_t count : kCounts)
-        for (std::size_t chunk : kChunks)
-          for (std::size_t slots : kSlots) {
-            INFO("n=" << n << " root=" << root << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-            const auto un = static_cast<std::size_t>(n);
-            World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-            for (int r = 0; r < n; ++r) {
-              for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(r == root ? value(j, r) : poison);
-              w.out[static_cast<std::size_t>(r)].assign(count, 0);
-            }
-            REQUIRE(simulate(n, w, slots, [&](int r) { return ChainBroadcastSchedule(r, n, root, count, chunk); }));
-            for (int r = 0; r < n; ++r)
-              for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == value(j, root));
-          }
+  check_schedules(
+      true, true, count_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return ChainBroadcastSchedule(r, c.n, c.root, c.count, chunk); },
+      [](const Config& c, int r, std::size_t k) { return r == c.root ? value(k, r) : ~std::uint64_t{0}; },  // poison elsewhere
+      [](const Config& c, int, std::size_t j) { return value(j, c.root); });
 }
 
 TEST_CASE("chain reduce schedule: the root ends with every contribution, others' outputs untouched", "[schedule]") {
-  for (int n = 1; n <= 16; ++n)
-    for (int root : {0, n / 2, n - 1})
-      for (std::size_t count : kCounts)
-        for (std::size_t chunk : kChunks)
-          for (std::size_t slots : kSlots) {
-            INFO("n=" << n << " root=" << root << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-            const auto un = static_cast<std::size_t>(n);
-            World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-            for (int r = 0; r < n; ++r) {
-              for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
-              w.out[static_cast<std::size_t>(r)].assign(count, 0);
-            }
-            REQUIRE(simulate(n, w, slots, [&](int r) { return ChainReduceSchedule(r, n, root, count, chunk); }));
-            const std::uint64_t all = (std::uint64_t{1} << n) - 1;
-            for (int r = 0; r < n; ++r)
-              for (std::size_t j = 0; j < count; ++j)
-                REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (r == root ? (std::uint64_t{j} << 20 | all) : 0));
-          }
+  check_schedules(
+      true, true, count_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return ChainReduceSchedule(r, c.n, c.root, c.count, chunk); }, by_index,
+      [](const Config& c, int r, std::size_t j) { return r == c.root ? reduced(c, r, j) : 0; });
 }
 
 TEST_CASE("ring schedules send n-1 messages per chunk on every link (relays count them)", "[schedule]") {
@@ -255,58 +244,22 @@ TEST_CASE("double binary tree: every rank has at most two children and each tree
 }
 
 TEST_CASE("double binary tree allreduce schedule: every element reduced once, identical everywhere", "[schedule][tree]") {
-  for (int n = 1; n <= 16; ++n)
-    for (std::size_t count : kCounts)
-      for (std::size_t chunk : kChunks)
-        for (std::size_t slots : kSlots) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const auto un = static_cast<std::size_t>(n);
-          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-          for (int r = 0; r < n; ++r) {
-            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
-            w.out[static_cast<std::size_t>(r)].assign(count, 0);
-          }
-          REQUIRE(simulate(n, w, slots, [&](int r) { return DoubleTreeAllreduceSchedule(r, n, count, chunk); }, false));
-          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
-          for (int r = 0; r < n; ++r)
-            for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));
-        }
+  check_schedules(
+      false, false, count_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return DoubleTreeAllreduceSchedule(r, c.n, c.count, chunk); }, by_index,
+      reduced);
 }
 
 TEST_CASE("direct allreduce schedule: every element reduced once, identical everywhere", "[schedule][direct]") {
-  for (int n = 1; n <= 16; ++n)
-    for (std::size_t count : kCounts)
-      for (std::size_t chunk : kChunks)
-        for (std::size_t slots : kSlots) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const auto un = static_cast<std::size_t>(n);
-          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-          for (int r = 0; r < n; ++r) {
-            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
-            w.out[static_cast<std::size_t>(r)].assign(count, 0);
-          }
-          REQUIRE(simulate(n, w, slots, [&](int r) { return DirectAllreduceSchedule(r, n, count, chunk); }, false));
-          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
-          for (int r = 0; r < n; ++r)
-            for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));
-        }
+  check_schedules(
+      false, false, count_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return DirectAllreduceSchedule(r, c.n, c.count, chunk); }, by_index,
+      reduced);
 }
 
 TEST_CASE("one-shot allreduce schedule: every element reduced once, identical everywhere", "[schedule][oneshot]") {
-  for (int n = 1; n <= 16; ++n)
-    for (std::size_t count : kCounts)
-      for (std::size_t chunk : kChunks)
-        for (std::size_t slots : kSlots) {
-          INFO("n=" << n << " count=" << count << " chunk=" << chunk << " slots=" << slots);
-          const auto un = static_cast<std::size_t>(n);
-          World w{std::vector<Vec>(un), std::vector<Vec>(un)};
-          for (int r = 0; r < n; ++r) {
-            for (std::size_t j = 0; j < count; ++j) w.in[static_cast<std::size_t>(r)].push_back(value(j, r));
-            w.out[static_cast<std::size_t>(r)].assign(count, 0);
-          }
-          REQUIRE(simulate(n, w, slots, [&](int r) { return OneShotAllreduceSchedule(r, n, count, chunk); }, false));
-          const std::uint64_t all = (std::uint64_t{1} << n) - 1;
-          for (int r = 0; r < n; ++r)
-            for (std::size_t j = 0; j < count; ++j) REQUIRE(w.out[static_cast<std::size_t>(r)][j] == (std::uint64_t{j} << 20 | all));
-        }
+  check_schedules(
+      false, false, count_of, count_of,
+      [](const Config& c, int r, std::size_t chunk) { return OneShotAllreduceSchedule(r, c.n, c.count, chunk); }, by_index,
+      reduced);
 }

@@ -9,16 +9,10 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
-
-// Catch2 2.x assertions are not thread-safe: rank threads use T_CHECK, which throws; spawn()
-// rethrows the first failure on the test thread, where Catch reports it.
-#define T_CHECK(cond)                                                                                        \
-  do {                                                                                                       \
-    if (!(cond)) throw std::runtime_error(std::string("check failed: " #cond " at line ") + std::to_string(__LINE__)); \
-  } while (0)
 
 namespace {
 
