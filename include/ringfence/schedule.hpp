@@ -62,6 +62,20 @@ constexpr Range split(std::size_t count, std::size_t parts, std::size_t index) n
   return Range{begin, base + (index < extra ? 1 : 0)};
 }
 
+namespace detail {
+/// What every schedule does before its own steps: nothing when there is nothing to move, and a
+/// single rank's one local copy. Returns 1 with `out` filled, 0 when finished, -1 when the
+/// schedule's own steps follow.
+constexpr int trivial_step(int size, std::size_t count, bool& done, Step& out) noexcept {
+  if (count == 0) return 0;
+  if (size != 1) return -1;
+  if (done) return 0;
+  done = true;
+  out = Step{StepKind::CopyInput, -1, 0, count, 0};
+  return 1;
+}
+}  // namespace detail
+
 /// Ring allreduce: reduce-scatter then allgather around the ring rank → rank+1, pipelined in
 /// chunks of at most `chunk_elems` elements. Segment s (of `size` near-equal segments) is
 /// reduced along the ring starting at rank s and finished by rank s-1 (mod size), so every
@@ -89,12 +103,7 @@ class RingAllreduceSchedule {
 
   /// Produces the next step; false when the schedule is finished.
   constexpr bool next(Step& out) noexcept {
-    if (size_ == 1) {
-      if (done_single_ || count_ == 0) return false;
-      done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
-      return true;
-    }
+    if (const int t = detail::trivial_step(size_, count_, done_single_, out); t >= 0) return t == 1;
     // Position: chunk c, ring phase p in [0, 2(n-1)), half h (0 = send, 1 = receive).
     const std::size_t phases = 2 * static_cast<std::size_t>(size_ - 1);
     while (chunk_idx_ < chunks_) {
@@ -164,13 +173,7 @@ class ChunkedRingSchedule {
 
   /// Produces the next step; false when the schedule is finished.
   constexpr bool next(Step& out) noexcept {
-    if (count_ == 0) return false;
-    if (size_ == 1) {
-      if (done_single_) return false;
-      done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
-      return true;
-    }
+    if (const int t = detail::trivial_step(size_, count_, done_single_, out); t >= 0) return t == 1;
     while (chunk_idx_ < chunks_) {
       const std::size_t begin = chunk_idx_ * chunk_;
       const std::size_t len = count_ - begin < chunk_ ? count_ - begin : chunk_;
@@ -361,13 +364,7 @@ class DoubleTreeAllreduceSchedule {
 
   /// Produces the next step; false when the schedule is finished.
   constexpr bool next(Step& out) noexcept {
-    if (count_ == 0) return false;
-    if (size_ == 1) {
-      if (done_single_) return false;
-      done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
-      return true;
-    }
+    if (const int t = detail::trivial_step(size_, count_, done_single_, out); t >= 0) return t == 1;
     // Cursor: chunk c, phase p (0: up tree 0, 1: up tree 1, 2: down tree 0, 3: down tree 1),
     // sub-step i (at most three per phase).
     while (chunk_idx_ < chunks_) {
@@ -456,13 +453,7 @@ class DirectAllreduceSchedule {
 
   /// Produces the next step; false when the schedule is finished.
   constexpr bool next(Step& out) noexcept {
-    if (count_ == 0) return false;
-    if (size_ == 1) {
-      if (done_single_) return false;
-      done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
-      return true;
-    }
+    if (const int t = detail::trivial_step(size_, count_, done_single_, out); t >= 0) return t == 1;
     // Cursor: chunk c, phase p (0: scatter, 1: reduce, 2: gather sends, 3: gather receives),
     // k = 1..n-1 (the peer at distance k).
     while (chunk_idx_ < chunks_) {
@@ -524,13 +515,7 @@ class OneShotAllreduceSchedule {
 
   /// Produces the next step; false when the schedule is finished.
   constexpr bool next(Step& out) noexcept {
-    if (count_ == 0) return false;
-    if (size_ == 1) {
-      if (done_single_) return false;
-      done_single_ = true;
-      out = Step{StepKind::CopyInput, -1, 0, count_, 0};
-      return true;
-    }
+    if (const int t = detail::trivial_step(size_, count_, done_single_, out); t >= 0) return t == 1;
     // Cursor: chunk c, index i in [0, 2n-1): i < n-1 sends to rank + 1 + i; then the n
     // contributions q = i - (n - 1) in rank order.
     while (chunk_idx_ < chunks_) {
