@@ -67,8 +67,7 @@ struct CommOptions {
   /// straight into the receiver's buffer when it comes from `alloc()`, or when it is a plain
   /// user buffer of at least this many bytes (cross-memory attach): one copy instead of two.
   /// Off by default: on the development VM cross-memory attach was slower than staging for
-  /// send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB) and only alltoall at 4 ranks
-  /// and 1 MiB gained. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
+  /// send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB); alltoall at 4 ranks gained. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t p2p_direct_user_min_bytes = SIZE_MAX;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
