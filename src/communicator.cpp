@@ -140,7 +140,10 @@ struct Communicator::Impl {
   std::uint64_t digest_mismatch_count = 0;
   std::vector<std::uint8_t> votes;      // fence proposals, n x n; sized at setup
   std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
-  std::unique_ptr<detail::HealthMonitor> monitor;  // when links are mapped to hardware counters
+  std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
+  std::vector<detail::TransportObservation> observations;  // per agreement; sized at setup
+  // Bandwidth evidence needs at least this much timed traffic on a link between agreements.
+  static constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
 
   bool agreement_enabled() const noexcept {
     return size > 1 && options.health_agree_every > 0 && (engine.checksum || (monitor && monitor->active()));
@@ -396,8 +399,16 @@ struct Communicator::Impl {
     engine.slot_bytes = std::max<std::size_t>(64, (options.chunk_bytes + 63) / 64 * 64);
     engine.timeout = options.timeout;
     engine.checksum = options.checksum;
-    if (!options.health_link_map.empty())
-      monitor = std::make_unique<detail::HealthMonitor>(options.health, detail::parse_link_map(options.health_link_map), log);
+    if (size > 1 && (engine.checksum || !options.health_link_map.empty())) {
+      // With checksums every link of this rank is judged on its transport's evidence too.
+      std::vector<LinkId> own;
+      if (engine.checksum)
+        for (int p = 0; p < size; ++p)
+          if (p != rank) own.push_back(LinkId::of(rank, p));
+      monitor = std::make_unique<detail::HealthMonitor>(options.health, detail::parse_link_map(options.health_link_map),
+                                                        std::move(own), log);
+      observations.reserve(static_cast<std::size_t>(size));
+    }
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
@@ -440,6 +451,7 @@ struct Communicator::Impl {
         const Reachability r = transports[t]->can_reach(self, peers[i]);
         if (r.ok) {
           channels[i]->transport = transports[t].get();
+          channels[i]->expected_gbps = r.bandwidth_gbps;
           channels[i]->transport_name = std::string(transports[t]->name());
           if (!listeners[t]) listeners[t] = transports[t]->listen();
           break;
@@ -667,19 +679,31 @@ struct Communicator::Impl {
       log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
       emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
     };
-    // Proposals: links whose peer sent too many corrupted chunks, and mapped links whose
-    // hardware-counter policy says fence.
-    for (auto& ch : channels) {
-      const std::uint64_t new_errors = ch->checksum_errors - ch->checksum_errors_judged;
-      ch->checksum_errors_judged = ch->checksum_errors;
-      const LinkId l = LinkId::of(rank, ch->peer);
-      if (new_errors > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, l.a, l.b, 0, 0, new_errors, {}, 0});
-      if (new_errors >= options.health_fence_checksum_errors)
-        propose(l, new_errors, fmt::format("{} corrupted chunks from rank {} since the last agreement", new_errors, ch->peer));
-    }
-    if (monitor)
-      for (const auto& a : monitor->evaluate(std::chrono::steady_clock::now())) {
+    // Proposals and readmissions come from the links' policies: this rank's links judged on
+    // what the transport saw since the last agreement (checksum mismatches, intact chunks,
+    // timeouts, achieved bandwidth), mapped links on their hardware counters as well.
+    if (monitor) {
+      observations.clear();
+      for (auto& ch : channels) {
+        auto& j = ch->judged;
+        const LinkStats& st = ch->link->stats();
+        const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
+        detail::TransportObservation o{LinkId::of(rank, ch->peer), ch->checksum_errors - j.checksum_errors,
+                                       (ch->sent - j.sent) + (ch->received - j.received), timeouts - j.timeouts, {}};
+        const std::uint64_t bytes = ch->timed_bytes - j.timed_bytes, ns = ch->timed_ns - j.timed_ns;
+        if (bytes >= kBandwidthEvidenceBytes && ns > 0 && ch->expected_gbps > 0)
+          o.bandwidth_ratio = static_cast<double>(bytes) / static_cast<double>(ns) / ch->expected_gbps;
+        j = {ch->checksum_errors, ch->sent, ch->received, ch->timed_bytes, ch->timed_ns, timeouts};
+        if (o.checksum_mismatches > 0)
+          emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
+        observations.push_back(o);
+      }
+      for (const auto& a : monitor->evaluate(std::chrono::steady_clock::now(), observations)) {
         if (a.link.b >= size) continue;
+        if (a.change && a.change->to == health::LinkState::Suspect)
+          emit(HealthEvent{EventKind::LinkSuspect, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
+        if (a.change && a.change->to == health::LinkState::Healthy)
+          emit(HealthEvent{EventKind::LinkHealthy, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
         if (a.state == health::LinkState::Fenced) {
           if (is_fenced_link(a.link)) vote(a.link, kFence);  // still serving its cool-down
           else propose(a.link, 0, a.why);
@@ -687,6 +711,7 @@ struct Communicator::Impl {
           vote(a.link, kReadmit);  // cool-down served, nothing wrong since: probation in the plan
         }
       }
+    }
     // An end whose transport cannot resume a fenced link keeps it fenced.
     for (const LinkId& l : fenced)
       if (l.a == rank || l.b == rank)

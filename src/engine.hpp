@@ -34,7 +34,8 @@ struct ChunkTrailer {
 /// - `data[p]`: p wrote chunk m into our inbox (value m + 1);
 /// - `credit[p]`: p consumed (and verified) chunk m we wrote into its inbox (value m + 1);
 /// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
-/// - `nack[p]`: p found the chunk it is blocked on (number credit[p]) corrupted (value = p's nack count);
+/// - `nack[p]`: p found a chunk from us corrupted (value = p's nack count); which one is in
+///   `nack_msg[p]` (its message number, low 32 bits), signalled just before on the same link;
 /// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count);
 /// - `p2p_mail[p]`: p wrote the key of a receive buffer into `p2p_mailbox(p)` (value = how many
 ///   keys p published to us so far): the destination of our next direct point-to-point send.
@@ -48,10 +49,11 @@ struct FlagBlock {
   SignalFlag* nack = nullptr;
   SignalFlag* retry = nullptr;
   SignalFlag* p2p_mail = nullptr;
+  SignalFlag* nack_msg = nullptr;
   SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
   std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
-  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kWords };
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kWords };
 
   static std::size_t bytes(int size) noexcept {
     return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + 2 * kMailboxBytes) + sizeof(SignalFlag);
@@ -85,6 +87,7 @@ struct FlagBlock {
     nack = f + 3 * size;
     retry = f + 4 * size;
     p2p_mail = f + 5 * size;
+    nack_msg = f + 6 * size;
     mailboxes = static_cast<std::byte*>(base) + mailbox_offset(size, 0);
     p2p_mailboxes = static_cast<std::byte*>(base) + p2p_mailbox_offset(size, 0);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
@@ -137,8 +140,19 @@ struct Channel {
   std::uint32_t p2p_mail_header[3] = {};
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
-  std::uint64_t checksum_errors_judged = 0;  ///< value at the last fence agreement
+  // Health evidence: writes of at least kTimedWriteBytes are timed (achieved bandwidth against
+  // `expected_gbps`, the transport's `can_reach` figure); `judged` holds the counters' values
+  // at the previous fence agreement, which judges the differences.
+  double expected_gbps = 0.0;
+  std::uint64_t timed_bytes = 0, timed_ns = 0;
+  struct Judged {
+    std::uint64_t checksum_errors = 0, sent = 0, received = 0, timed_bytes = 0, timed_ns = 0, timeouts = 0;
+  } judged;
 };
+
+/// Writes at least this long are timed for the bandwidth evidence (two clock reads per write
+/// are noise next to copying this much).
+inline constexpr std::size_t kTimedWriteBytes = 32 * 1024;
 
 /// Forward, unchanged, every chunk that `in`'s peer (logical sender) writes to us to `out`'s
 /// peer (logical receiver): their link is fenced and we relay (see `Relay` in plan.hpp).
@@ -149,6 +163,7 @@ struct RelayDuty {
   std::uint64_t base_in = 0;   ///< in->received when the duty started
   std::uint64_t base_out = 0;  ///< out->sent when the duty started
   std::uint32_t credited = 0;  ///< last credit value passed back to the sender
+  int attempts = 0;            ///< checksum mode: deliveries of the current chunk that failed its check
 };
 inline constexpr int kMaxRelayDuties = 4;
 /// This rank's relay duties for the current plan.

@@ -189,7 +189,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))
     o.health_agree_every = static_cast<int>(parse_integer("RINGFENCE_HEALTH_AGREE_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_HEALTH_FENCE_CRC_ERRORS"))
-    o.health_fence_checksum_errors =
+    o.health.thresholds.checksum_storm_count =
         static_cast<std::uint64_t>(parse_integer("RINGFENCE_HEALTH_FENCE_CRC_ERRORS", *v, 1, 1ll << 40));
   if (auto v = env.get("RINGFENCE_FAULT")) {
     (void)parse_fault_spec(*v);  // validate now: a bad spec is an error naming the variable's rule

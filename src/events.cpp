@@ -14,12 +14,14 @@ std::string_view to_string(EventKind kind) noexcept {
     case EventKind::NoPlan: return "no_plan";
     case EventKind::DigestMismatch: return "digest_mismatch";
     case EventKind::LinkReadmitted: return "link_readmitted";
+    case EventKind::LinkSuspect: return "link_suspect";
+    case EventKind::LinkHealthy: return "link_healthy";
   }
   return "unknown";
 }
 
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
-  for (int i = 0; i <= static_cast<int>(EventKind::LinkReadmitted); ++i)
+  for (int i = 0; i <= static_cast<int>(EventKind::LinkHealthy); ++i)
     if (to_string(static_cast<EventKind>(i)) == name) return static_cast<EventKind>(i);
   return std::nullopt;
 }

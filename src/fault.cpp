@@ -67,6 +67,9 @@ FaultRule parse_rule(std::string_view rule) {
         throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': rate={} must be in [0, 1]", rule, value));
     } else if (key == "after") {
       r.after = parse_number<std::uint64_t>(rule, key, value);
+    } else if (key == "until") {
+      r.until = parse_number<std::uint64_t>(rule, key, value);
+      if (r.until == 0) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': until={} must be positive", rule, value));
     } else if (key == "us") {
       r.delay = std::chrono::microseconds(parse_number<std::uint32_t>(rule, key, value));
     } else if (key == "ms") {
@@ -80,6 +83,8 @@ FaultRule parse_rule(std::string_view rule) {
       throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown field '{}'", rule, key));
     }
   }
+  if (r.until != 0 && r.until <= r.after)
+    throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': until={} must be greater than after={}", rule, r.until, r.after));
   return r;
 }
 
@@ -111,14 +116,14 @@ class FaultLink final : public Link {
   Status write(const WriteOp& op) noexcept override {
     ++ops_;
     for (const auto& r : rules_) {
-      if (ops_ <= r.after) continue;
+      if (!applies(r)) continue;
       if (r.kind == FaultKind::Delay && r.delay.count() > 0) std::this_thread::sleep_for(r.delay);
       if (r.kind == FaultKind::Stall && ops_ == r.after + 1) std::this_thread::sleep_for(r.stall);
       if (r.kind == FaultKind::Throttle && r.mbps > 0.0)
         std::this_thread::sleep_for(std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(op.bytes) * 1e3 / r.mbps)));
     }
     for (const auto& r : rules_)
-      if (r.kind == FaultKind::Drop && ops_ > r.after && r.rate > 0.0 && rng_.uniform() < r.rate &&
+      if (r.kind == FaultKind::Drop && applies(r) && r.rate > 0.0 && rng_.uniform() < r.rate &&
           lost_head_ - lost_tail_ < kLostRing) {
         lost_[lost_head_++ % kLostRing] = op.wr_id;  // reported as done, never written
         ++dropped_;
@@ -172,9 +177,11 @@ class FaultLink final : public Link {
   static constexpr int kMaxFlipsPerWrite = 64;
   static constexpr std::size_t kLostRing = 64;
 
+  // True when the current write (number ops_) lies in the rule's window (after, until].
+  bool applies(const FaultRule& r) const noexcept { return ops_ > r.after && (r.until == 0 || ops_ <= r.until); }
   bool flip_active() const noexcept {
     for (const auto& r : rules_)
-      if (r.kind == FaultKind::Flip && ops_ > r.after) return true;
+      if (r.kind == FaultKind::Flip && applies(r)) return true;
     return false;
   }
   // Bytes until the next corrupted byte: geometric with parameter flip_rate_.

@@ -49,8 +49,10 @@ std::vector<LinkSource> parse_link_map(std::string_view text) {
   return out;
 }
 
-HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map, const Logger& log)
+HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map,
+                             std::vector<LinkId> transport_links, const Logger& log)
     : options_(options), map_(std::move(map)), log_(log), bank_(options.window) {
+  for (const LinkId& l : transport_links) policies_.try_emplace({l.a, l.b}, options_);
   bool need_nvml = false, need_sysfs = false;
   std::vector<std::string> pci;
   for (const auto& s : map_) {
@@ -113,23 +115,37 @@ void HealthMonitor::fence(LinkId link, const std::string& reason, health::TimePo
     log_.info("health: link {}-{} {} -> {} ({})", link.a, link.b, to_string(t->from), to_string(t->to), reason);
 }
 
-std::vector<HealthMonitor::Assessment> HealthMonitor::evaluate(health::TimePoint now) {
+std::vector<HealthMonitor::Assessment> HealthMonitor::evaluate(health::TimePoint now,
+                                                              std::span<const TransportObservation> transport) {
   std::vector<Assessment> out;
-  if (map_.empty()) return out;
+  if (policies_.empty()) return out;
   std::lock_guard lock(mutex_);
-  sample_locked(now);
-  for (const auto& s : map_) {
+  if (!map_.empty()) sample_locked(now);
+  for (auto& [key, policy] : policies_) {
+    const LinkId link{key.first, key.second};
     health::Evidence e;
-    switch (s.kind) {
-      case LinkSource::Kind::Nvml: health::add_nvml_evidence(e, bank_, s.device, s.port, now); break;
-      case LinkSource::Kind::Ib: health::add_ib_evidence(e, bank_, s.device, s.port, now); break;
-      case LinkSource::Kind::Pcie: health::add_pcie_evidence(e, bank_, s.device, now); break;
+    for (const auto& s : map_) {  // hardware evidence (a link mapped twice: the last entry's fields win)
+      if (s.link != link) continue;
+      switch (s.kind) {
+        case LinkSource::Kind::Nvml: health::add_nvml_evidence(e, bank_, s.device, s.port, now); break;
+        case LinkSource::Kind::Ib: health::add_ib_evidence(e, bank_, s.device, s.port, now); break;
+        case LinkSource::Kind::Pcie: health::add_pcie_evidence(e, bank_, s.device, now); break;
+      }
     }
-    health::LinkPolicy& policy = policies_.at({s.link.a, s.link.b});
-    if (auto t = policy.observe(e, now))
-      log_.info("health: link {}-{} {} -> {}", s.link.a, s.link.b, to_string(t->from), to_string(t->to));
-    Assessment a{s.link, policy.state(), {}};
-    if (a.state == health::LinkState::Fenced) {
+    for (const auto& t : transport) {  // what this rank's transport saw on the link
+      if (t.link != link) continue;
+      e.checksum_mismatches += t.checksum_mismatches;
+      e.successes += t.successes;
+      e.timeouts += t.timeouts;
+      if (t.bandwidth_ratio) e.bandwidth_ratio = t.bandwidth_ratio;
+    }
+    Assessment a{link, health::LinkState::Healthy, {}, policy.observe(e, now)};
+    a.state = policy.state();
+    if (a.change) {
+      log_.info("health: link {}-{} {} -> {}", link.a, link.b, to_string(a.change->from), to_string(a.change->to));
+      for (const auto& r : a.change->reasons) a.why += (a.why.empty() ? "" : "; ") + r;
+    }
+    if (a.state == health::LinkState::Fenced && !a.change) {
       for (const auto& r : policy.last_verdict().reasons) a.why += (a.why.empty() ? "" : "; ") + r;
       if (a.why.empty()) a.why = "policy: fenced";
     }

@@ -1,15 +1,20 @@
 #pragma once
 // Private: the communicator's health monitor. It owns the counter sources (NVML, sysfs) named by
-// the link map, a CounterBank of deltas, and one LinkPolicy per mapped link; at every fence
-// agreement it samples the sources and reports the links whose policy says "fence".
+// the link map, a CounterBank of deltas, and one LinkPolicy per judged link: every mapped link,
+// and (with checksums on) every link of this rank, judged on what its transport saw. At every
+// fence agreement it samples the sources, feeds each policy one observation and reports the
+// links' states (the communicator turns "fenced" into a proposal and "cool-down served" into a
+// readmission vote).
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
 #include <ringfence/health/counters.hpp>
 #include <ringfence/health/nvml_source.hpp>
 #include <ringfence/health/options.hpp>
@@ -36,23 +41,37 @@ struct LinkSource {
 /// Throws InvalidUsage naming the entry.
 std::vector<LinkSource> parse_link_map(std::string_view text);
 
+/// What this rank's transport saw on one of its links since the previous observation (the
+/// transport fields of `health::Evidence`).
+struct TransportObservation {
+  LinkId link;
+  std::uint64_t checksum_mismatches = 0;  ///< corrupted chunks received over the link
+  std::uint64_t successes = 0;            ///< chunks sent or received intact
+  std::uint64_t timeouts = 0;             ///< operations the transport retried after a deadline
+  std::optional<double> bandwidth_ratio;  ///< achieved / expected write bandwidth; nullopt = too little traffic
+};
+
 class HealthMonitor {
  public:
-  /// Opens the sources the map needs. Missing sources are logged and read as unknown.
-  HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map, const Logger& log);
+  /// Opens the sources the map needs (missing sources are logged and read as unknown) and
+  /// creates a policy for every mapped link and every link in `transport_links`.
+  HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map, std::vector<LinkId> transport_links,
+                const Logger& log);
 
-  /// True when any link is mapped to hardware counters.
-  bool active() const noexcept { return !map_.empty(); }
+  /// True when any link is judged (mapped to hardware counters, or watched through its transport).
+  bool active() const noexcept { return !policies_.empty(); }
 
-  /// One mapped link's policy state after an evaluation.
+  /// One judged link's policy state after an evaluation.
   struct Assessment {
     LinkId link;
     health::LinkState state = health::LinkState::Healthy;
-    std::string why;  ///< the verdict's reasons (fenced links)
+    std::string why;  ///< the verdict's reasons (fenced links), or the transition's reasons
+    std::optional<health::Transition> change;  ///< the state change this observation caused
   };
-  /// Samples every source once and runs each mapped link's policy; returns every mapped link's
-  /// state. `now` is the steady clock. Thread-safe.
-  std::vector<Assessment> evaluate(health::TimePoint now);
+  /// Samples every source once and feeds each judged link's policy one observation: its
+  /// hardware evidence (mapped links) plus `transport` (links of this rank; a link without an
+  /// entry saw nothing). Returns every judged link's state. `now` is the steady clock. Thread-safe.
+  std::vector<Assessment> evaluate(health::TimePoint now, std::span<const TransportObservation> transport = {});
   /// The communicator fenced `link` (agreement, e.g. for checksum errors): its policy serves a
   /// cool-down before the link may be readmitted. No-op for unmapped links. Thread-safe.
   void fence(LinkId link, const std::string& reason, health::TimePoint now);
@@ -84,7 +103,7 @@ class HealthMonitor {
   std::unique_ptr<health::NvmlSource> nvml_;
   std::unique_ptr<health::SysfsSource> sysfs_;
   health::CounterBank bank_;
-  std::map<std::pair<int, int>, health::LinkPolicy> policies_;
+  std::map<std::pair<int, int>, health::LinkPolicy> policies_;  // every judged link
 };
 
 }  // namespace ringfence::detail

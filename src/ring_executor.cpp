@@ -475,12 +475,18 @@ class RingRunner {
     const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
     WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
                       : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
+    const bool timed = c.bytes >= kTimedWriteBytes;  // bandwidth evidence for the health layer
+    const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     Status s = ch.link->write(w);
     if (s.in_progress()) {  // completion queue full: drain and retry once
       RINGFENCE_TRY(drain(ch, "draining completions"));
       s = ch.link->write(w);
     }
     if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
+    if (timed) {
+      ch.timed_ns += static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
+      ch.timed_bytes += c.bytes;
+    }
     if (c_.checksum || c_.trailers) {
       ChunkTrailer& t = ch.trailers[m % kSentLog];
       const std::uint32_t crc = c.has_crc ? c.crc : c_.checksum ? crc32c(c.src, c.bytes) : 0;
@@ -539,7 +545,23 @@ class RingRunner {
         const std::byte* slot = in.inbox + static_cast<std::size_t>(in.received % slots) * c_.slot_stride();
         ChunkTrailer t;
         std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
-        if (t.bytes > c_.slot_bytes) return fail(Status(ErrorCode::Transient), in, "a relayed chunk (bad length)", in.received);
+        if (c_.checksum) {
+          // Every hop is checked: a chunk damaged on the way to us is asked for again from the
+          // sender (and counted against that link), never forwarded, so each corrupting hop is
+          // blamed on its own link and can be fenced in turn.
+          if (!reached(flags_.retry[in.peer].value.load(std::memory_order_acquire), in.nacks_sent)) break;  // re-send pending
+          if (t.message != in.received || t.bytes > c_.slot_bytes || t.crc != crc32c(slot, t.bytes)) {
+            ++in.checksum_errors;
+            if (++d.attempts >= c_.max_attempts)
+              return fail(Status(ErrorCode::Transient), in, "an intact chunk to relay (every delivery failed its checksum)",
+                          in.received);
+            RINGFENCE_TRY(request_resend(in, in.received));
+            break;
+          }
+          d.attempts = 0;
+        } else if (t.bytes > c_.slot_bytes) {
+          return fail(Status(ErrorCode::Transient), in, "a relayed chunk (bad length)", in.received);
+        }
         out.sent_log[k % kSentLog] = Channel::SentChunk{slot, t.bytes, nullptr, 0, k, true, t.crc};
         RINGFENCE_TRY(put_chunk(out, k));
         const Status s = out.link->signal(SignalOp{&out.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
@@ -573,10 +595,10 @@ class RingRunner {
     const std::uint32_t seen = flags_.nack[ch.peer].value.load(std::memory_order_acquire);
     while (ch.nacks_seen != seen) {
       ++ch.nacks_seen;
-      // R signalled credit m (consumed 0..m-1) before the nack on the same link, so this load
-      // sees at least m; R stays blocked on m until we re-send, so it sees no more.
-      const std::uint32_t credit = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
-      const std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - credit);
+      // R signalled the chunk's number before the nack on the same link, and waits for our
+      // re-send before it asks again, so this load sees the number that goes with this nack.
+      const std::uint32_t which = flags_.nack_msg[ch.peer].value.load(std::memory_order_acquire);
+      const std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - which);
       if (m >= ch.sent || ch.sent - m > static_cast<std::uint64_t>(c_.slots) || ch.sent_log[m % kSentLog].message != m)
         return fail(Status(ErrorCode::Fatal), ch, "a re-send request for a chunk no longer held", m);
       ++ch.resends;
@@ -604,14 +626,20 @@ class RingRunner {
       ++ch.checksum_errors;
       if (attempt >= c_.max_attempts)
         return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
-      // Ask for a re-send of the chunk we are blocked on (the sender derives which from our credit).
-      const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNack, c_.size, c_.rank),
-                                                ++ch.nacks_sent, m});
-      if (!s.is_ok()) return fail(s, ch, "requesting a re-send", m);
-      RINGFENCE_TRY(drain(ch, "requesting a re-send"));
+      RINGFENCE_TRY(request_resend(ch, m));
       // One re-send answers each NACK, so the sender's re-send count reaches our NACK count.
       RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m));
     }
+  }
+
+  // Asks the peer of `ch` to re-send message m: its number, then the nack, on the same link.
+  Status request_resend(Channel& ch, std::uint64_t m) noexcept {
+    Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNackMsg, c_.size, c_.rank),
+                                        static_cast<std::uint32_t>(m), m});
+    if (s.is_ok())
+      s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNack, c_.size, c_.rank), ++ch.nacks_sent, m});
+    if (!s.is_ok()) return fail(s, ch, "requesting a re-send", m);
+    return drain(ch, "requesting a re-send");
   }
 
   Status release_chunk(Channel& ch) noexcept {

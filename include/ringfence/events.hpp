@@ -22,10 +22,12 @@ enum class EventKind : std::uint8_t {
   NoPlan,          ///< link a-b must be fenced but neither a relay nor a ring avoids the fenced links
   DigestMismatch,  ///< rank `count`'s output digest differs from the majority's (`detail` lists digests)
   LinkReadmitted,  ///< every rank agreed: fenced link a-b served its cool-down with clean counters and is back in the plan
+  LinkSuspect,     ///< this rank's policy made link a-b suspect (still in use, watched); `detail` = the rules that fired
+  LinkHealthy,     ///< this rank's policy cleared link a-b (suspicion or probation over); `detail` = why
 };
 
 /// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan", "digest_mismatch",
-/// "link_readmitted".
+/// "link_readmitted", "link_suspect", "link_healthy".
 std::string_view to_string(EventKind kind) noexcept;
 /// Inverse of `to_string(EventKind)`.
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;

@@ -6,7 +6,7 @@
 ///
 ///     rule  := kind ':' field (',' field)*
 ///     kind  := flip | drop | delay | stall | throttle
-///     field := link=A-B | link=* | rate=<p> | after=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
+///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
 ///            | mbps=<megabytes per second>
 ///
 /// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
@@ -18,7 +18,9 @@
 /// - `stall:after=1000,ms=5000,link=2-3` sleeps 5 s in the 1001st write (a hung peer).
 /// - `throttle:mbps=100,link=1-2` makes each write take at least bytes / 100 MB/s (a link that
 ///   trained down or is congested).
-/// `after=N` (all kinds) leaves the first N writes untouched. Example:
+/// `after=N` (all kinds) leaves the first N writes untouched; `until=M` (M > N) leaves every write
+/// after the M-th untouched: the rule acts on writes N+1..M of the link (a fault that heals). Write
+/// numbers count per link end (this rank's writes to that peer). Example:
 /// `RINGFENCE_FAULT="flip:rate=1e-5,link=0-1,seed=7;delay:us=50,link=2-3"`.
 
 #include <chrono>
@@ -40,6 +42,7 @@ struct FaultRule {
   int rank_b = -1;             ///< other link end
   double rate = 0.0;           ///< flip: probability per byte; drop: per write; in [0, 1]
   std::uint64_t after = 0;     ///< writes left untouched first
+  std::uint64_t until = 0;     ///< last write the rule acts on (0 = no end)
   std::chrono::microseconds delay{0};     ///< delay: per write
   std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
   std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)

@@ -88,9 +88,6 @@ struct CommOptions {
   /// switch together to a ring that avoids the fenced links. 0 disables. Must match on every
   /// rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
   int health_agree_every = 2;
-  /// A rank proposes to fence the link from a peer after this many corrupted chunks from it
-  /// since the last agreement. Env: RINGFENCE_HEALTH_FENCE_CRC_ERRORS.
-  std::uint64_t health_fence_checksum_errors = 3;
   /// Every this many collectives, ranks compare an 8-byte digest (CRC32C) of their allreduce
   /// output; a rank whose digest differs from the majority is reported as a `DigestMismatch`
   /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must
@@ -98,7 +95,9 @@ struct CommOptions {
   int digest_every = 0;
   /// Health-layer sources and policy thresholds (sysfs root, NVML library, windows, DCGM-derived
   /// thresholds; see docs/health.md). Env: RINGFENCE_SYSFS_ROOT, RINGFENCE_NVML_LIBRARY,
-  /// RINGFENCE_HEALTH_WINDOW_MS.
+  /// RINGFENCE_HEALTH_WINDOW_MS, RINGFENCE_HEALTH_CONFIG (a file of thresholds), and
+  /// RINGFENCE_HEALTH_FENCE_CRC_ERRORS (`thresholds.checksum_storm_count`: corrupted chunks from
+  /// a peer within `checksum_storm_window` that make a rank propose fencing the link).
   health::HealthOptions health;
   /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2;1-2=ib:mlx5_0:1;2-3=pcie:0000:3b:00.0`.
   /// Mapped links are judged by the health policy at every fence agreement (which then runs

@@ -164,6 +164,10 @@ struct LinkStats {
   std::atomic<std::uint64_t> errors{0};         ///< failed operations
   std::atomic<std::uint64_t> retries{0};        ///< re-sent operations
   std::atomic<std::uint64_t> wait_ns{0};        ///< time spent waiting on this peer's signals
+  /// Operations the transport retried after a deadline passed and then completed (e.g. a tcp
+  /// send or reconnect); fed to the health policy's "repeated timeouts" rule. An operation that
+  /// fails its collective is not counted here: it fails the call. shm never times out.
+  std::atomic<std::uint64_t> timeouts{0};
 };
 
 /// A connection to one peer. Data plane: every method is noexcept and allocation-free.

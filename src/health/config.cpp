@@ -54,6 +54,8 @@ const std::vector<std::pair<std::string_view, Setter>>& table() {
       {"nvlink_crc_suspect_count", number(&HealthThresholds::nvlink_crc_suspect_count)},
       {"nvlink_replay_recovery_fence_count", number(&HealthThresholds::nvlink_replay_recovery_fence_count)},
       {"ecc_uncorrected_fence_count", number(&HealthThresholds::ecc_uncorrected_fence_count)},
+      {"xid_fatal_fence_count", number(&HealthThresholds::xid_fatal_fence_count)},
+      {"xid_warn_suspect_count", number(&HealthThresholds::xid_warn_suspect_count)},
       {"pcie_replay_ber", number(&HealthThresholds::pcie_replay_ber)},
       {"pcie_default_lane_gts", number(&HealthThresholds::pcie_default_lane_gts)},
       {"pcie_default_width", number(&HealthThresholds::pcie_default_width)},

@@ -97,6 +97,17 @@ Verdict evaluate(const Evidence& e, const HealthThresholds& t) {
   count_rule(e.ecc_uncorrected_count, t.ecc_uncorrected_fence_count, Severity::Fail, "uncorrectable ECC errors",
              "DCGM");
   flag_rule(e.remap_failure, true, Severity::Fail, "row remap failure (DCGM)");
+  // Xid events: counts like the other rules, plus the latest Xid number when the caller knows it.
+  auto xid_rule = [&](const std::optional<std::uint64_t>& v, std::uint64_t limit, Severity s, const char* what,
+                      const std::optional<unsigned long long>& last) {
+    if (!v) return;
+    j.known = true;
+    if (limit == 0 || *v < limit) return;
+    j.fire(s, last ? fmt::format("Xid {} events {} >= {} (DCGM; latest Xid {})", what, *v, limit, *last)
+                   : fmt::format("Xid {} events {} >= {} (DCGM)", what, *v, limit));
+  };
+  xid_rule(e.xid_fatal_count, t.xid_fatal_fence_count, Severity::Fail, "fatal", e.xid_last_fatal);
+  xid_rule(e.xid_warn_count, t.xid_warn_suspect_count, Severity::Warn, "warn", e.xid_last_warn);
 
   if (e.pcie_replay_count) {
     j.known = true;
@@ -163,6 +174,8 @@ void add_nvml_evidence(Evidence& e, const CounterBank& bank, const std::string& 
   const Sum replay = window_sum(bank, "nvml", gpu, 0, {"pcie_replay"}, now);
   e.pcie_replay_count = replay.count;
   e.pcie_replay_window = replay.covered;
+  e.xid_fatal_count = window_sum(bank, "nvml", gpu, 0, {"xid_fatal"}, now).count;
+  e.xid_warn_count = window_sum(bank, "nvml", gpu, 0, {"xid_warn"}, now).count;
 }
 
 void add_ib_evidence(Evidence& e, const CounterBank& bank, const std::string& device, int port, TimePoint now) {

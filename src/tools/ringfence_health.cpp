@@ -22,6 +22,7 @@ struct LinkSummary {
   std::uint64_t checksum_errors = 0;
   int proposals = 0;
   bool fenced = false;
+  bool suspect = false;
   bool no_plan = false;
   std::uint64_t fenced_at = 0;
   std::string reason;
@@ -95,6 +96,14 @@ int main(int argc, char** argv) {
         l.fenced = false;
         l.reason = "readmitted at collective #" + std::to_string(e->sequence) + " (cool-down served, counters clean)";
         break;
+      case ringfence::EventKind::LinkSuspect:
+        l.suspect = true;
+        if (!l.fenced) l.reason = e->detail;
+        break;
+      case ringfence::EventKind::LinkHealthy:
+        l.suspect = false;
+        if (!l.fenced) l.reason = e->detail;
+        break;
       case ringfence::EventKind::NoPlan:
         l.no_plan = true;
         l.reason = "neither a relay nor a ring avoids the fenced links";
@@ -111,7 +120,7 @@ int main(int argc, char** argv) {
               malformed ? (", " + std::to_string(malformed) + " malformed lines skipped").c_str() : "");
   std::printf("%7s %9s %16s %10s %10s  %s\n", "link", "state", "crc-errors", "proposals", "fenced-at", "reason");
   for (const auto& [id, l] : links) {
-    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : l.checksum_errors ? "suspect" : "ok";
+    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : (l.suspect || l.checksum_errors) ? "suspect" : "ok";
     const std::string name = std::to_string(id.first) + "-" + std::to_string(id.second);
     const std::string at = l.fenced ? "#" + std::to_string(l.fenced_at) : "-";
     std::printf("%7s %9s %16llu %10d %10s  %s\n", name.c_str(), state, static_cast<unsigned long long>(l.checksum_errors),

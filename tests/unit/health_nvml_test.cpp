@@ -1,7 +1,10 @@
 // NVML source against the fake NVML library (tests/support/fake_nvml.cpp): normal readings,
-// unsupported features, a counter storm that fences one NVLink, and a missing library.
+// unsupported features, a counter storm that fences one NVLink, a missing library, Xid events
+// (classification, delivery, unknown cases, a fatal Xid that fences) and NVLink topology.
+#include <dlfcn.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <ringfence/health/counters.hpp>
 #include <ringfence/health/nvml_source.hpp>
 #include <ringfence/health/policy.hpp>
@@ -28,6 +31,27 @@ struct FakeNvml {
   ~FakeNvml() { ::unsetenv("RINGFENCE_FAKE_NVML_STATE"); }
   void write(const std::string& state) const { dir.write("state", state); }
 };
+
+// The fake's test hook: event sets created and not yet freed (global in the fake library,
+// which this process shares with every NvmlSource loading the same path).
+int open_event_sets() {
+  void* lib = ::dlopen(RINGFENCE_FAKE_NVML_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib != nullptr);
+  auto fn = reinterpret_cast<int (*)()>(::dlsym(lib, "ringfenceFakeNvmlOpenEventSets"));
+  REQUIRE(fn != nullptr);
+  const int n = fn();
+  ::dlclose(lib);  // the NvmlSource under test keeps its own reference
+  return n;
+}
+
+// The reading of counter {"nvml", gpu, 0, name} in a flat sweep; fails the test when absent.
+CounterReading reading(const std::vector<CounterSample>& flat, const std::string& gpu, const std::string& name) {
+  const auto it = std::find_if(flat.begin(), flat.end(), [&](const CounterSample& c) {
+    return c.first == CounterId{"nvml", gpu, 0, name};
+  });
+  REQUIRE(it != flat.end());
+  return it->second;
+}
 
 }  // namespace
 
@@ -71,9 +95,9 @@ TEST_CASE("NVML source reads the fake NVML's devices, links and counters", "[hea
   REQUIRE(none.links.empty());
   REQUIRE_FALSE(none.pcie_replay.value);
 
-  // Flat counters: 3 links x 4 + 5 device-wide on GPU 0, 5 device-wide on GPU 1.
+  // Flat counters: 3 links x 4 + 7 device-wide on GPU 0, 7 device-wide on GPU 1.
   const std::vector<CounterSample> flat = nvml.read_counters();
-  REQUIRE(flat.size() == 3 * 4 + 5 + 5);
+  REQUIRE(flat.size() == 3 * 4 + 7 + 7);
   REQUIRE(flat.front().first == CounterId{"nvml", "0", 0, "nvlink_crc_flit"});
 
   // A second session in the same process shares the library; closing it keeps the first usable.
@@ -153,6 +177,11 @@ TEST_CASE("missing or broken NVML is unknown, never healthy", "[health][nvml]") 
     const NvmlDeviceSample s = nvml.sample(0);
     REQUIRE_FALSE(s.ecc_uncorrected.value);
     REQUIRE_FALSE(s.pcie_replay.value);
+    REQUIRE_FALSE(s.xid_fatal.value);
+    REQUIRE_FALSE(nvml.xid_events_registered(0));
+    REQUIRE(nvml.poll_xid_events().empty());
+    REQUIRE_FALSE(nvml.pci_bus_id(0));
+    REQUIRE(nvml.nvlink_peers(0).empty());
     // A link judged only by this source reports unknown health and never fences or heals.
     CounterBank bank;
     LinkPolicy link;
@@ -176,4 +205,219 @@ TEST_CASE("missing or broken NVML is unknown, never healthy", "[health][nvml]") 
     REQUIRE_THAT(nvml.unavailable_reason(), Catch::Contains("9"));
     REQUIRE(nvml.device_count() == 0);
   }
+}
+
+TEST_CASE("Xids are classified as DCGM's health watches do", "[health][nvml]") {
+  for (unsigned long long x : {48, 64, 74, 79, 95, 119, 120, 140}) {
+    INFO("Xid " << x);
+    REQUIRE(classify_xid(x) == XidSeverity::Fail);
+  }
+  for (unsigned long long x : {38, 39, 42, 67, 73, 121, 137, 31, 32, 43, 63, 94}) {
+    INFO("Xid " << x);
+    REQUIRE(classify_xid(x) == XidSeverity::Warn);
+  }
+  // Application faults, the unknown Xid 999, 0 and numbers next to the listed ones are ignored.
+  for (unsigned long long x : {0ull,   1ull,   13ull,  33ull,  37ull,  40ull,  41ull,  44ull,  45ull,         47ull,
+                               49ull,  62ull,  65ull,  68ull,  69ull,  75ull,  78ull,  80ull,  93ull,         96ull,
+                               118ull, 122ull, 136ull, 138ull, 139ull, 141ull, 154ull, 999ull, 0x100000030ull}) {
+    INFO("Xid " << x);
+    REQUIRE(classify_xid(x) == XidSeverity::Ignore);
+  }
+  REQUIRE(to_string(XidSeverity::Fail) == "fail");
+  REQUIRE(to_string(XidSeverity::Warn) == "warn");
+  REQUIRE(to_string(XidSeverity::Ignore) == "ignore");
+}
+
+TEST_CASE("Xid events of the fake NVML are delivered once and counted by severity", "[health][nvml]") {
+  // Xids that happened before the source registered its event set are not seen (as in NVML).
+  FakeNvml fake("count 2\nlinks 1\nd0.xids 79\n");
+  const int sets_before = open_event_sets();
+  NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+  REQUIRE(nvml.available());
+  REQUIRE(open_event_sets() == sets_before + 1);
+  REQUIRE(nvml.xid_events_registered(0));
+  REQUIRE(nvml.xid_events_registered(1));
+  REQUIRE_FALSE(nvml.xid_events_registered(2));
+  REQUIRE(nvml.poll_xid_events().empty());
+  std::vector<CounterSample> flat = nvml.read_counters();
+  REQUIRE(reading(flat, "0", "xid_fatal") == CounterReading::known(0, 64));
+  REQUIRE(reading(flat, "0", "xid_warn") == CounterReading::known(0, 64));
+  REQUIRE(reading(flat, "1", "xid_fatal") == CounterReading::known(0, 64));
+
+  // 74 fatal, 13 ignored, 43 warn on GPU 0; 94 warn and 999 (unknown Xid) ignored on GPU 1.
+  fake.write("count 2\nlinks 1\nd0.xids 79 74 13 43\nd1.xids 94, 999\n");
+  const std::vector<XidEvent> ev = nvml.poll_xid_events();
+  REQUIRE(ev.size() == 5);
+  REQUIRE(ev[0].gpu == 0u);
+  REQUIRE(ev[0].xid == 74u);
+  REQUIRE(ev[0].severity == XidSeverity::Fail);
+  REQUIRE(ev[1].xid == 13u);
+  REQUIRE(ev[1].severity == XidSeverity::Ignore);
+  REQUIRE(ev[2].xid == 43u);
+  REQUIRE(ev[2].severity == XidSeverity::Warn);
+  REQUIRE(ev[3].gpu == 1u);
+  REQUIRE(ev[3].xid == 94u);
+  REQUIRE(ev[3].severity == XidSeverity::Warn);
+  REQUIRE(ev[4].gpu == 1u);
+  REQUIRE(ev[4].xid == 999u);
+  REQUIRE(ev[4].severity == XidSeverity::Ignore);
+  REQUIRE(nvml.poll_xid_events().empty());  // delivered once
+
+  NvmlDeviceSample d0 = nvml.sample(0);
+  REQUIRE(d0.xid_fatal == CounterReading::known(1, 64));
+  REQUIRE(d0.xid_warn == CounterReading::known(1, 64));
+  REQUIRE(d0.last_fatal_xid == 74u);
+  REQUIRE(d0.last_warn_xid == 43u);
+  const NvmlDeviceSample d1 = nvml.sample(1);
+  REQUIRE(d1.xid_fatal == CounterReading::known(0, 64));
+  REQUIRE(d1.xid_warn == CounterReading::known(1, 64));
+  REQUIRE_FALSE(d1.last_fatal_xid);
+  REQUIRE(d1.last_warn_xid == 94u);
+
+  // read_counters drains by itself; counts are cumulative since the session started.
+  fake.write("count 2\nlinks 1\nd0.xids 79 74 13 43 48 31\nd1.xids 94, 999\n");
+  flat = nvml.read_counters();
+  REQUIRE(reading(flat, "0", "xid_fatal").value == 2u);
+  REQUIRE(reading(flat, "0", "xid_warn").value == 2u);
+  REQUIRE(reading(flat, "1", "xid_fatal").value == 0u);
+  REQUIRE(reading(flat, "1", "xid_warn").value == 1u);
+  d0 = nvml.sample(0);
+  REQUIRE(d0.last_fatal_xid == 48u);
+  REQUIRE(d0.last_warn_xid == 31u);
+
+  // A second session gets its own event set: it sees only Xids raised after it registered.
+  {
+    NvmlSource other(RINGFENCE_FAKE_NVML_PATH);
+    REQUIRE(open_event_sets() == sets_before + 2);
+    REQUIRE(other.poll_xid_events().empty());
+    fake.write("count 2\nlinks 1\nd0.xids 79 74 13 43 48 31 95\nd1.xids 94, 999\n");
+    REQUIRE(other.sample(0).xid_fatal.value == 1u);
+  }
+  REQUIRE(open_event_sets() == sets_before + 1);  // the destructor freed its set
+  REQUIRE(nvml.sample(0).xid_fatal.value == 3u);  // the first session sees 95 as well
+}
+
+TEST_CASE("Xid counts are unknown when events cannot be registered or drained", "[health][nvml]") {
+  const int sets_before = open_event_sets();
+  SECTION("nvmlDeviceRegisterEvents returns NOT_SUPPORTED") {
+    FakeNvml fake("count 1\nevents NS\nd0.ecc_uncorrected 0\n");
+    NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+    REQUIRE(nvml.available());
+    REQUIRE_FALSE(nvml.xid_events_registered(0));
+    REQUIRE(open_event_sets() == sets_before);  // the unused set was freed
+    fake.write("count 1\nevents NS\nd0.xids 74\n");
+    REQUIRE(nvml.poll_xid_events().empty());
+    const std::vector<CounterSample> flat = nvml.read_counters();
+    REQUIRE(reading(flat, "0", "xid_fatal") == CounterReading::unknown(64));
+    REQUIRE(reading(flat, "0", "xid_warn") == CounterReading::unknown(64));
+    REQUIRE(reading(flat, "0", "ecc_uncorrected").value == 0u);  // the rest still reads
+  }
+  SECTION("one GPU without event support") {
+    FakeNvml fake("count 3\nd1.events NS\nd2.event_types 0x3\n");
+    NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+    REQUIRE(nvml.xid_events_registered(0));
+    REQUIRE_FALSE(nvml.xid_events_registered(1));  // NOT_SUPPORTED from RegisterEvents
+    REQUIRE_FALSE(nvml.xid_events_registered(2));  // Xid not among the supported event types
+    fake.write("count 3\nd1.events NS\nd2.event_types 0x3\nd0.xids 74\nd1.xids 74\nd2.xids 74\n");
+    REQUIRE(nvml.sample(0).xid_fatal.value == 1u);
+    REQUIRE_FALSE(nvml.sample(1).xid_fatal.value);
+    REQUIRE_FALSE(nvml.sample(2).xid_fatal.value);
+  }
+  SECTION("NVML_ERROR_UNKNOWN from registration frees the set") {
+    FakeNvml fake("count 2\nevents 999\n");
+    NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+    REQUIRE_FALSE(nvml.xid_events_registered(0));
+    REQUIRE_FALSE(nvml.xid_events_registered(1));
+    REQUIRE(open_event_sets() == sets_before);
+  }
+  SECTION("a library without the event symbols") {
+    FakeNvml fake("count 1\nd0.ecc_corrected 3\n");
+    NvmlSource nvml(RINGFENCE_FAKE_NVML_NOEVENTS_PATH);
+    REQUIRE(nvml.available());
+    REQUIRE_FALSE(nvml.xid_events_registered(0));
+    REQUIRE(nvml.poll_xid_events().empty());
+    const NvmlDeviceSample s = nvml.sample(0);
+    REQUIRE_FALSE(s.xid_fatal.value);
+    REQUIRE_FALSE(s.xid_warn.value);
+    REQUIRE(s.ecc_corrected.value == 3u);
+    REQUIRE(nvml.pci_bus_id(0) == "0000:00:00.0");  // the rest of the library still works
+  }
+  SECTION("a failing drain (GPU lost) makes that read unknown, the next good one counts") {
+    FakeNvml fake("count 1\n");
+    NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+    REQUIRE(nvml.xid_events_registered(0));
+    fake.write("count 1\nwait 15\nd0.xids 74\n");
+    REQUIRE(nvml.poll_xid_events().empty());
+    REQUIRE(reading(nvml.read_counters(), "0", "xid_fatal") == CounterReading::unknown(64));
+    fake.write("count 1\nd0.xids 74\n");
+    REQUIRE(reading(nvml.read_counters(), "0", "xid_fatal") == CounterReading::known(1, 64));
+  }
+  REQUIRE(open_event_sets() == sets_before);
+}
+
+TEST_CASE("an Xid 74 on the fake NVML fences the links of its GPU", "[health][nvml][policy]") {
+  FakeNvml fake("count 2\nlinks 1\n");
+  NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+  CounterBank bank(60s);
+  bank.update(nvml.read_counters(), t0);  // baseline
+  fake.write("count 2\nlinks 1\nd0.xids 74\nd1.xids 42\n");
+  bank.update(nvml.read_counters(), t0 + 1s);  // delta
+
+  Evidence e0;
+  add_nvml_evidence(e0, bank, "0", 0, t0 + 1s);
+  REQUIRE(e0.xid_fatal_count == 1u);
+  REQUIRE(e0.xid_warn_count == 0u);
+  e0.xid_last_fatal = nvml.sample(0).last_fatal_xid;
+  Verdict v = evaluate(e0, HealthThresholds{});
+  REQUIRE(v.severity == Severity::Fail);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid fatal events 1 >= 1 (DCGM; latest Xid 74)"});
+  LinkPolicy link0;
+  const auto t = link0.observe(e0, t0 + 1s);
+  REQUIRE(t);
+  REQUIRE(t->to == LinkState::Fenced);
+
+  // Xid 42 (PCIe replay) on GPU 1 makes its links suspect only.
+  Evidence e1;
+  add_nvml_evidence(e1, bank, "1", 0, t0 + 1s);
+  REQUIRE(e1.xid_fatal_count == 0u);
+  REQUIRE(e1.xid_warn_count == 1u);
+  v = evaluate(e1, HealthThresholds{});
+  REQUIRE(v.severity == Severity::Warn);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid warn events 1 >= 1 (DCGM)"});
+
+  // 61 s later the event has left the window: clean again.
+  bank.update(nvml.read_counters(), t0 + 62s);
+  Evidence later;
+  add_nvml_evidence(later, bank, "0", 0, t0 + 62s);
+  REQUIRE(later.xid_fatal_count == 0u);
+}
+
+TEST_CASE("PCI bus ids and NVLink peers from the fake NVML", "[health][nvml][topology]") {
+  FakeNvml fake(
+      "count 4\nlinks 6\n"
+      "d0.bus 00000000:3B:00.0\nd1.bus 0000:3c:00.0\nd2.bus NS\n"
+      "d0.l0.remote 00000000:3C:00.0\n"             // NVML's spelling
+      "d0.l1.remote 0000:3c:00.0\n"                 // legacy / Linux spelling of the same GPU
+      "d0.l2.state 0\nd0.l2.remote 0000:3d:00.0\n"  // inactive: left out
+      "d0.l3.remote NS\n"                           // not supported: left out
+      "d0.l4.remote garbage\n"                      // unparseable: left out
+      "d0.l5.remote 0000:C1:00.0\n"                 // an NVSwitch, say: still a peer
+      "d1.nvlink NS\n");
+  NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
+  REQUIRE(nvml.pci_bus_id(0) == "0000:3b:00.0");
+  REQUIRE(nvml.pci_bus_id(1) == "0000:3c:00.0");
+  REQUIRE_FALSE(nvml.pci_bus_id(2));
+  REQUIRE(nvml.pci_bus_id(3) == "0000:03:00.0");  // the fake's default "00000000:03:00.0"
+  REQUIRE_FALSE(nvml.pci_bus_id(4));              // out of range
+
+  const std::vector<NvLinkPeer> p0 = nvml.nvlink_peers(0);
+  REQUIRE(p0 == std::vector<NvLinkPeer>{{0, "0000:3c:00.0"}, {1, "0000:3c:00.0"}, {5, "0000:c1:00.0"}});
+  REQUIRE(nvml.nvlink_peers(1).empty());  // NVLink not supported
+  REQUIRE(nvml.nvlink_peers(3).empty());  // active links with a zeroed far end: no peer
+  REQUIRE(nvml.nvlink_peers(9).empty());
+
+  // Ranks 0 (GPU 0), 1 and 2 (both on GPU 1), 3 (GPU 2: bus id unknown).
+  std::vector<std::string> bus_of_rank;
+  for (unsigned gpu : {0u, 1u, 1u, 2u}) bus_of_rank.push_back(nvml.pci_bus_id(gpu).value_or(""));
+  REQUIRE(nvlink_edges(0, 0, p0, bus_of_rank) == std::vector<NvlinkEdge>{{1, 0, 0}, {1, 0, 1}, {2, 0, 0}, {2, 0, 1}});
 }

@@ -1,5 +1,6 @@
 // Health policy on a fake clock: every transition, hysteresis, cool-down and its back-off,
 // probation failure, the history rules (checksum storm, timeouts, slow bandwidth) and unknown.
+#include <ringfence/health/config.hpp>
 #include <ringfence/health/policy.hpp>
 
 #include "support/catch.hpp"
@@ -343,4 +344,56 @@ TEST_CASE("thresholds come from the options", "[health][policy]") {
   opts.thresholds.nvlink_crc_fence_per_s = 1000.0;
   LinkPolicy p(opts);
   REQUIRE(p.observe(fail(), t0)->to == LinkState::Suspect);  // 150/s: only a warning now
+}
+
+TEST_CASE("Xid events: fatal fences, warn is suspect, 0 disables, unknown is unknown", "[health][policy]") {
+  const HealthThresholds t;
+  REQUIRE(t.xid_fatal_fence_count == 1);
+  REQUIRE(t.xid_warn_suspect_count == 1);
+
+  Evidence e;
+  e.xid_fatal_count = 0;
+  e.xid_warn_count = 0;
+  REQUIRE(evaluate(e, t).severity == Severity::Clean);  // known and quiet
+
+  e.xid_fatal_count = 1;
+  Verdict v = evaluate(e, t);
+  REQUIRE(v.severity == Severity::Fail);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid fatal events 1 >= 1 (DCGM)"});
+  e.xid_last_fatal = 74;  // the latest Xid is named when known
+  v = evaluate(e, t);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid fatal events 1 >= 1 (DCGM; latest Xid 74)"});
+
+  e = {};
+  e.xid_warn_count = 2;
+  e.xid_last_warn = 42;
+  v = evaluate(e, t);
+  REQUIRE(v.severity == Severity::Warn);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid warn events 2 >= 1 (DCGM; latest Xid 42)"});
+
+  e = {};
+  e.xid_last_fatal = 79;  // a latest Xid alone is no evidence: no count, nothing known
+  REQUIRE(evaluate(e, t).severity == Severity::Unknown);
+
+  // Thresholds from a config file: 0 disables a rule, larger counts raise the bar.
+  HealthOptions opts;
+  apply_health_config("xid_fatal_fence_count = 2\nxid_warn_suspect_count = 0\n", opts);
+  REQUIRE(opts.thresholds.xid_fatal_fence_count == 2);
+  REQUIRE(opts.thresholds.xid_warn_suspect_count == 0);
+  e = {};
+  e.xid_fatal_count = 1;
+  e.xid_warn_count = 50;
+  REQUIRE(evaluate(e, opts.thresholds).severity == Severity::Clean);
+  e.xid_fatal_count = 2;
+  v = evaluate(e, opts.thresholds);
+  REQUIRE(v.severity == Severity::Fail);
+  REQUIRE(v.reasons == std::vector<std::string>{"Xid fatal events 2 >= 2 (DCGM)"});
+
+  // A link with a fatal Xid is fenced at once.
+  LinkPolicy p;
+  e = {};
+  e.xid_fatal_count = 1;
+  const auto tr = p.observe(e, t0);
+  REQUIRE(tr);
+  REQUIRE(tr->to == LinkState::Fenced);
 }

@@ -73,8 +73,13 @@ TEST_CASE("fault spec grammar", "[integrity][fault]") {
   REQUIRE(throttle.size() == 1);
   REQUIRE(throttle[0].kind == FaultKind::Throttle);
   REQUIRE(throttle[0].mbps == 250.0);
+  const auto healing = parse_fault_spec("flip:rate=1e-3,after=5,until=80");
+  REQUIRE(healing.size() == 1);
+  REQUIRE(healing[0].after == 5);
+  REQUIRE(healing[0].until == 80);
+  REQUIRE(parse_fault_spec("flip:rate=1e-3")[0].until == 0);  // no end
   for (const char* bad : {"boom:rate=1", "flip:rate=2", "flip:rate=x", "flip:link=1", "flip:link=1-1", "flip:speed=3",
-                          "flip:rate", "throttle:link=0-1", "throttle:mbps=0"}) {
+                          "flip:rate", "throttle:link=0-1", "throttle:mbps=0", "flip:until=0", "flip:after=9,until=9"}) {
     INFO(bad);
     REQUIRE_THROWS_AS(parse_fault_spec(bad), InvalidUsage);
   }
@@ -329,6 +334,132 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
       REQUIRE(faulty.corrupt_after_fence[r] == 0);     // the bad link carries nothing any more
       REQUIRE(faulty.link_fenced[r]);
     }
+  }
+}
+
+TEST_CASE("a relay hop that corrupts is caught on its own link and fenced in turn: results stay bit-identical",
+          "[integrity][health][relay]") {
+  // Link 0-1 corrupts and is relayed 0->2->1; then the first hop of that relay (0-2) corrupts
+  // too. The relay checks every chunk it forwards, so the damage is blamed on link 0-2 (not on
+  // 2-1, which is fine), re-sent by rank 0, and 0-2 is fenced in turn: relay 0->3->1.
+  const int n = 4;
+  const FenceRun clean = run_fence_scenario(n, "", 32, 30000);
+  const FenceRun faulty = run_fence_scenario(n, "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=0-2,seed=5", 32, 30000);
+  INFO(clean.error << " | " << faulty.error);
+  REQUIRE(clean.error.empty());
+  REQUIRE(faulty.error.empty());
+  std::size_t differing = 0;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it)
+      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), 30000 * sizeof(float)) != 0;
+  REQUIRE(differing == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(faulty.epochs[r] == 2);  // fenced 0-1, then 0-2
+    REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId{0, 1}, LinkId{0, 2}});
+    REQUIRE(faulty.relays[r] == std::vector<Relay>{Relay{0, 3, 1}});
+    REQUIRE(faulty.rings[r] == clean.rings[r]);
+    REQUIRE(faulty.link_fenced[r]);
+  }
+}
+
+TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmitted after its cool-down and probation",
+          "[integrity][health][probation]") {
+  // The link corrupts only its first writes (a burst), is fenced on checksum evidence alone, serves
+  // its cool-down, comes back on probation (every chunk still checked) and, clean, turns healthy.
+  const int n = 4;
+  std::vector<std::uint64_t> fenced_at(n, 0), readmitted_at(n, 0), healthy_at(n, 0);
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::uint64_t> epochs(n, 0);
+  std::atomic<std::size_t> wrong{0};
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.chunk_bytes = 4096;
+  o.checksum = true;
+  o.health_agree_every = 2;
+  o.fault = "flip:rate=1e-4,link=0-1,until=60,seed=3";
+  o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
+  o.health.timings.probation_duration = std::chrono::milliseconds(100);
+  o.host_id = "checksum-probation";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      const bool ours = e.a == 0 && e.b == 1;
+      if (ours && e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
+      if (ours && e.kind == EventKind::LinkReadmitted) readmitted_at[r] = e.sequence;
+      if (ours && e.kind == EventKind::LinkHealthy) healthy_at[r] = e.sequence;
+    });
+    std::vector<std::int32_t> buf(30000);
+    for (int it = 0; it < 60; ++it) {
+      if (it >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(15));  // let the cool-down pass
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    fences[r] = comm.fenced_links();
+    rings[r] = comm.ring();
+    epochs[r] = comm.epoch();
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fenced_at[r] == fenced_at[0]);
+    REQUIRE(fenced_at[r] > 0);
+    REQUIRE(readmitted_at[r] > fenced_at[r]);  // after the cool-down, at the same collective everywhere
+    REQUIRE(readmitted_at[r] == readmitted_at[0]);
+    REQUIRE(fences[r].empty());
+    REQUIRE(rings[r] == std::vector<int>{0, 1, 2, 3});
+    REQUIRE(epochs[r] == 2);
+  }
+  // Both ends of the link judge it: their policies served the cool-down, then clean probation
+  // made it healthy again. Nobody else watches link 0-1.
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    if (r <= 1) REQUIRE(healthy_at[static_cast<std::size_t>(r)] > readmitted_at[static_cast<std::size_t>(r)]);
+    else REQUIRE(healthy_at[static_cast<std::size_t>(r)] == 0);
+  }
+}
+
+TEST_CASE("a throttled link is judged slow against its transport's expected bandwidth: suspect, then fenced",
+          "[integrity][health][bandwidth]") {
+  const int n = 4;
+  std::vector<std::string> slow_reason(n);
+  std::vector<std::vector<LinkId>> fences(n);
+  std::atomic<std::size_t> wrong{0};
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.chunk_bytes = 64 * 1024;  // writes long enough to be timed
+  o.checksum = true;
+  o.health_agree_every = 1;
+  o.fault = "throttle:mbps=100,link=0-1";  // 100 MB/s against shm's 10 GB/s
+  o.health.thresholds.bandwidth_slow_for = std::chrono::milliseconds(0);
+  o.health.timings.suspect_escalate_after = std::chrono::milliseconds(1);
+  o.host_id = "bandwidth";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.a == 0 && e.b == 1 && e.kind == EventKind::LinkSuspect && slow_reason[r].empty()) slow_reason[r] = e.detail;
+    });
+    std::vector<std::int32_t> buf(1 << 20);  // 4 MiB: 3 MiB per link per allreduce
+    for (int it = 0; it < 6; ++it) {
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    fences[r] = comm.fenced_links();
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  // Rank 0 writes over 0-1 (ring 0-1-2-3) and times its writes: it sees the link slow.
+  INFO(slow_reason[0]);
+  REQUIRE_THAT(slow_reason[0], Catch::Contains("bandwidth"));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(std::find(fences[r].begin(), fences[r].end(), LinkId{0, 1}) != fences[r].end());
   }
 }
 

@@ -28,6 +28,12 @@ struct HealthThresholds {
   /// Volatile uncorrectable ECC errors in the window at or above which every link of the device
   /// is fenced (DCGM MonitorMem: volatile DBE > 0 → FAIL).
   std::uint64_t ecc_uncorrected_fence_count = 1;
+  /// Fail-class Xid events (`classify_xid`: 48, 64, 74, 79, 95, 119, 120, 140) on the GPU in
+  /// the window at or above which its links are fenced (DCGM: any devastating Xid → FAIL).
+  std::uint64_t xid_fatal_fence_count = 1;
+  /// Warn-class Xid events (PCIe 38, 39, 42; NVLink 67, 73, 121, 137; memory 31, 32, 43, 63,
+  /// 94) on the GPU in the window at or above which its links are suspect (DCGM: WARN).
+  std::uint64_t xid_warn_suspect_count = 1;
   /// PCIe bit-error-rate budget used for the per-lane replay budget: replays per minute per
   /// lane = lane rate (GT/s) × 1e9 × this × 60 (DCGM MonitorPcie: 1e-12, e.g. Gen4 x16 → 16/min).
   double pcie_replay_ber = 1e-12;

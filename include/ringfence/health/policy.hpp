@@ -40,6 +40,16 @@ struct Evidence {
   std::optional<std::uint64_t> ecc_uncorrected_count;
   /// A row remap failed on the GPU at either end.
   std::optional<bool> remap_failure;
+  // --- GPU Xid events (NVML event set) ---
+  /// Xids classified Fail (`classify_xid`: DCGM's devastating Xids) on the GPU in the window.
+  std::optional<std::uint64_t> xid_fatal_count;
+  /// Xids classified Warn (DCGM's PCIe, NVLink and memory Xids) on the GPU in the window.
+  std::optional<std::uint64_t> xid_warn_count;
+  /// The latest Fail-class Xid of the GPU (`NvmlDeviceSample::last_fatal_xid`), named in the
+  /// reason when the fatal rule fires; informative only (it neither fires nor clears a rule).
+  std::optional<unsigned long long> xid_last_fatal;
+  /// The latest Warn-class Xid of the GPU (`NvmlDeviceSample::last_warn_xid`); informative only.
+  std::optional<unsigned long long> xid_last_warn;
   // --- PCIe ---
   /// PCIe replays in the window.
   std::optional<std::uint64_t> pcie_replay_count;
@@ -104,8 +114,9 @@ Verdict evaluate(const Evidence& e, const HealthThresholds& t);
 /// Fills the NVLink and GPU fields of `e` from the windows of `bank` (fed by
 /// `NvmlSource::read_counters`) for NVLink `link` of GPU `gpu` (the NVML index as a string):
 /// CRC flit + data count and rate, replay + recovery count, volatile uncorrectable ECC, PCIe
-/// replays and their window. Counters the bank has not seen or whose window holds nothing
-/// known stay unknown. Link state and remap failure are not counters: set them from the
+/// replays and their window, and the GPU's Fail / Warn Xid events ("xid_fatal", "xid_warn").
+/// Counters the bank has not seen or whose window holds nothing known stay unknown. Link
+/// state, remap failure and the latest Xid numbers are not counters: set them from the
 /// latest `NvmlDeviceSample`. Not thread-safe with respect to `bank`.
 void add_nvml_evidence(Evidence& e, const CounterBank& bank, const std::string& gpu, int link, TimePoint now);
 /// Fills the InfiniBand counter fields of `e` for port `port` of `device` from `bank` (fed by
