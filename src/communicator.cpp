@@ -25,6 +25,7 @@
 
 #include "engine.hpp"
 #include "health_monitor.hpp"
+#include <ringfence/health/topology.hpp>
 
 namespace ringfence {
 
@@ -142,6 +143,7 @@ struct Communicator::Impl {
   std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
   std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
   std::vector<detail::TransportObservation> observations;  // per agreement; sized at setup
+  std::size_t p2p_user_min_bytes = SIZE_MAX;  // the running point-to-point call's user-buffer threshold
   // Bandwidth evidence needs at least this much timed traffic on a link between agreements.
   static constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
 
@@ -405,8 +407,13 @@ struct Communicator::Impl {
       if (engine.checksum)
         for (int p = 0; p < size; ++p)
           if (p != rank) own.push_back(LinkId::of(rank, p));
-      monitor = std::make_unique<detail::HealthMonitor>(options.health, detail::parse_link_map(options.health_link_map),
-                                                        std::move(own), log);
+      bool automatic = false;
+      std::vector<detail::LinkSource> map = detail::parse_link_map(options.health_link_map, &automatic);
+      if (automatic) {
+        std::vector<detail::LinkSource> found = nvlink_map();
+        map.insert(map.end(), found.begin(), found.end());
+      }
+      monitor = std::make_unique<detail::HealthMonitor>(options.health, std::move(map), std::move(own), log);
       observations.reserve(static_cast<std::size_t>(size));
     }
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
@@ -512,6 +519,36 @@ struct Communicator::Impl {
              right->transport_name);
   }
 
+  // `RINGFENCE_HEALTH_LINK_MAP=auto`: every rank publishes the PCI bus id of its GPU
+  // (`RINGFENCE_HEALTH_GPU`, an NVML index; none = "") and maps each active NVLink of its GPU
+  // whose far end is another rank's GPU to the link with that rank. Collective over the store.
+  std::vector<detail::LinkSource> nvlink_map() {
+    std::string bus;
+    std::vector<health::NvLinkPeer> links;
+    if (options.health_gpu >= 0) {
+      const health::NvmlSource nvml(options.health.nvml_library);
+      const auto gpu = static_cast<unsigned>(options.health_gpu);
+      if (!nvml.available())
+        log.warn("health: RINGFENCE_HEALTH_LINK_MAP=auto but NVML is unavailable ({}): no NVLink is mapped",
+                 nvml.unavailable_reason());
+      else if (auto id = nvml.pci_bus_id(gpu))
+        bus = *id, links = nvml.nvlink_peers(gpu);
+      else
+        log.warn("health: NVML has no PCI bus id for GPU {} (RINGFENCE_HEALTH_GPU): no NVLink is mapped", gpu);
+    }
+    store->set(fmt::format("gpu/{}", rank), to_bytes(bus));
+    std::vector<std::string> bus_of(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r)
+      bus_of[static_cast<std::size_t>(r)] = r == rank ? bus : to_string(store->get(fmt::format("gpu/{}", r), options.timeout));
+    std::vector<detail::LinkSource> out;
+    for (const auto& e : health::nvlink_edges(rank, static_cast<unsigned>(std::max(options.health_gpu, 0)), links, bus_of))
+      out.push_back(detail::LinkSource{LinkId::of(rank, e.peer), detail::LinkSource::Kind::Nvml, std::to_string(e.gpu),
+                                       static_cast<int>(e.link)});
+    log.info("health: NVLink map of GPU {} ({}): {} link(s) to other ranks", options.health_gpu, bus.empty() ? "none" : bus,
+             out.size());
+    return out;
+  }
+
   // True when [ptr, ptr+bytes) lies in memory from alloc() (shareable without copies).
   bool is_allocated(const void* ptr, std::size_t bytes) const noexcept {
     const auto p = reinterpret_cast<std::uintptr_t>(ptr);
@@ -562,14 +599,15 @@ struct Communicator::Impl {
   }
 
   // Point-to-point direct writes (see detail::P2PDirect).
-  detail::P2PDirect p2p_direct() noexcept {
+  detail::P2PDirect p2p_direct(std::size_t user_min_bytes) noexcept {
+    p2p_user_min_bytes = user_min_bytes;
     detail::P2PDirect d;
     d.enabled = !engine.checksum && size > 1;
     d.min_bytes = options.direct_write_min_bytes;
     d.ctx = this;
     d.key_of = [](void* ctx, void* ptr, std::size_t bytes, detail::Channel& ch) noexcept -> std::span<const std::byte> {
       auto& self = *static_cast<Impl*>(ctx);
-      if (!self.is_allocated(ptr, bytes) && bytes < self.options.p2p_direct_user_min_bytes) return {};
+      if (!self.is_allocated(ptr, bytes) && bytes < self.p2p_user_min_bytes) return {};
       try {
         return self.output_key(ptr, bytes, ch.transport);
       } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
@@ -886,12 +924,15 @@ struct Communicator::Impl {
                           0};
         raise(call, f);
       }
-    run_ops(call, group_ops);
+    run_ops(call, group_ops, options.p2p_direct_user_min_bytes);
   }
 
-  void run_ops(const char* call, std::vector<detail::P2POp>& ops) {
+  // `user_min_bytes`: from this size plain user receive buffers take direct writes (cross-memory
+  // attach) instead of staging.
+  void run_ops(const char* call, std::vector<detail::P2POp>& ops, std::size_t user_min_bytes) {
     detail::Failure failure;
-    const Status s = detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), p2p_direct(), failure);
+    const Status s =
+        detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), p2p_direct(user_min_bytes), failure);
     ops.clear();
     if (!s.is_ok()) raise(call, failure);
   }
@@ -1173,7 +1214,12 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
       if (!is_fenced(rank, to)) ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
       if (!is_fenced(rank, from)) ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
     }
-    if (fenced.empty()) return run_ops(call, ops);
+    // Every pair exchanges at once: with staging each receiver must be scheduled for every
+    // chunk of every peer, which costs wake-ups on a busy host; direct writes need only the
+    // sender (measured: 4 ranks on 2 cores, 1 MiB blocks, 1.40 vs 0.26 GB/s busbw).
+    const std::size_t user_min =
+        size >= 3 ? std::min(options.p2p_direct_user_min_bytes, options.alltoall_direct_user_min_bytes) : options.p2p_direct_user_min_bytes;
+    if (fenced.empty()) return run_ops(call, ops, user_min);
     // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
     // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the
     // same relays from the agreed fence list, and ops to one peer keep the same order at both
@@ -1197,7 +1243,7 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
         ops.push_back(detail::P2POp{false, l.b, tmp + block, block, 0});  // b's block for a
       }
     }
-    run_ops(call, ops);
+    run_ops(call, ops, user_min);
     for (std::size_t i = 0; i < fenced.size(); ++i) {
       const LinkId l = fenced[i];
       std::byte* tmp = alltoall_relay.data() + 2 * i * block;
@@ -1208,7 +1254,7 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
       if (rank == l.a) ops.push_back(detail::P2POp{false, via[i], block_of(out, l.b), block, 0});
       if (rank == l.b) ops.push_back(detail::P2POp{false, via[i], block_of(out, l.a), block, 0});
     }
-    run_ops(call, ops);
+    run_ops(call, ops, user_min);
   });
 }
 

@@ -103,9 +103,10 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
       "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
+      "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
-      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP",
+      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
       "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
       "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS"};
   std::vector<std::string> out;
@@ -143,6 +144,8 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.direct_write_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_P2P_DIRECT_USER_MIN_BYTES"))
     o.p2p_direct_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES");
+  if (auto v = env.get("RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES"))
+    o.alltoall_direct_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES"))
     o.direct_write_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
@@ -182,6 +185,8 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_HEALTH_WINDOW_MS"))
     o.health.window = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_WINDOW_MS", *v, 1, 1ll << 40));
   if (auto v = env.get("RINGFENCE_HEALTH_LINK_MAP")) o.health_link_map = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_GPU"))
+    o.health_gpu = static_cast<int>(parse_integer("RINGFENCE_HEALTH_GPU", *v, -1, 1 << 16));
   if (auto v = env.get("RINGFENCE_HEALTH_INTERVAL_MS"))
     o.health_interval = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_INTERVAL_MS", *v, 0, 1ll << 40));
   if (auto v = env.get("RINGFENCE_DIGEST_EVERY"))

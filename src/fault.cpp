@@ -67,6 +67,9 @@ FaultRule parse_rule(std::string_view rule) {
         throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': rate={} must be in [0, 1]", rule, value));
     } else if (key == "after") {
       r.after = parse_number<std::uint64_t>(rule, key, value);
+    } else if (key == "for_ms") {
+      r.for_ms = std::chrono::milliseconds(parse_number<std::uint32_t>(rule, key, value));
+      if (r.for_ms.count() == 0) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': for_ms={} must be positive", rule, value));
     } else if (key == "until") {
       r.until = parse_number<std::uint64_t>(rule, key, value);
       if (r.until == 0) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': until={} must be positive", rule, value));
@@ -103,7 +106,7 @@ struct Rng {
 class FaultLink final : public Link {
  public:
   FaultLink(std::unique_ptr<Link> inner, std::vector<FaultRule> rules, int self)
-      : inner_(std::move(inner)), rules_(std::move(rules)) {
+      : inner_(std::move(inner)), rules_(std::move(rules)), started_(rules_.size()) {
     std::uint64_t seed = 0;
     for (const auto& r : rules_) seed = seed * 31 + r.seed;
     const int lo = std::min(self, inner_->peer()), hi = std::max(self, inner_->peer());
@@ -177,9 +180,17 @@ class FaultLink final : public Link {
   static constexpr int kMaxFlipsPerWrite = 64;
   static constexpr std::size_t kLostRing = 64;
 
-  // True when the current write (number ops_) lies in the rule's window (after, until].
-  bool applies(const FaultRule& r) const noexcept { return ops_ > r.after && (r.until == 0 || ops_ <= r.until); }
-  bool flip_active() const noexcept {
+  // True when the current write (number ops_) lies in the rule's window: after its first `after`
+  // writes, up to write `until`, and within `for_ms` of the first write it acted on.
+  bool applies(const FaultRule& r) noexcept {
+    if (ops_ <= r.after || (r.until != 0 && ops_ > r.until)) return false;
+    if (r.for_ms.count() == 0) return true;
+    const auto now = std::chrono::steady_clock::now();
+    auto& start = started_[static_cast<std::size_t>(&r - rules_.data())];
+    if (start == std::chrono::steady_clock::time_point{}) start = now;
+    return now - start < r.for_ms;
+  }
+  bool flip_active() noexcept {
     for (const auto& r : rules_)
       if (r.kind == FaultKind::Flip && applies(r)) return true;
     return false;
@@ -193,6 +204,7 @@ class FaultLink final : public Link {
 
   std::unique_ptr<Link> inner_;
   std::vector<FaultRule> rules_;
+  std::vector<std::chrono::steady_clock::time_point> started_;  // per rule: first write it acted on (for_ms)
   Rng rng_{};
   double flip_rate_ = 0.0;
   double next_flip_ = 0.0;

@@ -5,16 +5,21 @@
 
 namespace ringfence::detail {
 
-std::vector<LinkSource> parse_link_map(std::string_view text) {
+std::vector<LinkSource> parse_link_map(std::string_view text, bool* automatic) {
   std::vector<LinkSource> out;
+  if (automatic) *automatic = false;
   while (!text.empty()) {
     const auto semi = text.find(';');
     const std::string_view entry = text.substr(0, semi);
     text = semi == std::string_view::npos ? std::string_view{} : text.substr(semi + 1);
     if (entry.empty()) continue;
+    if (entry == "auto" && automatic) {
+      *automatic = true;
+      continue;
+    }
     auto bad = [&](std::string_view why) {
       return InvalidUsage(fmt::format("RINGFENCE_HEALTH_LINK_MAP entry '{}': {} (expected A-B=nvml:<gpu>:<nvlink>, "
-                                      "A-B=ib:<device>:<port> or A-B=pcie:<address>)",
+                                      "A-B=ib:<device>:<port>, A-B=pcie:<address> or auto)",
                                       entry, why));
     };
     const auto eq = entry.find('='), dash = entry.find('-');
@@ -67,6 +72,9 @@ HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<L
       log_.warn("health: NVML unavailable ({}); NVLink counters read as unknown", nvml_->unavailable_reason());
   }
   if (need_sysfs) sysfs_ = std::make_unique<health::SysfsSource>(options_.sysfs_root, pci);
+  // A first read sets every counter's baseline (and registers NVML's Xid event set), so the
+  // first agreement already judges deltas: an error between setup and then counts.
+  if (!map_.empty()) sample_locked(std::chrono::steady_clock::now());
 }
 
 HealthMonitor::~HealthMonitor() { stop(); }

@@ -37,9 +37,10 @@ struct LinkSource {
   int port = 0;        ///< NVLink index or IB port (unused for PCIe)
 };
 
-/// Parses `A-B=nvml:<gpu>:<nvlink>;A-B=ib:<device>:<port>;A-B=pcie:<domain:bus:dev.fn>`.
-/// Throws InvalidUsage naming the entry.
-std::vector<LinkSource> parse_link_map(std::string_view text);
+/// Parses `A-B=nvml:<gpu>:<nvlink>;A-B=ib:<device>:<port>;A-B=pcie:<domain:bus:dev.fn>`. An
+/// entry `auto` (the NVLinks from NVML's topology, resolved by the communicator) sets
+/// `*automatic` when given, and is refused otherwise. Throws InvalidUsage naming the entry.
+std::vector<LinkSource> parse_link_map(std::string_view text, bool* automatic = nullptr);
 
 /// What this rank's transport saw on one of its links since the previous observation (the
 /// transport fields of `health::Evidence`).

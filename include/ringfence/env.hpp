@@ -17,6 +17,7 @@
 /// | RINGFENCE_DIRECT_WRITE_MIN_BYTES | from this size, final values go straight into `alloc()`ed outputs; `off` disables | 256K |
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
 /// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
+/// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
@@ -28,7 +29,8 @@
 /// | RINGFENCE_NVML_LIBRARY | NVML library to dlopen | libnvidia-ml.so.1 |
 /// | RINGFENCE_HEALTH_WINDOW_MS | sliding window of counter deltas | 60000 |
 /// | RINGFENCE_HEALTH_INTERVAL_MS | background sampling period of the counter sources (0 = off) | 1000 |
-/// | RINGFENCE_HEALTH_LINK_MAP | link -> hardware counters, e.g. 0-1=nvml:0:2;1-2=ib:mlx5_0:1 | none |
+/// | RINGFENCE_HEALTH_LINK_MAP | link -> hardware counters, e.g. 0-1=nvml:0:2;1-2=ib:mlx5_0:1, or `auto` (NVLink topology) | none |
+/// | RINGFENCE_HEALTH_GPU | NVML index of this rank's GPU (for the `auto` link map) | none |
 /// | RINGFENCE_DIGEST_EVERY | compare output digests across ranks every N collectives (0 = never) | 0 |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |

@@ -6,7 +6,8 @@
 ///
 ///     rule  := kind ':' field (',' field)*
 ///     kind  := flip | drop | delay | stall | throttle
-///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | us=<microseconds> | ms=<milliseconds> | seed=<n>
+///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | for_ms=<milliseconds> | us=<microseconds>
+///            | ms=<milliseconds> | seed=<n>
 ///            | mbps=<megabytes per second>
 ///
 /// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
@@ -20,7 +21,8 @@
 ///   trained down or is congested).
 /// `after=N` (all kinds) leaves the first N writes untouched; `until=M` (M > N) leaves every write
 /// after the M-th untouched: the rule acts on writes N+1..M of the link (a fault that heals). Write
-/// numbers count per link end (this rank's writes to that peer). Example:
+/// numbers count per link end (this rank's writes to that peer). `for_ms=T` ends the rule T ms
+/// after the first write it acted on (a burst in time). Example:
 /// `RINGFENCE_FAULT="flip:rate=1e-5,link=0-1,seed=7;delay:us=50,link=2-3"`.
 
 #include <chrono>
@@ -43,6 +45,7 @@ struct FaultRule {
   double rate = 0.0;           ///< flip: probability per byte; drop: per write; in [0, 1]
   std::uint64_t after = 0;     ///< writes left untouched first
   std::uint64_t until = 0;     ///< last write the rule acts on (0 = no end)
+  std::chrono::milliseconds for_ms{0};  ///< the rule stops this long after it first acted (0 = no end)
   std::chrono::microseconds delay{0};     ///< delay: per write
   std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
   std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)

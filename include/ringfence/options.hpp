@@ -69,6 +69,12 @@ struct CommOptions {
   /// Off by default: on the development VM cross-memory attach was slower than staging for
   /// send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB); alltoall at 4 ranks gained. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t p2p_direct_user_min_bytes = SIZE_MAX;
+  /// The same for alltoall with 3 or more ranks, where every pair exchanges at once and staging
+  /// costs a wake-up of the receiver per chunk per peer: measured 4 ranks on 2 cores, 1 MiB
+  /// blocks, 1.40 (direct) vs 0.26 GB/s (staged) busbw; with 2 ranks alltoall is one send/recv
+  /// pair and follows `p2p_direct_user_min_bytes`. The lower of the two applies.
+  /// Env: RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES=<bytes>|off.
+  std::size_t alltoall_direct_user_min_bytes = 256 * 1024;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
   std::vector<std::string> transports;
@@ -99,11 +105,16 @@ struct CommOptions {
   /// RINGFENCE_HEALTH_FENCE_CRC_ERRORS (`thresholds.checksum_storm_count`: corrupted chunks from
   /// a peer within `checksum_storm_window` that make a rank propose fencing the link).
   health::HealthOptions health;
-  /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2;1-2=ib:mlx5_0:1;2-3=pcie:0000:3b:00.0`.
+  /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2;1-2=ib:mlx5_0:1;2-3=pcie:0000:3b:00.0`,
+  /// or `auto` (NVLinks from NVML's topology, see `health_gpu`), alone or with such entries.
   /// Mapped links are judged by the health policy at every fence agreement (which then runs
   /// even without checksums). Must be non-empty on every rank or on none.
   /// Env: RINGFENCE_HEALTH_LINK_MAP.
   std::string health_link_map;
+  /// NVML index of this rank's GPU, for `health_link_map` entry `auto` (each active NVLink of
+  /// this GPU whose far end is another rank's GPU is mapped to the link with that rank; ranks
+  /// exchange their GPUs' PCI bus ids through the store). -1 = none. Env: RINGFENCE_HEALTH_GPU.
+  int health_gpu = -1;
   /// With a link map: a background thread also samples the counter sources this often, so
   /// windows see bursts between agreements (started and stopped with the communicator).
   /// 0 disables. Env: RINGFENCE_HEALTH_INTERVAL_MS.

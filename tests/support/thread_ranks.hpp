@@ -22,7 +22,9 @@ namespace ringfence::test {
 // Runs `body(comm)` on `n` thread ranks built with `options`; returns the first error as
 // "rank R: message", or "" when every rank finished. Catch2 assertions are not thread-safe:
 // bodies record results (or throw) and the test thread asserts afterwards.
-inline std::string run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& body) {
+// `options_of(r)` gives rank r's options (ranks that differ, e.g. in their GPU).
+inline std::string run_ranks(int n, const std::function<CommOptions(int)>& options_of,
+                             const std::function<void(Communicator&)>& body) {
   auto store = std::make_shared<InProcessStore>();
   std::mutex mutex;
   std::string error;
@@ -30,7 +32,7 @@ inline std::string run_ranks(int n, const CommOptions& options, const std::funct
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        Communicator comm(store, r, n, builtin_transports(), options);
+        Communicator comm(store, r, n, builtin_transports(), options_of(r));
         body(comm);
       } catch (const std::exception& e) {
         std::lock_guard lock(mutex);
@@ -39,6 +41,10 @@ inline std::string run_ranks(int n, const CommOptions& options, const std::funct
     });
   for (auto& t : threads) t.join();
   return error;
+}
+
+inline std::string run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& body) {
+  return run_ranks(n, [&](int) { return options; }, body);
 }
 
 }  // namespace ringfence::test

@@ -41,7 +41,9 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
                                                    {"RINGFENCE_LOG", "debug"},
                                                    {"RINGFENCE_HOST_ID", "hostA"},
                                                    {"RINGFENCE_SHM_SPIN", "0"},
-                                                   {"RINGFENCE_SHM_CMA", "0"}}));
+                                                   {"RINGFENCE_SHM_CMA", "0"},
+                                                   {"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "1M"},
+                                                   {"RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "5"}}));
   REQUIRE(o.timeout == std::chrono::milliseconds(1500));
   REQUIRE(o.chunk_bytes == 64 * 1024);
   REQUIRE(o.slots == 2);
@@ -50,6 +52,10 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.host_id == "hostA");
   REQUIRE(o.shm.spin_count == 0);
   REQUIRE_FALSE(o.shm.cross_memory_attach);
+  REQUIRE(o.alltoall_direct_user_min_bytes == 1024 * 1024);
+  REQUIRE(o.health.thresholds.checksum_storm_count == 5);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "off"}})).alltoall_direct_user_min_bytes ==
+          SIZE_MAX);
   // A base passed in keeps fields the environment does not mention.
   CommOptions base;
   base.slots = 7;

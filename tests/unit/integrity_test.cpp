@@ -1,5 +1,7 @@
 // End-to-end integrity: CRC32C, the fault-injection grammar, and corrupted links that never
 // corrupt a result when checksums are on.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -78,8 +80,9 @@ TEST_CASE("fault spec grammar", "[integrity][fault]") {
   REQUIRE(healing[0].after == 5);
   REQUIRE(healing[0].until == 80);
   REQUIRE(parse_fault_spec("flip:rate=1e-3")[0].until == 0);  // no end
+  REQUIRE(parse_fault_spec("drop:rate=0.1,for_ms=250")[0].for_ms == std::chrono::milliseconds(250));
   for (const char* bad : {"boom:rate=1", "flip:rate=2", "flip:rate=x", "flip:link=1", "flip:link=1-1", "flip:speed=3",
-                          "flip:rate", "throttle:link=0-1", "throttle:mbps=0", "flip:until=0", "flip:after=9,until=9"}) {
+                          "flip:rate", "throttle:link=0-1", "throttle:mbps=0", "flip:until=0", "flip:after=9,until=9", "flip:for_ms=0", "flip:for_ms=-1"}) {
     INFO(bad);
     REQUIRE_THROWS_AS(parse_fault_spec(bad), InvalidUsage);
   }
@@ -194,6 +197,22 @@ TEST_CASE("a throttled link slows the collective down and keeps results exact", 
   REQUIRE(slow.error.empty());
   REQUIRE(slow.wrong == 0);
   REQUIRE(ms >= 100);  // 2 calls x 2 MB over 20 MB/s each way: a lower bound, never an upper one
+}
+
+TEST_CASE("fault windows: until= and for_ms= end a fault", "[integrity][fault]") {
+  // Without checksums a corrupting link corrupts results; a rule whose window ended does not.
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.chunk_bytes = 4096;
+  o.fault = "flip:rate=1e-3,link=0-1,until=1";  // only the very first write of each end
+  const Outcome few = run_with_faults(3, o, 30000, 6);
+  o.fault = "flip:rate=1e-3,link=0-1";
+  const Outcome all = run_with_faults(3, o, 30000, 6);
+  o.fault = "flip:rate=1e-3,link=0-1,for_ms=1";  // over before most of the traffic
+  const Outcome brief = run_with_faults(3, o, 30000, 6);
+  INFO(few.error << all.error << brief.error);
+  REQUIRE(all.wrong > few.wrong);
+  REQUIRE(all.wrong > brief.wrong);
 }
 
 TEST_CASE("checksums on a clean link: exact, no errors, every dtype and op", "[integrity]") {
@@ -625,6 +644,67 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
     REQUIRE(fenced_at[r] == 8);  // first agreement after the storm (agreements at 2, 4, 6, 8, ...)
     REQUIRE(rings[r] == rings[0]);
     REQUIRE(relays[r] == std::vector<Relay>{Relay{1, 0, 2}});  // hop 1 -> 2 now goes through rank 0
+  }
+}
+
+TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology; a storm on one fences its ranks' link",
+          "[health][nvml][e2e][topology]") {
+  // Four ranks, one GPU each (NVML index = rank), NVLinks in a ring: link 0 of GPU g joins GPU
+  // g+1, link 1 joins GPU g-1. GPU 1's link 1 (to GPU 0) storms: only rank 1 reads it, and
+  // only through the automatic map, so link 0-1 must be fenced.
+  test::TempDir dir{"ringfence-topology"};
+  std::string topo = "count 4\nlinks 2\n";
+  for (int g = 0; g < 4; ++g)
+    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\nd{0}.l1.remote 0000:{3:02x}:00.0\n", g,
+                        0x10 + g, 0x10 + (g + 1) % 4, 0x10 + (g + 3) % 4);
+  dir.write("state", topo);
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::string> proposal(n);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "auto";
+  o.health_interval = std::chrono::milliseconds(0);
+  o.host_id = "topology";
+  const std::string error = test::run_ranks(
+      n,
+      [&](int r) {
+        CommOptions mine = o;
+        mine.health_gpu = r;
+        return mine;
+      },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::FenceProposed) proposal[r] = fmt::format("{}-{}", e.a, e.b);
+        });
+        std::vector<std::int32_t> buf(10000);
+        for (int it = 0; it < 8; ++it) {
+          if (it == 2) {
+            sync.arrive_and_wait();
+            if (r == 0) dir.write("state", topo + "d1.l1.replay 3\n");
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+        }
+        fences[r] = comm.fenced_links();
+      });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  REQUIRE(proposal == std::vector<std::string>{"", "0-1", "", ""});  // only GPU 1 saw its link replay
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{0, 1}});
   }
 }
 

@@ -307,6 +307,7 @@ class ShmTransport final : public Transport {
     std::random_device rd;
     nonce_ = fmt::format("{:08x}", static_cast<std::uint32_t>(rd()));
     remove_stale_segments();
+    if (options_.cross_memory_attach) cma_unusable_ = probe_cross_memory_attach();
   }
   ~ShmTransport() override {
     for (auto& s : segments_) {
@@ -316,6 +317,21 @@ class ShmTransport final : public Transport {
   }
 
   std::string_view name() const noexcept override { return kName; }
+
+  // Cross-memory attach needs ptrace-attach rights over the peer (Yama ptrace_scope >= 1,
+  // seccomp in containers and LSMs may refuse them). Probe once against our parent, a process
+  // we did not start: a read from address 0 fails with EFAULT when access is allowed and with
+  // EPERM / ENOSYS when not. Returns why it is unusable, empty when usable. Conservative: when
+  // the parent belongs to another user the probe says no and buffers are staged instead.
+  std::string probe_cross_memory_attach() const {
+    char byte = 0;
+    iovec local{&byte, 1};
+    iovec remote{nullptr, 1};
+    if (::process_vm_readv(::getppid(), &local, 1, &remote, 1, 0) < 0 && errno == EFAULT) return {};
+    const std::string why = fmt::format("process_vm_readv probe: {}", std::strerror(errno));
+    if (log_) log_->info("shm: cross-memory attach unusable ({}); user buffers are staged", why);
+    return why;
+  }
 
   Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const override {
     Reachability r;
@@ -382,6 +398,8 @@ class ShmTransport final : public Transport {
     RINGFENCE_EXPECTS(options_.cross_memory_attach,
                       "rank {}: shm: buffer {} is not from comm.alloc() and cross-memory attach is disabled (RINGFENCE_SHM_CMA=0)",
                       self_.rank, ptr);
+    RINGFENCE_EXPECTS(cma_unusable_.empty(), "rank {}: shm: buffer {} is not from comm.alloc() and cross-memory attach is unusable here ({})",
+                      self_.rank, ptr, cma_unusable_);
     impl->fields = KeyFields{RegionKind::Cma, self_.pid, reinterpret_cast<std::uint64_t>(ptr), bytes, {}};
     return MemoryRegion(std::move(impl), ptr, bytes, kind);
   }
@@ -470,6 +488,7 @@ class ShmTransport final : public Transport {
   ShmOptions options_;
   const Logger* log_;
   std::string nonce_;
+  std::string cma_unusable_;  // why cross-memory attach cannot be used here (empty: it can)
   std::mutex mutex_;
   std::vector<Segment> segments_;
   std::map<std::string, std::weak_ptr<Mapping>> mappings_;
