@@ -118,7 +118,41 @@ void Work::wait() const {
 HealthSnapshot snapshot_of(const Communicator::Impl& m);
 std::vector<LinkInfo> links_of(const Communicator::Impl& m);
 
-struct Communicator::Impl {
+// One channel set ("lane"): the flag block, a channel (link, staging slots, counters) to every
+// peer, scratch, and the engine configuration that goes with them. Lane 0 is the
+// communicator's own: every call runs on it. With several channels (RINGFENCE_CHANNELS) large
+// ring collectives are split into slices, one per lane, run at once by lane worker threads;
+// each lane has its own connections, so lanes never share a link or a flag word.
+struct LaneState {
+  detail::EngineConfig engine;
+  detail::FlagBlock flags;
+  std::vector<std::unique_ptr<detail::Channel>> channels;
+  detail::Channel* left = nullptr;
+  detail::Channel* right = nullptr;
+  detail::RelayDuties relay_duties;  // the relays this rank forwards for
+  void* flags_mem = nullptr;
+  void* inbox_mem = nullptr;
+  void* scratch_mem = nullptr;  // partial results in flight (engine.scratch)
+
+  detail::Channel& channel_to(int peer) {
+    for (auto& ch : channels)
+      if (ch->peer == peer) return *ch;
+    channels.push_back(std::make_unique<detail::Channel>());
+    channels.back()->peer = peer;
+    return *channels.back();
+  }
+};
+
+// Work for one extra lane in one split collective.
+struct LaneJob {
+  detail::RingCall call;
+  const Reducer* reducer = nullptr;
+  detail::DirectWrite direct;
+  detail::Failure failure;
+  Status status;
+};
+
+struct Communicator::Impl : LaneState {
   CommOptions options;
   Logger log;
   int rank = 0;
@@ -129,13 +163,11 @@ struct Communicator::Impl {
   std::uint64_t shrinks = 0;               // shrink() calls so far (store namespace of the next)
   PeerInfo self;
   std::vector<std::unique_ptr<Transport>> transports;
-  std::vector<std::unique_ptr<detail::Channel>> channels;
-  detail::Channel* left = nullptr;
-  detail::Channel* right = nullptr;
+  std::vector<std::unique_ptr<LaneState>> extra_lanes;  // lanes 1.. (RINGFENCE_CHANNELS > 1)
+  int planned_lanes = 1;                                // lanes built at setup (1 + extra_lanes)
   std::vector<int> ring;        // current ring order
   std::vector<LinkId> fenced;   // agreed fenced links
   std::vector<Relay> relays;    // fenced ring hops carried through a third rank
-  detail::RelayDuties relay_duties;  // the relays this rank forwards for
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
   std::uint64_t digest_mismatch_count = 0;
@@ -143,6 +175,7 @@ struct Communicator::Impl {
   std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
   std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
   std::vector<detail::TransportObservation> observations;  // per agreement; sized at setup
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> timed;  // per peer: timed bytes, ns (per agreement)
   std::size_t p2p_user_min_bytes = SIZE_MAX;  // the running point-to-point call's user-buffer threshold
   // Bandwidth evidence needs at least this much timed traffic on a link between agreements.
   static constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
@@ -198,13 +231,9 @@ struct Communicator::Impl {
     } catch (...) {
     }
   }
-  detail::EngineConfig engine;
   // Internal memory (flags + inboxes) and user allocations: pointer -> allocating transport
   // (nullptr = plain heap).
   std::vector<std::pair<void*, Transport*>> allocations;
-  void* flags_mem = nullptr;
-  void* inbox_mem = nullptr;
-  void* scratch_mem = nullptr;                  // partial results in flight (engine.scratch)
   std::vector<detail::Channel*> channel_of;     // by rank; null for ourselves
   std::vector<detail::Channel*> position_channel;  // by ring position; null for ourselves
   bool tree_allowed = false;                    // the plan lets the double binary tree run
@@ -213,6 +242,15 @@ struct Communicator::Impl {
   int group_depth = 0;                          // group_start() nesting
   std::vector<detail::P2POp> group_ops;         // queued by send()/recv() inside a group
   std::vector<detail::P2POp> alltoall_ops;      // alltoall's transfers (run on the executing thread)
+  // Lane workers: lane l >= 1 runs lane_jobs[l] when lane_round moves and l < lanes_in_use.
+  std::vector<LaneJob> lane_jobs;
+  std::vector<std::thread> lane_threads;
+  std::mutex lane_mutex;
+  std::condition_variable lane_cv, lane_done_cv;
+  std::uint64_t lane_round = 0;
+  int lanes_in_use = 1;
+  int lanes_pending = 0;
+  bool lane_stop = false;
   std::vector<std::byte> alltoall_relay;        // blocks this rank carries around fenced links
 
   bool is_fenced(int a, int b) const noexcept {
@@ -282,8 +320,8 @@ struct Communicator::Impl {
   void run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes,
                                const Reducer& reducer);
   // Direct writes of final values into the right neighbour's output (ring allreduce, allgather
-  // and broadcast): enabled from `direct_write_min_bytes` without checksums.
-  detail::DirectWrite direct_write(void* recv, std::size_t bytes);
+  // and broadcast) for call `c` on `lane`: enabled from `direct_write_min_bytes` without checksums.
+  detail::DirectWrite direct_write_for(LaneState& lane, const detail::RingCall& c, std::size_t elem_size);
   Work reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op);
   Work allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type);
   Work broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root);
@@ -298,7 +336,6 @@ struct Communicator::Impl {
     }
     if (worker.joinable()) worker.join();
   }
-  detail::FlagBlock flags;
   std::uint64_t seq = 0;
   // Direct-write caches: our output buffers registered with the left link's transport, and the
   // right neighbour's output keys imported. Bounded; misses allocate (like NCCL's lazy
@@ -317,6 +354,7 @@ struct Communicator::Impl {
   std::deque<LocalReg> local_regs;   // deques: entries keep their address while others come and go
   std::vector<std::pair<std::uintptr_t, std::size_t>> user_allocs;  // alloc()ed ranges
   std::deque<RemoteReg> remote_regs;
+  std::mutex regs_mutex;  // guards remote_regs (lane workers import concurrently)
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
   Status failure;
   std::atomic<bool> failed{false};  // failure is set (lock-free fast path of check_usable)
@@ -326,11 +364,14 @@ struct Communicator::Impl {
     stop_worker();  // queued work finishes first (bounded; fails fast after an error)
     if (monitor) monitor->stop();
     if (event_fd >= 0) ::close(event_fd);
-    for (auto& ch : channels)
-      if (ch->link) ch->link->fence(FenceReason::Shutdown);
+    stop_lane_workers();
+    for_each_lane([](LaneState& L) {
+      for (auto& ch : L.channels)
+        if (ch->link) ch->link->fence(FenceReason::Shutdown);
+    });
     remote_regs.clear();
     local_regs.clear();
-    channels.clear();  // regions and links go before the memory they describe
+    for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions and links go before the memory they describe
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);
   }
 
@@ -360,12 +401,83 @@ struct Communicator::Impl {
     (void)store->get(key + "/done", options.timeout);
   }
 
-  detail::Channel& channel_to(int peer) {
-    for (auto& ch : channels)
-      if (ch->peer == peer) return *ch;
-    channels.push_back(std::make_unique<detail::Channel>());
-    channels.back()->peer = peer;
-    return *channels.back();
+  // Every lane: this one (lane 0), then the extra ones.
+  template <class F>
+  void for_each_lane(F&& f) {
+    f(static_cast<LaneState&>(*this));
+    for (auto& l : extra_lanes) f(*l);
+  }
+
+  // Lanes to build: RINGFENCE_CHANNELS, or (0 = auto) one per core this rank can count on —
+  // online cores over the ranks on this host — at most kMaxAutoLanes. Every rank computes the
+  // same number only if hosts look alike, so the result is checked in the fingerprint.
+  int lane_count(const std::vector<PeerInfo>& peers) const {
+    if (options.channels > 0) return options.channels;
+    int local = 1;
+    for (const auto& p : peers) local += p.host_id == self.host_id;
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    return std::clamp(static_cast<int>(cpus > 0 ? cpus : 1) / local, 1, kMaxAutoLanes);
+  }
+  static constexpr int kMaxAutoLanes = 4;
+
+  // Connects lane `index` of `L` (its channels name peer and transport): allocates its flags,
+  // staging slots and scratch, listens, connects to every peer (non-blocking, polled against
+  // the deadline), registers the flags and the inbox each peer writes into and imports theirs.
+  // Store keys of lane 0 have no suffix, lane c's end in "/lane<c>".
+  void connect_lane(LaneState& L, int index, const std::vector<PeerInfo>& peers) {
+    const std::string suffix = index == 0 ? std::string() : fmt::format("/lane{}", index);
+    L.flags_mem = allocate(detail::FlagBlock::bytes(size));
+    L.flags.bind(L.flags_mem, size);
+    const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
+    L.inbox_mem = allocate(inbox_bytes * L.channels.size());
+    for (std::size_t i = 0; i < L.channels.size(); ++i)
+      L.channels[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
+    L.scratch_mem = allocate(L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots + 1));
+    L.engine.scratch = static_cast<std::byte*>(L.scratch_mem);
+
+    auto index_of = [&](const Transport* t) {
+      return static_cast<std::size_t>(std::find_if(transports.begin(), transports.end(), [&](auto& x) { return x.get() == t; }) -
+                                      transports.begin());
+    };
+    std::vector<std::unique_ptr<ListenHandle>> listeners(transports.size());
+    for (auto& ch : L.channels)
+      if (auto& l = listeners[index_of(ch->transport)]; !l) l = ch->transport->listen();
+    for (std::size_t t = 0; t < transports.size(); ++t)
+      if (listeners[t]) store->set(fmt::format("addr/{}/{}{}", rank, transports[t]->name(), suffix), listeners[t]->address());
+
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    for (std::size_t i = 0; i < L.channels.size(); ++i) {
+      auto& ch = *L.channels[i];
+      const Bytes address = store->get(fmt::format("addr/{}/{}{}", ch.peer, ch.transport_name, suffix), options.timeout);
+      auto pending = ch.transport->connect(*listeners[index_of(ch.transport)], peers[i], address);
+      for (;;) {
+        const Status s = pending->try_finish(ch.link);
+        if (s.is_ok()) break;
+        if (s.is_error()) throw_status(s, fmt::format("rank {}: connecting to rank {} over {} failed", rank, ch.peer, ch.transport_name));
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw TimeoutError(fmt::format("rank {}: connecting to rank {} over {} timed out after {} ms", rank, ch.peer,
+                                         ch.transport_name, options.timeout.count()));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+
+    for (auto& ch : L.channels) {
+      ch->flags_region = ch->transport->register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
+      ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, MemoryKind::Host);
+      store->set(fmt::format("regions/{}/for/{}{}", rank, ch->peer, suffix),
+                 pack({ch->inbox_region.key(), ch->flags_region.key(), to_bytes(protocol_fingerprint())}));
+    }
+    for (auto& ch : L.channels) {
+      const auto parts = unpack(store->get(fmt::format("regions/{}/for/{}{}", ch->peer, rank, suffix), options.timeout), "region keys");
+      RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
+      RINGFENCE_EXPECTS(to_string(parts[2]) == protocol_fingerprint(),
+                        "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
+                        "RINGFENCE_SLOTS, RINGFENCE_CHANNELS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and "
+                        "RINGFENCE_TUNER_* must match on every rank",
+                        rank, ch->peer, to_string(parts[2]), protocol_fingerprint());
+      ch->peer_inbox = ch->transport->import_region(parts[0]);
+      ch->peer_flags = ch->transport->import_region(parts[1]);
+    }
   }
 
   void setup(const TransportRegistry& registry) {
@@ -415,6 +527,7 @@ struct Communicator::Impl {
       }
       monitor = std::make_unique<detail::HealthMonitor>(options.health, std::move(map), std::move(own), log);
       observations.reserve(static_cast<std::size_t>(size));
+      timed.reserve(static_cast<std::size_t>(size));
     }
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
@@ -429,14 +542,7 @@ struct Communicator::Impl {
     for (int p = 0; p < size; ++p)
       if (p != rank) channel_to(p);
 
-    flags_mem = allocate(detail::FlagBlock::bytes(size));
-    flags.bind(flags_mem, size);
-    const std::size_t inbox_bytes = engine.slot_stride() * static_cast<std::size_t>(engine.slots);
-    inbox_mem = allocate(inbox_bytes * channels.size());
-    for (std::size_t i = 0; i < channels.size(); ++i) channels[i]->inbox = static_cast<std::byte*>(inbox_mem) + i * inbox_bytes;
-    scratch_mem = allocate(engine.slot_bytes * static_cast<std::size_t>(engine.slots + 1));
     oneshot_copy.resize(engine.slot_bytes);
-    engine.scratch = static_cast<std::byte*>(scratch_mem);
     channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : channels) channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
 
@@ -451,7 +557,6 @@ struct Communicator::Impl {
 
     // 2. Choose a transport per neighbour: the first (highest priority) that reaches it. Both
     //    ends evaluate the same list on the same facts, so they agree.
-    std::vector<std::unique_ptr<ListenHandle>> listeners(transports.size());
     for (std::size_t i = 0; i < channels.size(); ++i) {
       std::string reasons;
       for (std::size_t t = 0; t < transports.size(); ++t) {
@@ -460,7 +565,6 @@ struct Communicator::Impl {
           channels[i]->transport = transports[t].get();
           channels[i]->expected_gbps = r.bandwidth_gbps;
           channels[i]->transport_name = std::string(transports[t]->name());
-          if (!listeners[t]) listeners[t] = transports[t]->listen();
           break;
         }
         reasons += fmt::format(" {}: {};", transports[t]->name(), r.reason);
@@ -469,48 +573,27 @@ struct Communicator::Impl {
         throw Error(ErrorCode::PeerUnreachable,
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
-    for (std::size_t t = 0; t < transports.size(); ++t)
-      if (listeners[t]) store->set(fmt::format("addr/{}/{}", rank, transports[t]->name()), listeners[t]->address());
 
-    // 3. Connect (non-blocking, polled against the deadline).
-    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
-    for (std::size_t i = 0; i < channels.size(); ++i) {
-      auto& ch = *channels[i];
-      const auto t = static_cast<std::size_t>(
-          std::find_if(transports.begin(), transports.end(), [&](auto& x) { return x.get() == ch.transport; }) - transports.begin());
-      const Bytes address = store->get(fmt::format("addr/{}/{}", ch.peer, ch.transport_name), options.timeout);
-      auto pending = ch.transport->connect(*listeners[t], peers[i], address);
-      for (;;) {
-        const Status s = pending->try_finish(ch.link);
-        if (s.is_ok()) break;
-        if (s.is_error()) throw_status(s, fmt::format("rank {}: connecting to rank {} over {} failed", rank, ch.peer, ch.transport_name));
-        if (std::chrono::steady_clock::now() >= deadline)
-          throw TimeoutError(fmt::format("rank {}: connecting to rank {} over {} timed out after {} ms", rank, ch.peer,
-                                         ch.transport_name, options.timeout.count()));
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // 3-4. Connect lane 0, then the extra lanes (RINGFENCE_CHANNELS), each with its own links,
+    //      flags and staging slots; the same transport per peer on every lane.
+    planned_lanes = lane_count(peers);
+    connect_lane(*this, 0, peers);
+    for (int c = 1; c < planned_lanes; ++c) {
+      auto lane = std::make_unique<LaneState>();
+      lane->engine = engine;
+      for (auto& ch : channels) {
+        detail::Channel& mine = lane->channel_to(ch->peer);
+        mine.transport = ch->transport;
+        mine.transport_name = ch->transport_name;
+        mine.expected_gbps = ch->expected_gbps;
       }
-    }
-
-    // 4. Register our flags and the inbox each neighbour writes into; import theirs.
-    for (auto& ch : channels) {
-      ch->flags_region = ch->transport->register_memory(flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
-      ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, MemoryKind::Host);
-      store->set(fmt::format("regions/{}/for/{}", rank, ch->peer),
-                 pack({ch->inbox_region.key(), ch->flags_region.key(), to_bytes(protocol_fingerprint())}));
-    }
-    for (auto& ch : channels) {
-      const auto parts = unpack(store->get(fmt::format("regions/{}/for/{}", ch->peer, rank), options.timeout), "region keys");
-      RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
-      RINGFENCE_EXPECTS(to_string(parts[2]) == protocol_fingerprint(),
-                        "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
-                        "RINGFENCE_SLOTS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and RINGFENCE_TUNER_* must match on every rank",
-                        rank, ch->peer, to_string(parts[2]), protocol_fingerprint());
-      ch->peer_inbox = ch->transport->import_region(parts[0]);
-      ch->peer_flags = ch->transport->import_region(parts[1]);
+      connect_lane(*lane, c, peers);
+      extra_lanes.push_back(std::move(lane));
     }
     std::vector<int> identity(static_cast<std::size_t>(size));
     for (int i = 0; i < size; ++i) identity[static_cast<std::size_t>(i)] = i;
     set_ring(std::move(identity));
+    start_lane_workers();
 
     // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
     store_barrier("setup");
@@ -560,10 +643,10 @@ struct Communicator::Impl {
   std::string protocol_fingerprint() const {
     return fmt::format(
         "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={} "
-        "algo={} tuner={}/{}",
+        "algo={} tuner={}/{} channels={}/{}",
         engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
         agreement_enabled(), options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us,
-        options.tuner_gbps);  // the user threshold may differ per rank
+        options.tuner_gbps, planned_lanes, options.channel_min_bytes);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -585,6 +668,7 @@ struct Communicator::Impl {
   // Imports a peer's key with `ch`'s transport, through a bounded cache (a hit allocates
   // nothing). A group uses at most one key per peer at a time, far below the cache size.
   const RemoteRegion* import_cached(std::span<const std::byte> key, detail::Channel& ch) noexcept {
+    std::lock_guard lock(regs_mutex);  // lanes resolve their neighbours' keys at once
     for (auto& e : remote_regs)
       if (std::equal(e.key.begin(), e.key.end(), key.begin(), key.end())) return &e.region;
     try {
@@ -626,30 +710,33 @@ struct Communicator::Impl {
   void set_ring(std::vector<int> order, std::vector<Relay> new_relays = {}) {
     ring = std::move(order);
     relays = std::move(new_relays);
-    relay_duties = detail::RelayDuties{};
-    engine.trailers = !relays.empty();
-    if (size == 1) return;
     auto position_of = [&](int r) {
       return static_cast<std::size_t>(std::find(ring.begin(), ring.end(), r) - ring.begin());
     };
     const std::size_t pos = position_of(rank), n = ring.size();
-    engine.position = static_cast<int>(pos);
-    int left_rank = ring[(pos + n - 1) % n], right_rank = ring[(pos + 1) % n];
-    for (const Relay& r : relays) {
-      if (r.to == rank) left_rank = r.via;     // our logical left's chunks come through the relay
-      if (r.from == rank) right_rank = r.via;  // ours go through it
-      if (r.via == rank && relay_duties.count < detail::kMaxRelayDuties) {
-        detail::RelayDuty& d = relay_duties.duty[relay_duties.count++];
-        d.in = &channel_to(r.from);
-        d.out = &channel_to(r.to);
-        d.sender_position = static_cast<int>(position_of(r.from));
-        d.base_in = d.in->received;
-        d.base_out = d.out->sent;
-        d.credited = static_cast<std::uint32_t>(d.base_in);
+    for_each_lane([&](LaneState& L) {
+      L.relay_duties = detail::RelayDuties{};
+      L.engine.trailers = !relays.empty();
+      if (size == 1) return;
+      L.engine.position = static_cast<int>(pos);
+      int left_rank = ring[(pos + n - 1) % n], right_rank = ring[(pos + 1) % n];
+      for (const Relay& r : relays) {
+        if (r.to == rank) left_rank = r.via;     // our logical left's chunks come through the relay
+        if (r.from == rank) right_rank = r.via;  // ours go through it
+        if (r.via == rank && L.relay_duties.count < detail::kMaxRelayDuties) {
+          detail::RelayDuty& d = L.relay_duties.duty[L.relay_duties.count++];
+          d.in = &L.channel_to(r.from);
+          d.out = &L.channel_to(r.to);
+          d.sender_position = static_cast<int>(position_of(r.from));
+          d.base_in = d.in->received;
+          d.base_out = d.out->sent;
+          d.credited = static_cast<std::uint32_t>(d.base_in);
+        }
       }
-    }
-    left = &channel_to(left_rank);
-    right = &channel_to(right_rank);
+      L.left = &L.channel_to(left_rank);
+      L.right = &L.channel_to(right_rank);
+    });
+    if (size == 1) return;
     // Trees name peers by ring position; they run only on plans without relays whose tree
     // edges avoid every fenced link.
     position_channel.assign(n, nullptr);
@@ -679,10 +766,12 @@ struct Communicator::Impl {
   void install_plan(std::pair<std::vector<int>, std::vector<Relay>> plan, std::vector<LinkId> all,
                     const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted) {
     fenced = std::move(all);
-    for (const auto& l : added)
-      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
-    for (const auto& l : readmitted)
-      if (l.a == rank || l.b == rank) channel_to(l.a == rank ? l.b : l.a).link->reopen();
+    for_each_lane([&](LaneState& L) {
+      for (const auto& l : added)
+        if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+      for (const auto& l : readmitted)
+        if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->reopen();
+    });
     set_ring(std::move(plan.first), std::move(plan.second));
     ++epoch;
   }
@@ -721,20 +810,32 @@ struct Communicator::Impl {
     // what the transport saw since the last agreement (checksum mismatches, intact chunks,
     // timeouts, achieved bandwidth), mapped links on their hardware counters as well.
     if (monitor) {
+      // One observation per peer, summed over the lanes (each lane has its own link to it).
       observations.clear();
-      for (auto& ch : channels) {
-        auto& j = ch->judged;
-        const LinkStats& st = ch->link->stats();
-        const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
-        detail::TransportObservation o{LinkId::of(rank, ch->peer), ch->checksum_errors - j.checksum_errors,
-                                       (ch->sent - j.sent) + (ch->received - j.received), timeouts - j.timeouts, {}};
-        const std::uint64_t bytes = ch->timed_bytes - j.timed_bytes, ns = ch->timed_ns - j.timed_ns;
-        if (bytes >= kBandwidthEvidenceBytes && ns > 0 && ch->expected_gbps > 0)
-          o.bandwidth_ratio = static_cast<double>(bytes) / static_cast<double>(ns) / ch->expected_gbps;
-        j = {ch->checksum_errors, ch->sent, ch->received, ch->timed_bytes, ch->timed_ns, timeouts};
+      for (auto& ch : channels) observations.push_back(detail::TransportObservation{LinkId::of(rank, ch->peer)});
+      timed.assign(channels.size(), {0, 0});
+      for_each_lane([&](LaneState& L) {
+        for (std::size_t i = 0; i < L.channels.size(); ++i) {
+          detail::Channel& ch = *L.channels[i];
+          auto& j = ch.judged;
+          auto& o = observations[i];
+          const std::uint64_t timeouts = ch.link->stats().timeouts.load(std::memory_order_relaxed);
+          o.checksum_mismatches += ch.checksum_errors - j.checksum_errors;
+          o.successes += (ch.sent - j.sent) + (ch.received - j.received);
+          o.timeouts += timeouts - j.timeouts;
+          timed[i].first += ch.timed_bytes - j.timed_bytes;
+          timed[i].second += ch.timed_ns - j.timed_ns;
+          j = {ch.checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts};
+        }
+      });
+      for (std::size_t i = 0; i < channels.size(); ++i) {
+        auto& o = observations[i];
+        const auto [bytes, ns] = timed[i];
+        // Bytes over time spent in writes, over all lanes: the speed of one write stream.
+        if (bytes >= kBandwidthEvidenceBytes && ns > 0 && channels[i]->expected_gbps > 0)
+          o.bandwidth_ratio = static_cast<double>(bytes) / static_cast<double>(ns) / channels[i]->expected_gbps;
         if (o.checksum_mismatches > 0)
           emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
-        observations.push_back(o);
       }
       for (const auto& a : monitor->evaluate(std::chrono::steady_clock::now(), observations)) {
         if (a.link.b >= size) continue;
@@ -845,13 +946,15 @@ struct Communicator::Impl {
   // message naming us instead of running into their own timeouts. Best effort, never throws.
   void abort_peers(ErrorCode code, int blamed) noexcept {
     const std::uint32_t value = detail::FlagBlock::abort_value(code, rank, blamed);
-    for (auto& ch : channels) {
-      if (!ch->link || !ch->peer_flags) continue;
-      (void)ch->link->signal(SignalOp{&ch->peer_flags, detail::FlagBlock::abort_offset(size), value, 0});
-      Completion done[8];
-      std::size_t n = 0;
-      (void)ch->link->poll(done, n);
-    }
+    for_each_lane([&](LaneState& L) {
+      for (auto& ch : L.channels) {
+        if (!ch->link || !ch->peer_flags) continue;
+        (void)ch->link->signal(SignalOp{&ch->peer_flags, detail::FlagBlock::abort_offset(size), value, 0});
+        Completion done[8];
+        std::size_t n = 0;
+        (void)ch->link->poll(done, n);
+      }
+    });
   }
 
   // ---- argument checks shared by every call (InvalidUsage naming the argument and rank) ----
@@ -904,11 +1007,133 @@ struct Communicator::Impl {
     }
   }
 
-  void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer,
-                     const detail::DirectWrite& direct = detail::DirectWrite{}) {
-    detail::Failure failure;
-    const Status s = detail::run_ring(engine, flags, left, right, c, reducer, direct, relay_duties, failure);
-    if (!s.is_ok()) raise(call, failure);
+  // Runs a ring collective. `direct`: final values may go straight into the right neighbour's
+  // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
+  void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer, bool direct = false) {
+    const int lanes = lanes_for(c, reducer.elem_size);
+    if (lanes <= 1) {
+      detail::Failure failure;
+      const Status s = detail::run_ring(engine, flags, left, right, c, reducer, direct ? direct_write_for(*this, c, reducer.elem_size) : detail::DirectWrite{},
+                                        relay_duties, failure);
+      if (!s.is_ok()) raise(call, failure);
+      return;
+    }
+    // Slice [lo, hi) of the call's elements (of every block, for blocked layouts) per lane, in
+    // units of 64 bytes where the element size allows, so slices start on cache lines.
+    const std::size_t total = c.count;
+    const std::size_t unit = reducer.elem_size <= 64 && 64 % reducer.elem_size == 0 ? 64 / reducer.elem_size : 1;
+    const std::size_t units = (total + unit - 1) / unit;
+    const std::size_t es = reducer.elem_size;
+    for (int l = 0; l < lanes; ++l) {
+      const std::size_t lo = std::min(total, units * static_cast<std::size_t>(l) / static_cast<std::size_t>(lanes) * unit);
+      const std::size_t hi = std::min(total, units * static_cast<std::size_t>(l + 1) / static_cast<std::size_t>(lanes) * unit);
+      detail::RingCall part = c;
+      part.count = hi - lo;
+      part.send = c.send ? static_cast<const std::byte*>(c.send) + lo * es : nullptr;
+      part.recv = c.recv ? static_cast<std::byte*>(c.recv) + lo * es : nullptr;
+      if (c.kind == detail::RingCollective::ReduceScatter || c.kind == detail::RingCollective::Allgather)
+        part.stride = c.stride ? c.stride : total;
+      LaneJob& job = lane_jobs[static_cast<std::size_t>(l)];
+      job.call = part;
+      job.reducer = &reducer;
+      job.direct = direct ? direct_write_for(lane(l), part, es) : detail::DirectWrite{};
+      job.failure = detail::Failure{};
+      job.status = Status::ok();
+    }
+    run_lanes(lanes);
+    // The first failure that did not come from a sibling lane's local abort explains the call.
+    const LaneJob* failed_job = nullptr;
+    for (int l = 0; l < lanes; ++l) {
+      const LaneJob& job = lane_jobs[static_cast<std::size_t>(l)];
+      if (job.status.is_ok()) continue;
+      const bool sibling = job.failure.aborted_by_peer && job.failure.peer == rank;
+      if (!failed_job || (!sibling && failed_job->failure.aborted_by_peer && failed_job->failure.peer == rank)) failed_job = &job;
+    }
+    if (failed_job) raise(call, failed_job->failure);
+  }
+
+  LaneState& lane(int l) { return l == 0 ? static_cast<LaneState&>(*this) : *extra_lanes[static_cast<std::size_t>(l - 1)]; }
+
+  // Lanes a ring collective of `c` uses: 1 unless several exist, the collective is one that
+  // splits (ring allreduce, reduce-scatter, allgather, chain broadcast and reduce) and every lane
+  // gets at least `channel_min_bytes`. The same on every rank (same call, same options).
+  int lanes_for(const detail::RingCall& c, std::size_t elem_size) const noexcept {
+    if (extra_lanes.empty()) return 1;
+    switch (c.kind) {
+      case detail::RingCollective::Allreduce:
+      case detail::RingCollective::ReduceScatter:
+      case detail::RingCollective::Allgather:
+      case detail::RingCollective::Broadcast:
+      case detail::RingCollective::Reduce: break;
+      default: return 1;
+    }
+    const std::size_t bytes = c.count * elem_size;
+    const std::size_t per = std::max<std::size_t>(options.channel_min_bytes, 1);
+    return static_cast<int>(std::clamp<std::size_t>(bytes / per, 1, extra_lanes.size() + 1));
+  }
+
+  // Runs lane_jobs[0..lanes) at once: lane 0 on this thread, the others on their workers. A
+  // lane that fails stops its siblings through their local abort words (bounded: every wait
+  // checks it), so no lane outlives the call by more than one wait slice.
+  void run_lanes(int lanes) {
+    {
+      std::lock_guard lock(lane_mutex);
+      lanes_in_use = lanes;
+      lanes_pending = lanes - 1;
+      ++lane_round;
+    }
+    lane_cv.notify_all();
+    run_lane_job(0);
+    std::unique_lock lock(lane_mutex);
+    lane_done_cv.wait(lock, [&] { return lanes_pending == 0; });
+  }
+
+  void run_lane_job(int l) noexcept {
+    LaneState& L = lane(l);
+    LaneJob& job = lane_jobs[static_cast<std::size_t>(l)];
+    job.status = detail::run_ring(L.engine, L.flags, L.left, L.right, job.call, *job.reducer, job.direct, L.relay_duties, job.failure);
+    if (!job.status.is_ok()) {
+      const std::uint32_t value = detail::FlagBlock::abort_value(job.status.code(), rank, job.failure.peer);
+      for (int o = 0; o < lanes_in_use; ++o)
+        if (o != l) {
+          std::atomic<std::uint32_t>& word = lane(o).flags.abort->value;
+          std::uint32_t expected = 0;
+          word.compare_exchange_strong(expected, value, std::memory_order_acq_rel);
+        }
+    }
+  }
+
+  void start_lane_workers() {
+    lane_jobs.resize(extra_lanes.size() + 1);
+    for (std::size_t i = 0; i < extra_lanes.size(); ++i)
+      lane_threads.emplace_back([this, l = static_cast<int>(i + 1)] {
+        std::uint64_t seen = 0;
+        std::unique_lock lock(lane_mutex);
+        for (;;) {
+          lane_cv.wait(lock, [&] { return lane_stop || lane_round != seen; });
+          if (lane_stop) return;
+          seen = lane_round;
+          if (l >= lanes_in_use) continue;
+          lock.unlock();
+          run_lane_job(l);
+          lock.lock();
+          if (--lanes_pending == 0) lane_done_cv.notify_all();
+        }
+      });
+    if (!extra_lanes.empty())
+      log.info("{} channels: ring collectives of at least {} bytes per channel are split across them", extra_lanes.size() + 1,
+               options.channel_min_bytes);
+  }
+
+  void stop_lane_workers() noexcept {
+    {
+      std::lock_guard lock(lane_mutex);
+      lane_stop = true;
+    }
+    lane_cv.notify_all();
+    for (auto& t : lane_threads)
+      if (t.joinable()) t.join();
+    lane_threads.clear();
   }
 
   void run_group(const char* call) {
@@ -1097,7 +1322,11 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
   });
 }
 
-detail::DirectWrite Communicator::Impl::direct_write(void* recv, std::size_t bytes) {
+detail::DirectWrite Communicator::Impl::direct_write_for(LaneState& lane, const detail::RingCall& c, std::size_t elem_size) {
+  // The output this call writes: one range, or (allgather) `size` blocks `stride` apart.
+  void* recv = c.recv;
+  const std::size_t blocks = c.kind == detail::RingCollective::Allgather ? static_cast<std::size_t>(size) : 1;
+  const std::size_t bytes = ((blocks - 1) * (c.stride ? c.stride : c.count) + c.count) * elem_size;
   detail::DirectWrite direct;
   // With checksums every chunk goes through staging: a corrupted chunk must land where it can
   // be verified and replaced, not in the output.
@@ -1107,7 +1336,7 @@ detail::DirectWrite Communicator::Impl::direct_write(void* recv, std::size_t byt
     direct.enabled = true;
     direct.call = static_cast<std::uint32_t>(seq);
     if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes)
-      direct.own_key = output_key(recv, bytes, left->transport);
+      direct.own_key = output_key(recv, bytes, lane.left->transport);
     direct.resolve = &Impl::resolve_remote;
     direct.ctx = this;
   }
@@ -1116,7 +1345,8 @@ detail::DirectWrite Communicator::Impl::direct_write(void* recv, std::size_t byt
 
 void Communicator::Impl::run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count,
                                                  std::size_t bytes, const Reducer& reducer) {
-  run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, direct_write(recv, bytes));
+  (void)bytes;
+  run_ring_call(call, detail::RingCall{detail::RingCollective::Allreduce, send, recv, count, 0}, reducer, true);
 }
 
 Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type,
@@ -1151,7 +1381,7 @@ Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std
     begin_collective(call);
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
     run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
-                  host_reducer(DataType::Uint8, ReduceOp::Sum), direct_write(recv, recv_bytes));
+                  host_reducer(DataType::Uint8, ReduceOp::Sum), true);
   });
 }
 
@@ -1167,7 +1397,7 @@ Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std
   return issue(async, call, [=, this] {
     begin_collective(call);
     run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, position_of(root)},
-                  host_reducer(DataType::Uint8, ReduceOp::Sum), direct_write(recv, bytes));
+                  host_reducer(DataType::Uint8, ReduceOp::Sum), true);
   });
 }
 
@@ -1358,17 +1588,23 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
     info.rank = m.rank;
     info.peer = ch->peer;
     info.transport = ch->transport_name;
-    if (ch->link) {
-      const LinkStats& s = ch->link->stats();
-      info.state = ch->link->state();
-      info.bytes_written = s.bytes_written.load(std::memory_order_relaxed);
-      info.writes = s.writes.load(std::memory_order_relaxed);
-      info.signals = s.signals.load(std::memory_order_relaxed);
-      info.errors = s.errors.load(std::memory_order_relaxed);
-      info.retries = s.retries.load(std::memory_order_relaxed) + ch->resends;
-      info.checksum_errors = ch->checksum_errors;
-      info.wait_ms = static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
-    }
+    if (ch->link) info.state = ch->link->state();
+    // Counters summed over the lanes (each has its own link to the peer).
+    auto add = [&](const detail::Channel& c) {
+      if (!c.link) return;
+      const LinkStats& s = c.link->stats();
+      info.bytes_written += s.bytes_written.load(std::memory_order_relaxed);
+      info.writes += s.writes.load(std::memory_order_relaxed);
+      info.signals += s.signals.load(std::memory_order_relaxed);
+      info.errors += s.errors.load(std::memory_order_relaxed);
+      info.retries += s.retries.load(std::memory_order_relaxed) + c.resends;
+      info.checksum_errors += c.checksum_errors;
+      info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
+    };
+    add(*ch);
+    for (const auto& lane : m.extra_lanes)
+      for (const auto& c : lane->channels)
+        if (c->peer == ch->peer) add(*c);
     out.push_back(std::move(info));
   }
   return out;

@@ -212,6 +212,9 @@ struct RingCall {
   void* recv = nullptr;
   std::size_t count = 0;
   int root = 0;
+  /// Reduce-scatter / allgather: elements from one block to the next (0 = `count`); a channel
+  /// that moves a slice of every block passes the full block length.
+  std::size_t stride = 0;
   /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
   Channel* const* by_position = nullptr;
   Channel* const* by_rank = nullptr;

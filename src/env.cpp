@@ -103,7 +103,7 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
       "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
-      "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES",
+      "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
@@ -148,6 +148,9 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.alltoall_direct_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES"))
     o.direct_write_user_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES");
+  if (auto v = env.get("RINGFENCE_CHANNELS"))
+    o.channels = static_cast<int>(parse_integer("RINGFENCE_CHANNELS", *v, 0, 16));
+  if (auto v = env.get("RINGFENCE_CHANNEL_MIN_BYTES")) o.channel_min_bytes = parse_bytes(*v, "RINGFENCE_CHANNEL_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
   if (auto v = env.get("RINGFENCE_ALGO")) {
     if (*v == "auto") o.algorithm = Algorithm::Auto;

@@ -18,6 +18,8 @@
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
 /// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
 /// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
+/// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4) | 0 |
+/// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |

@@ -75,6 +75,15 @@ struct CommOptions {
   /// pair and follows `p2p_direct_user_min_bytes`. The lower of the two applies.
   /// Env: RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t alltoall_direct_user_min_bytes = 256 * 1024;
+  /// Parallel channels ("lanes"): each has its own connection, flags and staging slots to every
+  /// peer and its own worker thread; ring collectives (allreduce, reduce-scatter, allgather,
+  /// broadcast, reduce) of at least `2 × channel_min_bytes` are split into one slice per channel
+  /// and run at once. 0 = auto: online cores ÷ ranks on this host, at most 4 (1 on an
+  /// oversubscribed host). Must match on every rank. Env: RINGFENCE_CHANNELS.
+  int channels = 0;
+  /// Smallest slice a channel is given (bytes); a call uses min(channels, bytes ÷ this) channels.
+  /// Must match on every rank. Env: RINGFENCE_CHANNEL_MIN_BYTES.
+  std::size_t channel_min_bytes = 1024 * 1024;
   /// Allowed transports in priority order; empty = every registered transport in registry
   /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
   std::vector<std::string> transports;

@@ -188,8 +188,9 @@ class ChunkedRingSchedule {
   }
 
  protected:
-  constexpr ChunkedRingSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
-      : rank_(rank), size_(size), count_(count), chunk_(chunk_elems ? chunk_elems : 1), chunks_((count + chunk_ - 1) / chunk_) {}
+  constexpr ChunkedRingSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0) noexcept
+      : rank_(rank), size_(size), count_(count), stride_(stride ? stride : count), chunk_(chunk_elems ? chunk_elems : 1),
+        chunks_((count + chunk_ - 1) / chunk_) {}
   /// (rank + delta) mod size for any delta > -size.
   constexpr std::size_t seg(int delta) const noexcept {
     return static_cast<std::size_t>(((rank_ + delta) % size_ + size_) % size_);
@@ -197,6 +198,7 @@ class ChunkedRingSchedule {
   int rank_;
   int size_;
   std::size_t count_;
+  std::size_t stride_;  ///< elements from one block to the next (blocked layouts; = count_ unless a channel's slice)
   std::size_t chunk_;
   std::size_t chunks_;
 
@@ -213,19 +215,21 @@ class ChunkedRingSchedule {
 /// never stored: each arriving chunk is combined with the local block and sent on at once.
 class RingReduceScatterSchedule : public detail::ChunkedRingSchedule<RingReduceScatterSchedule> {
  public:
-  /// `count`: elements per block (the output's length).
-  constexpr RingReduceScatterSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
-      : ChunkedRingSchedule(rank, size, count, chunk_elems) {}
+  /// `count`: elements per block (the output's length). `stride` (0 = `count`): elements from
+  /// one input block to the next, for a slice of each block (a channel's share).
+  constexpr RingReduceScatterSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems,
+                                      std::size_t stride = 0) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride) {}
   /// Steps per chunk.
   constexpr int per_chunk() const noexcept { return size_; }
   /// Step `i` of the chunk [begin, begin + len) of every block.
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
     if (i == 0) {
-      out = Step{StepKind::SendInput, right(), seg(-1) * count_ + begin, len, 0};
+      out = Step{StepKind::SendInput, right(), seg(-1) * stride_ + begin, len, 0};
     } else if (i < size_ - 1) {
-      out = Step{StepKind::RecvReduceSend, left(), seg(-1 - i) * count_ + begin, len, 0, right()};
+      out = Step{StepKind::RecvReduceSend, left(), seg(-1 - i) * stride_ + begin, len, 0, right()};
     } else {
-      out = Step{StepKind::RecvReduceLast, left(), seg(0) * count_ + begin, len, begin};
+      out = Step{StepKind::RecvReduceLast, left(), seg(0) * stride_ + begin, len, begin};
     }
     return true;
   }
@@ -235,20 +239,21 @@ class RingReduceScatterSchedule : public detail::ChunkedRingSchedule<RingReduceS
 /// (`size` blocks). Each block travels n-1 hops from its owner.
 class RingAllgatherSchedule : public detail::ChunkedRingSchedule<RingAllgatherSchedule> {
  public:
-  /// `count`: elements per block (the input's length).
-  constexpr RingAllgatherSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems) noexcept
-      : ChunkedRingSchedule(rank, size, count, chunk_elems) {}
+  /// `count`: elements per block (the input's length). `stride` (0 = `count`): elements from
+  /// one output block to the next, for a slice of each block (a channel's share).
+  constexpr RingAllgatherSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride) {}
   /// Steps per chunk: copy, send, then n-1 receives of which n-2 are forwarded.
   constexpr int per_chunk() const noexcept { return 2 * size_ - 1; }
   /// See `per_chunk`.
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
     if (i == 0) {
-      out = Step{StepKind::CopyInput, -1, begin, len, seg(0) * count_ + begin};
+      out = Step{StepKind::CopyInput, -1, begin, len, seg(0) * stride_ + begin};
     } else if (i == 1) {  // our block, from the output (the copy above put it there): a final value
-      out = Step{StepKind::SendFinal, right(), begin, len, seg(0) * count_ + begin};
+      out = Step{StepKind::SendFinal, right(), begin, len, seg(0) * stride_ + begin};
     } else {
       const int k = i / 2;  // hop: receive block r-k, forward it unless it went all the way round
-      const std::size_t o = seg(-k) * count_ + begin;
+      const std::size_t o = seg(-k) * stride_ + begin;
       if (i % 2 == 0) out = Step{StepKind::RecvCopy, left(), 0, len, o};
       else out = Step{StepKind::SendFinal, right(), 0, len, o};
     }

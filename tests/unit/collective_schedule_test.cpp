@@ -263,3 +263,37 @@ TEST_CASE("one-shot allreduce schedule: every element reduced once, identical ev
       [](const Config& c, int r, std::size_t chunk) { return OneShotAllreduceSchedule(r, c.n, c.count, chunk); }, by_index,
       reduced);
 }
+
+TEST_CASE("reduce-scatter and allgather schedules of a channel's slice step through every block by the stride",
+          "[schedule][channels]") {
+  // A channel moves elements [lo, lo + count) of each block of `stride` elements: every offset
+  // into the blocked buffer must be block * stride + (something below count), and with the
+  // stride equal to the count the steps are exactly the unsliced schedule's.
+  for (int n : {2, 3, 5})
+    for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{40}}) {
+      const std::size_t stride = count + 13;
+      for (int r = 0; r < n; ++r) {
+        RingReduceScatterSchedule rs(r, n, count, 4, stride), rs_plain(r, n, count, 4), rs_same(r, n, count, 4, count);
+        Step a, b, c;
+        while (rs.next(a)) {
+          REQUIRE(rs_plain.next(b));
+          REQUIRE(rs_same.next(c));
+          REQUIRE(a.kind == b.kind);
+          REQUIRE(a.offset / stride == b.offset / count);  // the same block
+          REQUIRE(a.offset % stride == b.offset % count);  // the same place in it
+          REQUIRE(a.out_offset == b.out_offset);           // the output holds one block
+          REQUIRE((c.offset == b.offset && c.out_offset == b.out_offset && c.kind == b.kind));
+        }
+        REQUIRE_FALSE(rs_plain.next(b));
+        RingAllgatherSchedule ag(r, n, count, 4, stride), ag_plain(r, n, count, 4);
+        while (ag.next(a)) {
+          REQUIRE(ag_plain.next(b));
+          REQUIRE(a.kind == b.kind);
+          REQUIRE(a.offset == b.offset);  // the input holds one block
+          REQUIRE(a.out_offset / stride == b.out_offset / count);
+          REQUIRE(a.out_offset % stride == b.out_offset % count);
+        }
+        REQUIRE_FALSE(ag_plain.next(b));
+      }
+    }
+}

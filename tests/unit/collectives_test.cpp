@@ -582,3 +582,106 @@ TEST_CASE("allgather and broadcast write final values straight into peers' outpu
     REQUIRE(wrong == 0);
   }
 }
+
+TEST_CASE("channels: ring collectives split across lanes are exact in every placement, with checksums and direct writes",
+          "[engine][collectives][channels]") {
+  // 3 channels, slices from 256 bytes: 1031 floats go in 3 slices of unequal length; 5 floats stay
+  // on one lane. Every lane has its own links, so each runs its own pipeline and protocol.
+  const bool checksum = GENERATE(false, true);
+  const bool alloc = GENERATE(false, true);
+  CommOptions o = small_chunks(checksum);
+  o.channels = 3;
+  o.channel_min_bytes = 256;
+  o.direct_write_min_bytes = 1;  // lanes also write final values into each other's outputs
+  for (int n : {2, 3, 4}) {
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      const auto un = static_cast<std::size_t>(n), r = static_cast<std::size_t>(comm.rank());
+      auto buffer = [&](std::size_t bytes) -> std::byte* {
+        return alloc ? static_cast<std::byte*>(comm.alloc(bytes + 1)) : new std::byte[bytes + 1];
+      };
+      auto release = [&](std::byte* p) {
+        if (alloc) comm.free(p);
+        else delete[] p;
+      };
+      for (std::size_t count : {std::size_t{5}, std::size_t{1031}, std::size_t{20000}})
+        for (auto [type, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Int8, ReduceOp::Max},
+                                std::pair{DataType::Float16, ReduceOp::Sum}, std::pair{DataType::Float64, ReduceOp::Min}}) {
+          const std::size_t elem = size_of(type), bytes = count * elem;
+          std::byte* in = buffer(un * bytes);
+          std::byte* out = buffer(un * bytes);
+          out[un * bytes] = kGuard;
+          // allreduce, out of place and in place
+          test::fill_input(type, op, comm.rank(), n, in, count);
+          comm.allreduce(in, out, count, type, op);
+          wrong += test::count_wrong(type, op, n, out, count);
+          comm.allreduce(in, in, count, type, op);
+          wrong += test::count_wrong(type, op, n, in, count);
+          // reduce_scatter: slices of every block
+          test::fill_input(type, op, comm.rank(), n, in, un * count);
+          comm.reduce_scatter(in, out, count, type, op);
+          wrong += test::count_wrong(type, op, n, out, count, r * count);
+          comm.reduce_scatter(in, in + r * bytes, count, type, op);
+          wrong += test::count_wrong(type, op, n, in + r * bytes, count, r * count);
+          // allgather
+          test::fill_pattern(type, comm.rank(), in, count, r * count);
+          comm.allgather(in, out, count, type);
+          for (std::size_t b = 0; b < un; ++b)
+            wrong += test::count_wrong_pattern(type, static_cast<int>(b), out + b * bytes, count, b * count);
+          comm.allgather(out + r * bytes, out, count, type);
+          for (std::size_t b = 0; b < un; ++b)
+            wrong += test::count_wrong_pattern(type, static_cast<int>(b), out + b * bytes, count, b * count);
+          // broadcast and reduce from every root
+          for (int root = 0; root < n; ++root) {
+            test::fill_pattern(type, comm.rank(), in, count);
+            comm.broadcast(in, out, count, type, root);
+            wrong += test::count_wrong_pattern(type, root, out, count);
+            test::fill_input(type, op, comm.rank(), n, in, count);
+            comm.reduce(in, out, count, type, op, root);
+            if (comm.rank() == root) wrong += test::count_wrong(type, op, n, out, count);
+          }
+          wrong += out[un * bytes] == kGuard ? 0 : 1;
+          release(in);
+          release(out);
+        }
+    });
+    INFO("ranks " << n << " checksum " << checksum << " alloc " << alloc);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("channels: a corrupting link is fenced on every lane and relayed; results stay exact", "[engine][channels][health]") {
+  CommOptions o = small_chunks(true);
+  o.channels = 2;
+  o.channel_min_bytes = 256;
+  o.health_agree_every = 2;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3";
+  const int n = 4;
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::size_t> relays(n);
+  std::vector<LinkState> state01(n, LinkState::Up);
+  const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<float> buf(20000);
+    for (int it = 0; it < 12; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    fences[r] = comm.fenced_links();
+    relays[r] = comm.relays().size();
+    for (const auto& l : comm.links())
+      if (LinkId::of(comm.rank(), l.peer) == LinkId{0, 1}) state01[r] = l.state;
+  });
+  INFO(err);
+  REQUIRE(err.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{0, 1}});
+    REQUIRE(relays[r] == 1);
+    if (r <= 1) REQUIRE(state01[r] == LinkState::Fenced);
+  }
+}
