@@ -4,12 +4,15 @@
 #include <ringfence/env.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/transports/shm.hpp>
+#include <ringfence/transports/tcp.hpp>
 
 namespace ringfence {
 
 TransportRegistry builtin_transports() {
   TransportRegistry registry;
+  // Priority order: shared memory within a host, tcp across hosts (and wherever shm cannot).
   registry.add(std::string(transports::shm::kName), &transports::shm::make_transport);
+  registry.add(std::string(transports::tcp::kName), &transports::tcp::make_transport);
   return registry;
 }
 

@@ -20,6 +20,8 @@
 /// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
+/// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
+/// | RINGFENCE_SOCKET_IFNAME | interfaces tcp listens on: prefixes, `^` excludes, `=` exact (NCCL_SOCKET_IFNAME syntax) | first non-loopback |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |

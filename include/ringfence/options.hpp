@@ -26,6 +26,20 @@ struct ShmOptions {
   bool cross_memory_attach = true;
 };
 
+/// Options of the TCP transport (see transports/tcp.hpp).
+struct TcpOptions {
+  /// Sockets per link; writes of at least 2 x `stripe_min_bytes` are striped across them.
+  /// Env: RINGFENCE_TCP_SOCKETS.
+  int sockets = 2;
+  /// Smallest part of a striped write.
+  std::size_t stripe_min_bytes = 128 * 1024;
+  /// SO_SNDBUF / SO_RCVBUF of every socket (the kernel may cap it).
+  int buffer_bytes = 4 * 1024 * 1024;
+  /// Interfaces to listen on, NCCL_SOCKET_IFNAME syntax ("eth", "^docker,lo", "=eth0"); empty =
+  /// the first up non-loopback IPv4 interface, else loopback. Env: RINGFENCE_SOCKET_IFNAME.
+  std::string interfaces;
+};
+
 /// Allreduce algorithm (see docs/tuning.md).
 enum class Algorithm : std::uint8_t {
   Auto,  ///< the tuner picks by message size, rank count and plan
@@ -94,6 +108,8 @@ struct CommOptions {
   std::string host_id;
   /// Shared-memory transport options. Env: RINGFENCE_SHM_SPIN, RINGFENCE_SHM_CMA.
   ShmOptions shm;
+  /// TCP transport options. Env: RINGFENCE_TCP_SOCKETS, RINGFENCE_SOCKET_IFNAME.
+  TcpOptions tcp;
   /// End-to-end integrity: every chunk carries a CRC32C that the receiver verifies; a corrupted
   /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
   /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.

@@ -1,0 +1,932 @@
+// TCP transport. Control plane (listen, connect, registration) may block and throw; the Link
+// data path is noexcept and allocation-free: a write sends a frame header and the payload from
+// the caller's buffer (sendmsg, no copy on our side), a signal sends a small frame. One progress
+// thread per transport (started with the first link) reads every socket with epoll and places
+// payloads straight into registered memory, checking every length and offset first.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/futex.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <ringfence/error.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/options.hpp>
+#include <ringfence/transports/tcp.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ringfence::transports::tcp {
+
+InterfaceFilter parse_interface_filter(std::string_view text) {
+  InterfaceFilter f;
+  if (!text.empty() && text.front() == '^') f.exclude = true, text.remove_prefix(1);
+  if (!text.empty() && text.front() == '=') f.exact = true, text.remove_prefix(1);
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const std::string_view name = text.substr(0, comma);
+    RINGFENCE_EXPECTS(!name.empty(), "RINGFENCE_SOCKET_IFNAME: empty interface name in '{}'", text);
+    f.names.emplace_back(name);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  return f;
+}
+
+bool interface_matches(const InterfaceFilter& filter, std::string_view name) noexcept {
+  if (filter.names.empty()) return true;
+  bool hit = false;
+  for (const auto& n : filter.names) hit |= filter.exact ? name == n : name.starts_with(n);
+  return filter.exclude ? !hit : hit;
+}
+
+std::optional<Interface> choose_interface(const std::vector<Interface>& candidates, const InterfaceFilter& filter) {
+  if (!filter.names.empty()) {
+    for (const auto& c : candidates)
+      if (interface_matches(filter, c.name)) return c;
+    return std::nullopt;
+  }
+  for (const auto& c : candidates)
+    if (!c.loopback) return c;
+  for (const auto& c : candidates)
+    if (c.loopback) return c;
+  return std::nullopt;
+}
+
+std::vector<Interface> host_interfaces() {
+  std::vector<Interface> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) throw SystemError(fmt::format("tcp: getifaddrs failed: {}", std::strerror(errno)), errno);
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    out.push_back(Interface{i->ifa_name, text, (i->ifa_flags & IFF_LOOPBACK) != 0});
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+namespace {
+
+constexpr std::uint32_t kFrameMagic = 0x31544652;  // "RFT1"
+constexpr std::uint32_t kHelloMagic = 0x48544652;  // "RFTH"
+constexpr int kMaxSockets = 8;
+constexpr std::size_t kSecretBytes = 16;
+
+enum class FrameType : std::uint8_t { Write = 1, Signal = 2 };
+
+// Every frame starts with this header (host byte order: both ends run the same build, checked
+// by the hello). Signals carry, per socket, how many write frames went out before them.
+struct FrameHeader {
+  std::uint32_t magic = kFrameMagic;
+  FrameType type = FrameType::Write;
+  std::uint8_t socket = 0;
+  std::uint16_t pad = 0;
+  std::uint32_t region = 0;
+  std::uint32_t value = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+static_assert(sizeof(FrameHeader) == 32);
+struct SignalFrame {
+  FrameHeader header;
+  std::uint32_t writes_before[kMaxSockets] = {};
+};
+static_assert(sizeof(SignalFrame) == 64);
+
+struct Hello {
+  std::uint32_t magic = kHelloMagic;
+  std::int32_t from_rank = -1;
+  std::int32_t to_rank = -1;
+  std::int32_t socket = 0;
+  std::int32_t sockets = 1;
+  std::uint32_t header_bytes = sizeof(FrameHeader);  // same frame layout on both ends
+  std::array<std::uint8_t, kSecretBytes> secret{};
+};
+
+long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void tune_socket(int fd, int buffer_bytes) noexcept {
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (buffer_bytes > 0) {
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+}
+
+// Listen address as it travels through the store: "a.b.c.d:port" NUL secret[16].
+struct Address {
+  std::string host;
+  std::uint16_t port = 0;
+  std::array<std::uint8_t, kSecretBytes> secret{};
+};
+
+Bytes encode_address(const Address& a) {
+  const std::string text = fmt::format("{}:{}", a.host, a.port);
+  Bytes out(text.size() + 1 + kSecretBytes);
+  std::memcpy(out.data(), text.data(), text.size());
+  std::memcpy(out.data() + text.size() + 1, a.secret.data(), kSecretBytes);
+  return out;
+}
+
+Address decode_address(std::span<const std::byte> bytes) {
+  RINGFENCE_EXPECTS(bytes.size() > kSecretBytes + 1 && bytes.size() < 128, "tcp: malformed listen address ({} bytes)", bytes.size());
+  const std::size_t text_len = bytes.size() - kSecretBytes - 1;
+  const std::string text(reinterpret_cast<const char*>(bytes.data()), text_len);
+  RINGFENCE_EXPECTS(bytes[text_len] == std::byte{0}, "tcp: malformed listen address");
+  const auto colon = text.rfind(':');
+  RINGFENCE_EXPECTS(colon != std::string::npos && colon > 0, "tcp: malformed listen address '{}'", text);
+  Address a;
+  a.host = text.substr(0, colon);
+  const long port = std::strtol(text.c_str() + colon + 1, nullptr, 10);
+  RINGFENCE_EXPECTS(port > 0 && port < 65536, "tcp: malformed port in listen address '{}'", text);
+  a.port = static_cast<std::uint16_t>(port);
+  std::memcpy(a.secret.data(), bytes.data() + text_len + 1, kSecretBytes);
+  return a;
+}
+
+// A registered local region: the progress thread writes into it.
+struct RegionEntry {
+  std::byte* base = nullptr;
+  std::size_t bytes = 0;
+  bool live = false;
+};
+
+class TcpTransport;
+class TcpLink;
+
+struct LocalRegion final : MemoryRegion::Impl {
+  TcpTransport* owner = nullptr;
+  std::uint32_t id = 0;
+  std::size_t bytes = 0;
+  Bytes key() const override;
+  ~LocalRegion() override;
+};
+
+struct Remote final : RemoteRegion::Impl {
+  std::uint32_t id = 0;
+};
+
+Bytes encode_region_key(std::uint32_t id, std::uint64_t bytes) {
+  Bytes out(16);
+  const std::uint32_t magic = kFrameMagic;
+  std::memcpy(out.data(), &magic, 4);
+  std::memcpy(out.data() + 4, &id, 4);
+  std::memcpy(out.data() + 8, &bytes, 8);
+  return out;
+}
+
+// ---- the link ------------------------------------------------------------------------------
+// Sender side (the thread driving the link): write/signal/poll/wait. Receiver side (the
+// transport's progress thread): the per-socket parse state below, the deferred signals, and
+// `broken_` (read by the sender side).
+class TcpLink final : public Link {
+ public:
+  TcpLink(TcpTransport& transport, int self, int peer, std::vector<int> fds, std::chrono::milliseconds timeout, int spin,
+          std::size_t stripe_min)
+      : transport_(transport), self_(self), peer_(peer), fds_(std::move(fds)), timeout_(timeout), spin_(spin), stripe_min_(stripe_min) {
+    rx_.resize(fds_.size());
+  }
+  ~TcpLink() override;
+
+  Status write(const WriteOp& op) noexcept override {
+    RINGFENCE_TRY(check_usable());
+    if (RINGFENCE_UNLIKELY(peer_gone())) return drop(op.wr_id);
+    const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
+    if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
+      return fail(ErrorCode::InvalidUsage);
+    if (!has_room()) return Status(ErrorCode::InProgress);
+    const std::size_t sockets = fds_.size();
+    const std::size_t parts = op.bytes >= 2 * stripe_min_ && sockets > 1 ? std::min(sockets, op.bytes / stripe_min_) : 1;
+    const auto* src = static_cast<const std::byte*>(op.src);
+    for (std::size_t p = 0; p < parts; ++p) {
+      const std::size_t lo = op.bytes * p / parts, hi = op.bytes * (p + 1) / parts;
+      const std::size_t s = parts > 1 ? p : next_socket_++ % sockets;
+      FrameHeader h;
+      h.type = FrameType::Write;
+      h.socket = static_cast<std::uint8_t>(s);
+      h.region = dst->id;
+      h.offset = op.dst_offset + lo;
+      h.length = hi - lo;
+      iovec iov[2] = {{&h, sizeof h}, {const_cast<std::byte*>(src + lo), hi - lo}};
+      RINGFENCE_TRY(send_all(s, iov, 2));
+      ++writes_sent_[s];
+    }
+    bump(stats_.writes, 1);
+    bump(stats_.bytes_written, op.bytes);
+    push(op.wr_id, Status::ok());
+    return Status::ok();
+  }
+
+  Status signal(const SignalOp& op) noexcept override {
+    RINGFENCE_TRY(check_usable());
+    if (RINGFENCE_UNLIKELY(peer_gone())) return drop(op.wr_id);
+    const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
+    if (RINGFENCE_UNLIKELY(!dst || op.offset % alignof(SignalFlag) != 0 || op.offset > op.dst->size() ||
+                           op.dst->size() - op.offset < sizeof(SignalFlag)))
+      return fail(ErrorCode::InvalidUsage);
+    if (!has_room()) return Status(ErrorCode::InProgress);
+    SignalFrame f;
+    f.header.type = FrameType::Signal;
+    f.header.socket = 0;
+    f.header.region = dst->id;
+    f.header.value = op.value;
+    f.header.offset = op.offset;
+    for (std::size_t s = 0; s < fds_.size(); ++s) f.writes_before[s] = writes_sent_[s];
+    iovec iov{&f, sizeof f};
+    RINGFENCE_TRY(send_all(0, &iov, 1));
+    bump(stats_.signals, 1);
+    push(op.wr_id, Status::ok());
+    return Status::ok();
+  }
+
+  Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
+    n = 0;
+    while (n < out.size() && tail_ != head_) {
+      out[n++] = queue_[tail_ % kQueue];
+      ++tail_;
+    }
+    return Status::ok();
+  }
+
+  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < spin_; ++i) {
+      if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
+      cpu_relax();
+      if ((i & 31) == 31) sched_yield();
+    }
+    if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
+    if (const Status b = broken(); !b.is_ok()) return b;
+    constexpr auto kSlice = std::chrono::milliseconds(20);  // a broken link is noticed within one slice
+    const auto slice = std::min<std::chrono::nanoseconds>(max, kSlice);
+    flag.waiters.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = flag.value.load(std::memory_order_seq_cst);
+    if (!reached(seen, target)) {
+      timespec ts{static_cast<time_t>(slice.count() / 1000000000), static_cast<long>(slice.count() % 1000000000)};
+      futex(&flag.value, FUTEX_WAIT, seen, &ts);
+    }
+    flag.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
+    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
+                             std::memory_order_relaxed);
+    return Status(ErrorCode::InProgress);
+  }
+
+  void fence(FenceReason why) noexcept override {
+    state_ = why == FenceReason::Shutdown ? LinkState::Closed : LinkState::Fenced;
+  }
+  // A health fence only stops use: the connections stay up, so the link can resume.
+  bool can_reopen() const noexcept override { return broken_code_.load(std::memory_order_acquire) == 0; }
+  void reopen() noexcept override {
+    if (state_ == LinkState::Fenced) state_ = LinkState::Up;
+  }
+  LinkState state() const noexcept override { return state_; }
+  int peer() const noexcept override { return peer_; }
+  const LinkStats& stats() const noexcept override { return stats_; }
+
+  // ---- receiver side (progress thread only) ----
+  struct Rx {
+    std::array<std::byte, sizeof(SignalFrame)> head{};
+    std::size_t got = 0;            // header bytes read
+    std::byte* dst = nullptr;       // payload destination
+    std::size_t remaining = 0;      // payload bytes still to read
+    std::uint32_t applied = 0;      // write frames applied on this socket
+  };
+  const std::vector<int>& fds() const noexcept { return fds_; }
+  std::vector<Rx>& rx() noexcept { return rx_; }
+  int self() const noexcept { return self_; }
+
+  // Deferred signals: arrived before the writes they must follow.
+  struct Deferred {
+    std::atomic<std::uint32_t>* value = nullptr;
+    std::atomic<std::uint32_t>* waiters = nullptr;
+    std::uint32_t v = 0;
+    std::uint32_t writes_before[kMaxSockets] = {};
+  };
+  static constexpr std::size_t kMaxDeferred = 256;
+  Deferred deferred[kMaxDeferred];
+  std::size_t deferred_count = 0;
+
+  // Marks the link broken (progress thread or sender); the first reason wins.
+  void mark_broken(ErrorCode code) noexcept {
+    std::uint32_t expected = 0;
+    broken_code_.compare_exchange_strong(expected, static_cast<std::uint32_t>(code), std::memory_order_acq_rel);
+  }
+  Status broken() const noexcept {
+    const std::uint32_t c = broken_code_.load(std::memory_order_acquire);
+    return c == 0 ? Status::ok() : Status(static_cast<ErrorCode>(c));
+  }
+
+ private:
+  static constexpr std::size_t kQueue = 256;
+
+  Status check_usable() const noexcept {
+    if (RINGFENCE_UNLIKELY(state_ == LinkState::Fenced || state_ == LinkState::Closed)) return Status(ErrorCode::Fenced);
+    const Status b = broken();
+    return b.is_ok() || b.code() == ErrorCode::PeerUnreachable ? Status::ok() : b;
+  }
+  // The peer closed its end (it finished, or died). Writes and signals to it complete without
+  // effect, as with shared memory into a departed peer's segment: a peer that left needs nothing
+  // more from us (typically the last credit of a call it already finished); waits on it fail.
+  bool peer_gone() const noexcept {
+    return broken_code_.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ErrorCode::PeerUnreachable);
+  }
+  Status drop(std::uint64_t wr_id) noexcept {
+    if (!has_room()) return Status(ErrorCode::InProgress);
+    push(wr_id, Status::ok());
+    return Status::ok();
+  }
+  Status fail(ErrorCode code, int native = 0) noexcept {
+    stats_.errors.fetch_add(1, std::memory_order_relaxed);
+    return Status(code, native);
+  }
+  Status done(std::chrono::steady_clock::time_point start) noexcept {
+    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
+                             std::memory_order_relaxed);
+    return Status::ok();
+  }
+  bool has_room() const noexcept { return head_ - tail_ < kQueue; }
+  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+  void push(std::uint64_t id, Status s) noexcept { queue_[head_++ % kQueue] = Completion{id, s}; }
+
+  // Sends every byte of `iov` on socket `s`, waiting for room (the peer's progress thread
+  // drains its sockets whatever its owner does, so room comes unless the peer is gone or
+  // stopped): bounded by the communicator timeout.
+  Status send_all(std::size_t s, iovec* iov, int count) noexcept {
+    const int fd = fds_[s];
+    std::chrono::steady_clock::time_point deadline{};
+    while (count > 0) {
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<std::size_t>(count);
+      const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (peer_gone()) return Status::ok();
+          if (const Status b = broken(); !b.is_ok()) return fail(b.code());
+          const auto now = std::chrono::steady_clock::now();
+          if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + timeout_;
+          if (now >= deadline) return fail(ErrorCode::Timeout);
+          pollfd p{fd, POLLOUT, 0};
+          (void)::poll(&p, 1, 20);
+          continue;
+        }
+        mark_broken(ErrorCode::PeerUnreachable);  // closed or reset by the peer: see peer_gone()
+        return Status::ok();
+      }
+      auto left = static_cast<std::size_t>(n);
+      while (count > 0 && left >= iov->iov_len) {
+        left -= iov->iov_len;
+        ++iov;
+        --count;
+      }
+      if (count > 0) {
+        iov->iov_base = static_cast<std::byte*>(iov->iov_base) + left;
+        iov->iov_len -= left;
+      }
+    }
+    return Status::ok();
+  }
+
+  TcpTransport& transport_;
+  int self_;
+  int peer_;
+  std::vector<int> fds_;
+  std::chrono::milliseconds timeout_;
+  int spin_;
+  std::size_t stripe_min_;
+  std::uint32_t writes_sent_[kMaxSockets] = {};
+  std::size_t next_socket_ = 0;
+  LinkState state_ = LinkState::Up;
+  std::atomic<std::uint32_t> broken_code_{0};
+  LinkStats stats_;
+  Completion queue_[kQueue];
+  std::size_t head_ = 0, tail_ = 0;
+  std::vector<Rx> rx_;
+};
+
+// ---- listening and connecting --------------------------------------------------------------
+class TcpListen final : public ListenHandle {
+ public:
+  TcpListen(int fd, Address address) : fd_(fd), address_(std::move(address)) {}
+  ~TcpListen() override {
+    for (auto& a : accepted_) ::close(a.fd);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Bytes address() const override { return encode_address(address_); }
+
+  // A connection accepted and greeted, waiting for its link.
+  struct Accepted {
+    int fd = -1;
+    int from = -1;
+    int socket = 0;
+    int sockets = 1;
+  };
+  // A connection accepted whose hello has not fully arrived.
+  struct Greeting {
+    int fd = -1;
+    Hello hello;
+    std::size_t got = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  // Accepts what is pending and reads hellos; connections with a wrong secret, wrong rank or
+  // garbage are closed and logged. Never blocks.
+  void pump(int self, const Logger* log, std::uint64_t& refused) {
+    for (;;) {
+      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) break;
+      greeting_.push_back(Greeting{fd, {}, 0, std::chrono::steady_clock::now()});
+    }
+    for (auto it = greeting_.begin(); it != greeting_.end();) {
+      auto* raw = reinterpret_cast<std::byte*>(&it->hello);
+      const ssize_t n = ::recv(it->fd, raw + it->got, sizeof(Hello) - it->got, MSG_DONTWAIT);
+      const bool closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      const bool stale = std::chrono::steady_clock::now() - it->since > std::chrono::seconds(10);
+      if (n > 0) it->got += static_cast<std::size_t>(n);
+      if (it->got == sizeof(Hello)) {
+        const Hello& h = it->hello;
+        const bool ok = h.magic == kHelloMagic && h.secret == address_.secret && h.to_rank == self && h.from_rank >= 0 &&
+                        h.socket >= 0 && h.sockets >= 1 && h.sockets <= kMaxSockets && h.socket < h.sockets &&
+                        h.header_bytes == sizeof(FrameHeader);
+        if (ok) {
+          accepted_.push_back(Accepted{it->fd, h.from_rank, h.socket, h.sockets});
+        } else {
+          ++refused;
+          if (log) log->warn("tcp: refused a connection to rank {} without the job's secret or with a bad hello", self);
+          ::close(it->fd);
+        }
+        it = greeting_.erase(it);
+      } else if (closed || stale) {
+        ++refused;
+        if (log) log->warn("tcp: refused a connection to rank {} that {} before its hello", self, closed ? "closed" : "stalled");
+        ::close(it->fd);
+        it = greeting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Takes the connections from `from` when all of them arrived (as many as the dialer said it
+  // opens); empty otherwise.
+  std::vector<int> claim(int from) {
+    int sockets = 0;
+    for (const auto& a : accepted_)
+      if (a.from == from) sockets = a.sockets;
+    if (sockets == 0) return {};
+    std::vector<int> fds(static_cast<std::size_t>(sockets), -1);
+    int have = 0;
+    for (const auto& a : accepted_)
+      if (a.from == from && a.socket < sockets && a.sockets == sockets) fds[static_cast<std::size_t>(a.socket)] = a.fd, ++have;
+    if (have < sockets) return {};
+    accepted_.erase(std::remove_if(accepted_.begin(), accepted_.end(), [&](const Accepted& a) { return a.from == from; }),
+                    accepted_.end());
+    return fds;
+  }
+
+  const Address& local() const noexcept { return address_; }
+
+ private:
+  int fd_;
+  Address address_;
+  std::vector<Greeting> greeting_;
+  std::vector<Accepted> accepted_;
+};
+
+// ---- the transport -------------------------------------------------------------------------
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TransportContext& ctx)
+      : self_(ctx.self),
+        options_(ctx.options ? ctx.options->tcp : TcpOptions{}),
+        timeout_(ctx.options ? ctx.options->timeout : std::chrono::milliseconds(60000)),
+        spin_(ctx.options ? ctx.options->shm.spin_count : 2000),
+        log_(ctx.log) {
+    RINGFENCE_EXPECTS(options_.sockets >= 1 && options_.sockets <= kMaxSockets, "rank {}: RINGFENCE_TCP_SOCKETS must be in [1, {}] (got {})",
+                      self_.rank, kMaxSockets, options_.sockets);
+    filter_ = parse_interface_filter(options_.interfaces);
+  }
+  ~TcpTransport() override { stop(); }
+
+  std::string_view name() const noexcept override { return kName; }
+
+  Reachability can_reach(const PeerInfo&, const PeerInfo&) const override {
+    Reachability r;
+    r.ok = true;
+    r.bandwidth_gbps = 1.25;  // a 10 GbE port; loopback is faster
+    r.latency_us = 20.0;
+    return r;
+  }
+
+  MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
+    RINGFENCE_EXPECTS(kind == MemoryKind::Host, "tcp: cannot register {} memory", to_string(kind));
+    RINGFENCE_EXPECTS(ptr != nullptr || bytes == 0, "tcp: register_memory(nullptr, {})", bytes);
+    std::lock_guard lock(regions_mutex_);
+    std::uint32_t id = 0;
+    while (id < regions_.size() && regions_[id].live) ++id;
+    if (id == regions_.size()) regions_.push_back({});
+    regions_[id] = RegionEntry{static_cast<std::byte*>(ptr), bytes, true};
+    auto impl = std::make_unique<LocalRegion>();
+    impl->owner = this;
+    impl->id = id;
+    impl->bytes = bytes;
+    return MemoryRegion(std::move(impl), ptr, bytes, kind);
+  }
+
+  void deregister(std::uint32_t id) noexcept {
+    std::lock_guard lock(regions_mutex_);
+    if (id < regions_.size()) regions_[id] = RegionEntry{};
+  }
+
+  RemoteRegion import_region(std::span<const std::byte> key) override {
+    RINGFENCE_EXPECTS(key.size() == 16, "tcp: malformed region key ({} bytes)", key.size());
+    std::uint32_t magic = 0, id = 0;
+    std::uint64_t bytes = 0;
+    std::memcpy(&magic, key.data(), 4);
+    std::memcpy(&id, key.data() + 4, 4);
+    std::memcpy(&bytes, key.data() + 8, 8);
+    RINGFENCE_EXPECTS(magic == kFrameMagic, "tcp: malformed region key (magic)");
+    auto remote = std::make_unique<Remote>();
+    remote->id = id;
+    return RemoteRegion(std::move(remote), bytes);
+  }
+
+  std::unique_ptr<ListenHandle> listen() override {
+    const std::vector<Interface> all = host_interfaces();
+    const auto chosen = choose_interface(all, filter_);
+    if (!chosen) {
+      std::string names;
+      for (const auto& i : all) names += (names.empty() ? "" : ", ") + i.name;
+      throw InvalidUsage(fmt::format("rank {}: tcp: no up IPv4 interface matches RINGFENCE_SOCKET_IFNAME='{}' (have: {})", self_.rank,
+                                     options_.interfaces, names));
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) throw SystemError(fmt::format("rank {}: tcp: socket failed: {}", self_.rank, std::strerror(errno)), errno);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    ::inet_pton(AF_INET, chosen->address.c_str(), &sa.sin_addr);
+    sa.sin_port = 0;
+    socklen_t len = sizeof sa;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd, 256) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw SystemError(fmt::format("rank {}: tcp: cannot listen on {} ({}): {}", self_.rank, chosen->address, chosen->name,
+                                    std::strerror(err)),
+                        err);
+    }
+    Address a;
+    a.host = chosen->address;
+    a.port = ntohs(sa.sin_port);
+    std::random_device rd;
+    for (auto& b : a.secret) b = static_cast<std::uint8_t>(rd());
+    if (log_) log_->info("tcp: listening on {}:{} ({})", a.host, a.port, chosen->name);
+    return std::make_unique<TcpListen>(fd, std::move(a));
+  }
+
+  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override;
+
+  // ---- progress thread ----
+  void add_link(TcpLink* link) {
+    std::lock_guard lock(links_mutex_);
+    if (!thread_.joinable()) start();
+    links_.push_back(link);
+    for (std::size_t s = 0; s < link->fds().size(); ++s) {
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(link)) << 3) | s;
+      if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, link->fds()[s], &ev) != 0)
+        throw SystemError(fmt::format("rank {}: tcp: epoll_ctl failed: {}", self_.rank, std::strerror(errno)), errno);
+    }
+  }
+  void remove_link(TcpLink* link) noexcept {
+    std::lock_guard lock(links_mutex_);
+    for (int fd : link->fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    links_.erase(std::remove(links_.begin(), links_.end(), link), links_.end());
+  }
+
+  std::uint64_t refused() const noexcept { return refused_; }
+  std::uint64_t& refused_counter() noexcept { return refused_; }
+  const Logger* log() const noexcept { return log_; }
+  const PeerInfo& self() const noexcept { return self_; }
+  const TcpOptions& options() const noexcept { return options_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  int spin() const noexcept { return spin_; }
+
+ private:
+  void start() {
+    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (epoll_ < 0 || wake_ < 0) throw SystemError(fmt::format("rank {}: tcp: epoll/eventfd failed: {}", self_.rank, std::strerror(errno)), errno);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 0;
+    ::epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_, &ev);
+    thread_ = std::thread([this] { progress(); });
+  }
+  void stop() noexcept {
+    if (thread_.joinable()) {
+      const std::uint64_t one = 1;
+      (void)!::write(wake_, &one, sizeof one);
+      thread_.join();
+    }
+    if (epoll_ >= 0) ::close(epoll_);
+    if (wake_ >= 0) ::close(wake_);
+    epoll_ = wake_ = -1;
+  }
+
+  void progress() noexcept {
+    epoll_event events[64];
+    for (;;) {
+      const int n = ::epoll_wait(epoll_, events, 64, -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      std::lock_guard lock(links_mutex_);  // links stay alive while we use them
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.u64 == 0) return;  // stop
+        auto* link = reinterpret_cast<TcpLink*>(static_cast<std::uintptr_t>(events[i].data.u64 >> 3));
+        const auto s = static_cast<std::size_t>(events[i].data.u64 & 7);
+        if (std::find(links_.begin(), links_.end(), link) == links_.end()) continue;  // removed meanwhile
+        drain_socket(*link, s);
+      }
+    }
+  }
+
+  // Reads what socket `s` of `link` has: headers into the parse buffer, payloads straight into
+  // their registered region. Returns when the socket would block or the link broke.
+  void drain_socket(TcpLink& link, std::size_t s) noexcept {
+    TcpLink::Rx& rx = link.rx()[s];
+    const int fd = link.fds()[s];
+    for (int rounds = 0; rounds < 64; ++rounds) {
+      if (!link.broken().is_ok()) return;
+      if (rx.remaining > 0) {  // payload
+        const ssize_t n = ::recv(fd, rx.dst, rx.remaining, MSG_DONTWAIT);
+        if (!consumed(link, n)) return;
+        rx.dst += n;
+        rx.remaining -= static_cast<std::size_t>(n);
+        if (rx.remaining == 0) {
+          ++rx.applied;
+          release_deferred(link);
+        }
+        continue;
+      }
+      const std::size_t want = rx.got < sizeof(FrameHeader) ? sizeof(FrameHeader) - rx.got
+                               : sizeof(SignalFrame) - rx.got;
+      const ssize_t n = ::recv(fd, rx.head.data() + rx.got, want, MSG_DONTWAIT);
+      if (!consumed(link, n)) return;
+      rx.got += static_cast<std::size_t>(n);
+      if (rx.got < sizeof(FrameHeader)) continue;
+      FrameHeader h;
+      std::memcpy(&h, rx.head.data(), sizeof h);
+      if (h.magic != kFrameMagic || h.socket != s) return malformed(link, "a frame with a bad header");
+      if (h.type == FrameType::Write) {
+        std::lock_guard lock(regions_mutex_);
+        if (h.region >= regions_.size() || !regions_[h.region].live) return malformed(link, "a write into an unknown region");
+        const RegionEntry& r = regions_[h.region];
+        if (h.offset > r.bytes || h.length > r.bytes - h.offset) return malformed(link, "a write outside its region");
+        rx.dst = r.base + h.offset;
+        rx.remaining = h.length;
+        rx.got = 0;
+        if (rx.remaining == 0) {
+          ++rx.applied;
+          release_deferred(link);
+        }
+        continue;
+      }
+      if (h.type != FrameType::Signal) return malformed(link, "a frame of unknown type");
+      if (rx.got < sizeof(SignalFrame)) continue;
+      SignalFrame f;
+      std::memcpy(&f, rx.head.data(), sizeof f);
+      rx.got = 0;
+      TcpLink::Deferred d;
+      {
+        std::lock_guard lock(regions_mutex_);
+        if (f.header.region >= regions_.size() || !regions_[f.header.region].live) return malformed(link, "a signal into an unknown region");
+        const RegionEntry& r = regions_[f.header.region];
+        if (f.header.offset % alignof(SignalFlag) != 0 || f.header.offset > r.bytes || r.bytes - f.header.offset < sizeof(SignalFlag))
+          return malformed(link, "a signal outside its region");
+        auto* flag = reinterpret_cast<SignalFlag*>(r.base + f.header.offset);
+        d.value = &flag->value;
+        d.waiters = &flag->waiters;
+      }
+      d.v = f.header.value;
+      std::memcpy(d.writes_before, f.writes_before, sizeof d.writes_before);
+      if (ready(link, d)) {
+        apply(d);
+      } else {
+        if (link.deferred_count == TcpLink::kMaxDeferred) return malformed(link, "more deferred signals than fit");
+        link.deferred[link.deferred_count++] = d;
+      }
+    }
+  }
+
+  // n bytes came from recv: false (and the link marked) when the peer closed or failed, or
+  // when nothing is there now.
+  bool consumed(TcpLink& link, ssize_t n) noexcept {
+    if (n > 0) return true;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (link.broken().is_ok() && log_)
+      log_->info("tcp: the connection from rank {} closed ({})", link.peer(), n == 0 ? "end of stream" : std::strerror(errno));
+    link.mark_broken(ErrorCode::PeerUnreachable);
+    return false;
+  }
+
+  void malformed(TcpLink& link, const char* what) noexcept {
+    if (log_) log_->error("tcp: rank {} sent {}: link fenced, nothing written", link.peer(), what);
+    link.mark_broken(ErrorCode::Fenced);
+  }
+
+  static bool ready(TcpLink& link, const TcpLink::Deferred& d) noexcept {
+    for (std::size_t s = 0; s < link.fds().size(); ++s)
+      if (static_cast<std::int32_t>(link.rx()[s].applied - d.writes_before[s]) < 0) return false;
+    return true;
+  }
+  static void apply(const TcpLink::Deferred& d) noexcept {
+    d.value->store(d.v, std::memory_order_seq_cst);
+    if (d.waiters->load(std::memory_order_seq_cst) != 0) futex(d.value, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+  // Applies deferred signals (in arrival order) whose writes have all landed.
+  static void release_deferred(TcpLink& link) noexcept {
+    std::size_t k = 0;
+    while (k < link.deferred_count && ready(link, link.deferred[k])) apply(link.deferred[k++]);
+    if (k == 0) return;
+    std::copy(link.deferred + k, link.deferred + link.deferred_count, link.deferred);
+    link.deferred_count -= k;
+  }
+
+  PeerInfo self_;
+  TcpOptions options_;
+  std::chrono::milliseconds timeout_;
+  int spin_;
+  const Logger* log_;
+  InterfaceFilter filter_;
+  std::mutex regions_mutex_;
+  std::vector<RegionEntry> regions_;
+  std::mutex links_mutex_;
+  std::vector<TcpLink*> links_;
+  int epoll_ = -1, wake_ = -1;
+  std::thread thread_;
+  std::uint64_t refused_ = 0;
+};
+
+Bytes LocalRegion::key() const { return encode_region_key(id, bytes); }
+LocalRegion::~LocalRegion() {
+  if (owner) owner->deregister(id);
+}
+
+TcpLink::~TcpLink() {
+  transport_.remove_link(this);
+  for (int fd : fds_) ::close(fd);
+}
+
+// Lower rank dials, higher rank accepts. Both sides end with `sockets` greeted connections.
+class TcpPending final : public PendingLink {
+ public:
+  TcpPending(TcpTransport& t, TcpListen& listen, const PeerInfo& peer, Address remote)
+      : t_(t), listen_(listen), peer_(peer), remote_(std::move(remote)), sockets_(t.options().sockets),
+        dial_(t.self().rank < peer.rank) {
+    if (dial_) fds_.assign(static_cast<std::size_t>(sockets_), -1), sent_.assign(static_cast<std::size_t>(sockets_), 0);
+  }
+  ~TcpPending() override {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+
+  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
+    try {
+      return dial_ ? dial(out) : accept(out);
+    } catch (const std::exception& e) {
+      if (t_.log()) t_.log()->error("tcp: connecting to rank {}: {}", peer_.rank, e.what());
+      return Status(ErrorCode::System);
+    }
+  }
+
+ private:
+  Status accept(std::unique_ptr<Link>& out) {
+    listen_.pump(t_.self().rank, t_.log(), t_.refused_counter());
+    std::vector<int> fds = listen_.claim(peer_.rank);
+    if (fds.empty()) return Status(ErrorCode::InProgress);
+    return finish(std::move(fds), out);
+  }
+
+  Status dial(std::unique_ptr<Link>& out) {
+    bool all = true;
+    for (std::size_t s = 0; s < fds_.size(); ++s) {
+      if (sent_[s] == sizeof(Hello)) continue;
+      all = false;
+      if (fds_[s] < 0) {
+        fds_[s] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fds_[s] < 0) throw SystemError(fmt::format("socket failed: {}", std::strerror(errno)), errno);
+        tune_socket(fds_[s], t_.options().buffer_bytes);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(remote_.port);
+        if (::inet_pton(AF_INET, remote_.host.c_str(), &sa.sin_addr) != 1)
+          throw InvalidUsage(fmt::format("rank {} published a bad address '{}'", peer_.rank, remote_.host));
+        if (::connect(fds_[s], reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 && errno != EINPROGRESS) {
+          retry(s);
+          continue;
+        }
+      }
+      pollfd p{fds_[s], POLLOUT, 0};
+      if (::poll(&p, 1, 0) <= 0) continue;  // still connecting
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fds_[s], SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {  // refused or reset: try again (the deadline is the caller's)
+        retry(s);
+        continue;
+      }
+      Hello h;
+      h.from_rank = t_.self().rank;
+      h.to_rank = peer_.rank;
+      h.socket = static_cast<std::int32_t>(s);
+      h.sockets = sockets_;
+      h.secret = remote_.secret;
+      const auto* raw = reinterpret_cast<const std::byte*>(&h);
+      const ssize_t n = ::send(fds_[s], raw + sent_[s], sizeof(Hello) - sent_[s], MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) sent_[s] += static_cast<std::size_t>(n);
+      else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) retry(s);
+    }
+    if (!all) {
+      for (std::size_t s = 0; s < fds_.size(); ++s)
+        if (sent_[s] != sizeof(Hello)) return Status(ErrorCode::InProgress);
+    }
+    std::vector<int> fds = std::move(fds_);
+    fds_.clear();
+    return finish(std::move(fds), out);
+  }
+
+  void retry(std::size_t s) noexcept {
+    ::close(fds_[s]);
+    fds_[s] = -1;
+    sent_[s] = 0;
+  }
+
+  Status finish(std::vector<int> fds, std::unique_ptr<Link>& out) {
+    for (int fd : fds) tune_socket(fd, t_.options().buffer_bytes);
+    auto link = std::make_unique<TcpLink>(t_, t_.self().rank, peer_.rank, std::move(fds), t_.timeout(), t_.spin(),
+                                          t_.options().stripe_min_bytes);
+    t_.add_link(link.get());
+    out = std::move(link);
+    return Status::ok();
+  }
+
+  TcpTransport& t_;
+  TcpListen& listen_;
+  PeerInfo peer_;
+  Address remote_;
+  int sockets_;
+  bool dial_;
+  std::vector<int> fds_;
+  std::vector<std::size_t> sent_;
+};
+
+std::unique_ptr<PendingLink> TcpTransport::connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) {
+  auto* listen = dynamic_cast<TcpListen*>(&local);
+  RINGFENCE_EXPECTS(listen != nullptr, "rank {}: tcp: connect needs this transport's listen handle", self_.rank);
+  RINGFENCE_EXPECTS(peer.rank != self_.rank, "rank {}: tcp: no link to ourselves", self_.rank);
+  return std::make_unique<TcpPending>(*this, *listen, peer, decode_address(address));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_transport(const TransportContext& context) { return std::make_unique<TcpTransport>(context); }
+
+}  // namespace ringfence::transports::tcp
