@@ -166,6 +166,12 @@ struct Communicator::Impl : LaneState {
   std::vector<std::unique_ptr<LaneState>> extra_lanes;  // lanes 1.. (RINGFENCE_CHANNELS > 1)
   int planned_lanes = 1;                                // lanes built at setup (1 + extra_lanes)
   std::vector<int> ring;        // current ring order
+  std::vector<int> home_ring;   // the unfenced plan: each host's ranks contiguous (see setup)
+  int hosts = 1;                // distinct host ids in the communicator
+  TunerModel tuner_model;       // options' alpha-beta, or inter-host figures when hosts > 1
+  // Inter-host hops (tcp over a 10 GbE-class network): the model's per-hop cost and bandwidth.
+  static constexpr double kInterHostAlphaUs = 25.0;
+  static constexpr double kInterHostGbps = 1.25;
   std::vector<LinkId> fenced;   // agreed fenced links
   std::vector<Relay> relays;    // fenced ring hops carried through a third rank
   std::uint64_t epoch = 0;      // +1 per re-plan
@@ -590,9 +596,28 @@ struct Communicator::Impl : LaneState {
       connect_lane(*lane, c, peers);
       extra_lanes.push_back(std::move(lane));
     }
-    std::vector<int> identity(static_cast<std::size_t>(size));
-    for (int i = 0; i < size; ++i) identity[static_cast<std::size_t>(i)] = i;
-    set_ring(std::move(identity));
+    // The home ring: each host's ranks next to each other (hosts in order of their lowest rank,
+    // ranks ascending within a host), so a ring crosses between hosts once per host and
+    // direction; on one host it is 0, 1, ..., n-1. Every rank derives it from the same peer list.
+    std::vector<std::string> host_of(static_cast<std::size_t>(size));
+    host_of[static_cast<std::size_t>(rank)] = self.host_id;
+    for (const auto& p : peers) host_of[static_cast<std::size_t>(p.rank)] = p.host_id;
+    home_ring.clear();
+    for (int r = 0; r < size; ++r) {
+      if (std::find(home_ring.begin(), home_ring.end(), r) != home_ring.end()) continue;
+      for (int q = r; q < size; ++q)
+        if (host_of[static_cast<std::size_t>(q)] == host_of[static_cast<std::size_t>(r)]) home_ring.push_back(q);
+    }
+    hosts = 0;
+    for (int r = 0; r < size; ++r)
+      hosts += std::find(host_of.begin(), host_of.begin() + r, host_of[static_cast<std::size_t>(r)]) == host_of.begin() + r;
+    // The tuner's model: across hosts the slowest hop is a network link (tcp's figures).
+    tuner_model = TunerModel{options.tuner_alpha_us, options.tuner_gbps};
+    if (hosts > 1) {
+      tuner_model.alpha_us = std::max(tuner_model.alpha_us, kInterHostAlphaUs);
+      tuner_model.gbps = std::min(tuner_model.gbps, kInterHostGbps);
+    }
+    set_ring(home_ring);
     start_lane_workers();
 
     // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
@@ -880,9 +905,7 @@ struct Communicator::Impl : LaneState {
     for (const LinkId& l : fenced)
       if (std::find(readmitted.begin(), readmitted.end(), l) == readmitted.end()) all.push_back(l);
     all.insert(all.end(), added.begin(), added.end());
-    std::vector<int> base = ring;
-    if (!readmitted.empty())
-      for (int i = 0; i < size; ++i) base[static_cast<std::size_t>(i)] = i;
+    const std::vector<int> base = readmitted.empty() ? ring : home_ring;
     auto next = plan_for(base, all, size);
     if (!next) {
       const std::string message = fmt::format(
@@ -1294,7 +1317,7 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
   return issue(async, call, [this, call, send, recv, count, bytes, type, op] {
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call);
-    const TunerModel model{options.tuner_alpha_us, options.tuner_gbps};
+    const TunerModel& model = tuner_model;
     Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
     // One-shot sends the input to every peer before any result lands, so in place it works on a
     // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
@@ -1363,7 +1386,9 @@ Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv
   check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
   return issue(async, call, [=, this] {
     begin_collective(call);
-    run_ring_call(call, detail::RingCall{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0}, host_reducer(type, op));
+    detail::RingCall c{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0};
+    c.blocks = ring.data();  // block = rank, whatever the ring's order
+    run_ring_call(call, c, host_reducer(type, op));
   });
 }
 
@@ -1380,8 +1405,9 @@ Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std
   return issue(async, call, [=, this] {
     begin_collective(call);
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
-    run_ring_call(call, detail::RingCall{detail::RingCollective::Allgather, send, recv, send_bytes, 0},
-                  host_reducer(DataType::Uint8, ReduceOp::Sum), true);
+    detail::RingCall c{detail::RingCollective::Allgather, send, recv, send_bytes, 0};
+    c.blocks = ring.data();  // block = rank, whatever the ring's order
+    run_ring_call(call, c, host_reducer(DataType::Uint8, ReduceOp::Sum), true);
   });
 }
 

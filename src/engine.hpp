@@ -215,6 +215,9 @@ struct RingCall {
   /// Reduce-scatter / allgather: elements from one block to the next (0 = `count`); a channel
   /// that moves a slice of every block passes the full block length.
   std::size_t stride = 0;
+  /// Reduce-scatter / allgather: the rank (= block) at each ring position; nullptr when the ring
+  /// is 0, 1, ..., n-1.
+  const int* blocks = nullptr;
   /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
   Channel* const* by_position = nullptr;
   Channel* const* by_rank = nullptr;

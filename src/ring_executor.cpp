@@ -677,9 +677,9 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
     case RingCollective::Allreduce:
       return runner.run([&](int pos) { return RingAllreduceSchedule(pos, n, count, chunk); }, call.send, call.recv);
     case RingCollective::ReduceScatter:
-      return runner.run([&](int pos) { return RingReduceScatterSchedule(pos, n, count, chunk, call.stride); }, call.send, call.recv);
+      return runner.run([&](int pos) { return RingReduceScatterSchedule(pos, n, count, chunk, call.stride, call.blocks); }, call.send, call.recv);
     case RingCollective::Allgather:
-      return runner.run([&](int pos) { return RingAllgatherSchedule(pos, n, count, chunk, call.stride); }, call.send, call.recv);
+      return runner.run([&](int pos) { return RingAllgatherSchedule(pos, n, count, chunk, call.stride, call.blocks); }, call.send, call.recv);
     case RingCollective::Broadcast:
       return runner.run([&](int pos) { return ChainBroadcastSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
     case RingCollective::Reduce:

@@ -188,12 +188,19 @@ class ChunkedRingSchedule {
   }
 
  protected:
-  constexpr ChunkedRingSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0) noexcept
+  constexpr ChunkedRingSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0,
+                                const int* blocks = nullptr) noexcept
       : rank_(rank), size_(size), count_(count), stride_(stride ? stride : count), chunk_(chunk_elems ? chunk_elems : 1),
-        chunks_((count + chunk_ - 1) / chunk_) {}
+        chunks_((count + chunk_ - 1) / chunk_), blocks_(blocks) {}
   /// (rank + delta) mod size for any delta > -size.
   constexpr std::size_t seg(int delta) const noexcept {
     return static_cast<std::size_t>(((rank_ + delta) % size_ + size_) % size_);
+  }
+  /// Element offset of the block owned by the ring position `delta` away, in blocked layouts:
+  /// the block index is the position's rank when a map is given (a ring that is not 0..n-1).
+  constexpr std::size_t block_at(int delta) const noexcept {
+    const std::size_t p = seg(delta);
+    return (blocks_ ? static_cast<std::size_t>(blocks_[p]) : p) * stride_;
   }
   int rank_;
   int size_;
@@ -201,6 +208,7 @@ class ChunkedRingSchedule {
   std::size_t stride_;  ///< elements from one block to the next (blocked layouts; = count_ unless a channel's slice)
   std::size_t chunk_;
   std::size_t chunks_;
+  const int* blocks_;  ///< block index of each ring position (nullptr: the position itself)
 
  private:
   std::size_t chunk_idx_ = 0;
@@ -216,20 +224,22 @@ class ChunkedRingSchedule {
 class RingReduceScatterSchedule : public detail::ChunkedRingSchedule<RingReduceScatterSchedule> {
  public:
   /// `count`: elements per block (the output's length). `stride` (0 = `count`): elements from
-  /// one input block to the next, for a slice of each block (a channel's share).
+  /// one input block to the next, for a slice of each block (a channel's share). `blocks`
+  /// (optional, `size` entries): the block each ring position ends with — its rank, when the
+  /// ring is not 0, 1, ..., n-1; `rank` is then a position.
   constexpr RingReduceScatterSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems,
-                                      std::size_t stride = 0) noexcept
-      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride) {}
+                                      std::size_t stride = 0, const int* blocks = nullptr) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride, blocks) {}
   /// Steps per chunk.
   constexpr int per_chunk() const noexcept { return size_; }
   /// Step `i` of the chunk [begin, begin + len) of every block.
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
     if (i == 0) {
-      out = Step{StepKind::SendInput, right(), seg(-1) * stride_ + begin, len, 0};
+      out = Step{StepKind::SendInput, right(), block_at(-1) + begin, len, 0};
     } else if (i < size_ - 1) {
-      out = Step{StepKind::RecvReduceSend, left(), seg(-1 - i) * stride_ + begin, len, 0, right()};
+      out = Step{StepKind::RecvReduceSend, left(), block_at(-1 - i) + begin, len, 0, right()};
     } else {
-      out = Step{StepKind::RecvReduceLast, left(), seg(0) * stride_ + begin, len, begin};
+      out = Step{StepKind::RecvReduceLast, left(), block_at(0) + begin, len, begin};
     }
     return true;
   }
@@ -240,20 +250,23 @@ class RingReduceScatterSchedule : public detail::ChunkedRingSchedule<RingReduceS
 class RingAllgatherSchedule : public detail::ChunkedRingSchedule<RingAllgatherSchedule> {
  public:
   /// `count`: elements per block (the input's length). `stride` (0 = `count`): elements from
-  /// one output block to the next, for a slice of each block (a channel's share).
-  constexpr RingAllgatherSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0) noexcept
-      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride) {}
+  /// one output block to the next, for a slice of each block (a channel's share). `blocks`
+  /// (optional): the output block of each ring position's input — its rank, when the ring is
+  /// not 0, 1, ..., n-1; `rank` is then a position.
+  constexpr RingAllgatherSchedule(int rank, int size, std::size_t count, std::size_t chunk_elems, std::size_t stride = 0,
+                                  const int* blocks = nullptr) noexcept
+      : ChunkedRingSchedule(rank, size, count, chunk_elems, stride, blocks) {}
   /// Steps per chunk: copy, send, then n-1 receives of which n-2 are forwarded.
   constexpr int per_chunk() const noexcept { return 2 * size_ - 1; }
   /// See `per_chunk`.
   constexpr bool make(std::size_t begin, std::size_t len, int i, Step& out) const noexcept {
     if (i == 0) {
-      out = Step{StepKind::CopyInput, -1, begin, len, seg(0) * stride_ + begin};
+      out = Step{StepKind::CopyInput, -1, begin, len, block_at(0) + begin};
     } else if (i == 1) {  // our block, from the output (the copy above put it there): a final value
-      out = Step{StepKind::SendFinal, right(), begin, len, seg(0) * stride_ + begin};
+      out = Step{StepKind::SendFinal, right(), begin, len, block_at(0) + begin};
     } else {
       const int k = i / 2;  // hop: receive block r-k, forward it unless it went all the way round
-      const std::size_t o = seg(-k) * stride_ + begin;
+      const std::size_t o = block_at(-k) + begin;
       if (i % 2 == 0) out = Step{StepKind::RecvCopy, left(), 0, len, o};
       else out = Step{StepKind::SendFinal, right(), 0, len, o};
     }

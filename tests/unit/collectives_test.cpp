@@ -685,3 +685,63 @@ TEST_CASE("channels: a corrupting link is fenced on every lane and relayed; resu
     if (r <= 1) REQUIRE(state01[r] == LinkState::Fenced);
   }
 }
+
+TEST_CASE("ranks on two hosts: shm within a host, tcp across, a host-contiguous ring, every collective exact",
+          "[engine][collectives][tcp][hosts]") {
+  // Thread ranks that claim two hosts, placed round-robin (0 and 2 on host a, 1 and 3 on host b):
+  // the home ring is 0-2-1-3, so reduce-scatter and allgather must map ring positions to
+  // ranks' blocks. Links across "hosts" use tcp over this machine's interface.
+  const bool checksum = GENERATE(false, true);
+  const int n = 4;
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::vector<std::string>> transport(n, std::vector<std::string>(n));
+  const std::string err = test::run_ranks(
+      n,
+      [&](int r) {
+        CommOptions o = small_chunks(checksum);
+        o.chunk_bytes = 4096;
+        o.host_id = r % 2 == 0 ? "host-a" : "host-b";
+        return o;
+      },
+      [&](Communicator& comm) {
+        const auto un = static_cast<std::size_t>(n), r = static_cast<std::size_t>(comm.rank());
+        for (std::size_t count : {std::size_t{1}, std::size_t{1031}, std::size_t{70000}}) {
+          std::vector<float> in(un * count), out(un * count);
+          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), count);
+          comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count);
+          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), un * count);
+          comm.reduce_scatter(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count, r * count);
+          test::fill_pattern(DataType::Float32, comm.rank(), in.data(), count, r * count);
+          comm.allgather(in.data(), out.data(), count, DataType::Float32);
+          for (std::size_t b = 0; b < un; ++b)
+            wrong += test::count_wrong_pattern(DataType::Float32, static_cast<int>(b), out.data() + b * count, count, b * count);
+          for (int root = 0; root < n; ++root) {
+            test::fill_pattern(DataType::Float32, comm.rank(), in.data(), count);
+            comm.broadcast(in.data(), out.data(), count, DataType::Float32, root);
+            wrong += test::count_wrong_pattern(DataType::Float32, root, out.data(), count);
+            test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), count);
+            comm.reduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum, root);
+            if (comm.rank() == root) wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count);
+          }
+          for (std::size_t j = 0; j < un; ++j)
+            for (std::size_t i = 0; i < count; ++i) in[j * count + i] = static_cast<float>(r * 1000 + j + i % 7);
+          comm.alltoall(in.data(), out.data(), count, DataType::Float32);
+          for (std::size_t j = 0; j < un; ++j)
+            for (std::size_t i = 0; i < count; ++i) wrong += out[j * count + i] != static_cast<float>(j * 1000 + r + i % 7);
+        }
+        rings[r] = comm.ring();
+        for (const auto& l : comm.links()) transport[r][static_cast<std::size_t>(l.peer)] = l.transport;
+      });
+  INFO(err);
+  REQUIRE(err.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(rings[r] == std::vector<int>{0, 2, 1, 3});
+    for (int p = 0; p < n; ++p)
+      if (p != r) REQUIRE(transport[r][p] == (p % 2 == r % 2 ? "shm" : "tcp"));
+  }
+}

@@ -321,6 +321,7 @@ class TcpLink final : public Link {
     std::byte* dst = nullptr;       // payload destination
     std::size_t remaining = 0;      // payload bytes still to read
     std::uint32_t applied = 0;      // write frames applied on this socket
+    bool closed = false;            // the peer closed this socket (everything before it was read)
   };
   const std::vector<int>& fds() const noexcept { return fds_; }
   std::vector<Rx>& rx() noexcept { return rx_; }
@@ -540,7 +541,10 @@ class TcpTransport final : public Transport {
                       self_.rank, kMaxSockets, options_.sockets);
     filter_ = parse_interface_filter(options_.interfaces);
   }
-  ~TcpTransport() override { stop(); }
+  ~TcpTransport() override {
+    stop();
+    close_lingering();
+  }
 
   std::string_view name() const noexcept override { return kName; }
 
@@ -639,6 +643,18 @@ class TcpTransport final : public Transport {
     links_.erase(std::remove(links_.begin(), links_.end(), link), links_.end());
   }
 
+  // A closing link's sockets: our last bytes may still sit in the peer's receive queue, and a
+  // close() while data arrives makes the kernel answer with a reset, which throws those bytes
+  // away at the peer. So: send FIN now, and keep reading (discarding) until the peer closes too
+  // or the linger deadline passes when the transport goes (see ~TcpTransport).
+  void linger(const std::vector<int>& fds) noexcept {
+    std::lock_guard lock(linger_mutex_);
+    for (int fd : fds) {
+      (void)::shutdown(fd, SHUT_WR);
+      lingering_.push_back(fd);
+    }
+  }
+
   std::uint64_t refused() const noexcept { return refused_; }
   std::uint64_t& refused_counter() noexcept { return refused_; }
   const Logger* log() const noexcept { return log_; }
@@ -658,6 +674,28 @@ class TcpTransport final : public Transport {
     ::epoll_ctl(epoll_, EPOLL_CTL_ADD, wake_, &ev);
     thread_ = std::thread([this] { progress(); });
   }
+  // Reads and discards until every lingering socket saw the peer's FIN (or an error), at most
+  // kLinger; then closes them.
+  void close_lingering() noexcept {
+    std::lock_guard lock(linger_mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + kLinger;
+    std::vector<pollfd> open;
+    for (int fd : lingering_) open.push_back(pollfd{fd, POLLIN, 0});
+    char sink[65536];
+    while (!open.empty() && std::chrono::steady_clock::now() < deadline) {
+      (void)::poll(open.data(), open.size(), 50);
+      for (auto it = open.begin(); it != open.end();) {
+        ssize_t n = 1;
+        while (n > 0) n = ::recv(it->fd, sink, sizeof sink, MSG_DONTWAIT);
+        const bool done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        it = done ? open.erase(it) : it + 1;
+      }
+    }
+    for (int fd : lingering_) ::close(fd);
+    lingering_.clear();
+  }
+  static constexpr auto kLinger = std::chrono::seconds(10);
+
   void stop() noexcept {
     if (thread_.joinable()) {
       const std::uint64_t one = 1;
@@ -694,10 +732,12 @@ class TcpTransport final : public Transport {
     TcpLink::Rx& rx = link.rx()[s];
     const int fd = link.fds()[s];
     for (int rounds = 0; rounds < 64; ++rounds) {
-      if (!link.broken().is_ok()) return;
+      // A malformed frame stops all reading; a peer that closed one socket may still have
+      // bytes in flight on the others, which are read to their end.
+      if (link.broken().code() == ErrorCode::Fenced || rx.closed) return;
       if (rx.remaining > 0) {  // payload
         const ssize_t n = ::recv(fd, rx.dst, rx.remaining, MSG_DONTWAIT);
-        if (!consumed(link, n)) return;
+        if (!consumed(link, rx, n)) return;
         rx.dst += n;
         rx.remaining -= static_cast<std::size_t>(n);
         if (rx.remaining == 0) {
@@ -709,7 +749,7 @@ class TcpTransport final : public Transport {
       const std::size_t want = rx.got < sizeof(FrameHeader) ? sizeof(FrameHeader) - rx.got
                                : sizeof(SignalFrame) - rx.got;
       const ssize_t n = ::recv(fd, rx.head.data() + rx.got, want, MSG_DONTWAIT);
-      if (!consumed(link, n)) return;
+      if (!consumed(link, rx, n)) return;
       rx.got += static_cast<std::size_t>(n);
       if (rx.got < sizeof(FrameHeader)) continue;
       FrameHeader h;
@@ -756,20 +796,31 @@ class TcpTransport final : public Transport {
     }
   }
 
-  // n bytes came from recv: false (and the link marked) when the peer closed or failed, or
-  // when nothing is there now.
-  bool consumed(TcpLink& link, ssize_t n) noexcept {
+  // n bytes came from recv: false when nothing is there now, or when the socket ended. The
+  // link is gone once every socket ended in order (the peer closed: everything it sent was
+  // read) or one failed (a reset: what was in flight is lost).
+  bool consumed(TcpLink& link, TcpLink::Rx& rx, ssize_t n) noexcept {
     if (n > 0) return true;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-    if (link.broken().is_ok() && log_)
-      log_->info("tcp: the connection from rank {} closed ({})", link.peer(), n == 0 ? "end of stream" : std::strerror(errno));
-    link.mark_broken(ErrorCode::PeerUnreachable);
+    const int err = n < 0 ? errno : 0;
+    rx.closed = true;
+    // An ended socket stays readable (EOF) for epoll: stop watching it, or the loop would spin.
+    const auto index = static_cast<std::size_t>(&rx - link.rx().data());
+    (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[index], nullptr);
+    bool all = true;
+    for (const auto& other : link.rx()) all &= other.closed;
+    if (err != 0 || all) {
+      if (link.broken().is_ok() && log_)
+        log_->info("tcp: the connection from rank {} closed ({})", link.peer(), err == 0 ? "end of stream" : std::strerror(err));
+      link.mark_broken(ErrorCode::PeerUnreachable);
+    }
     return false;
   }
 
   void malformed(TcpLink& link, const char* what) noexcept {
     if (log_) log_->error("tcp: rank {} sent {}: link fenced, nothing written", link.peer(), what);
     link.mark_broken(ErrorCode::Fenced);
+    for (int fd : link.fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);  // read nothing more from it
   }
 
   static bool ready(TcpLink& link, const TcpLink::Deferred& d) noexcept {
@@ -803,6 +854,8 @@ class TcpTransport final : public Transport {
   int epoll_ = -1, wake_ = -1;
   std::thread thread_;
   std::uint64_t refused_ = 0;
+  std::mutex linger_mutex_;
+  std::vector<int> lingering_;  // sockets of closed links (see linger)
 };
 
 Bytes LocalRegion::key() const { return encode_region_key(id, bytes); }
@@ -812,7 +865,7 @@ LocalRegion::~LocalRegion() {
 
 TcpLink::~TcpLink() {
   transport_.remove_link(this);
-  for (int fd : fds_) ::close(fd);
+  transport_.linger(fds_);
 }
 
 // Lower rank dials, higher rank accepts. Both sides end with `sockets` greeted connections.
