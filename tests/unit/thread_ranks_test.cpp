@@ -169,7 +169,7 @@ TEST_CASE("ranks on different hosts with only shm fail with a clear error", "[en
     threads.emplace_back([&, r] {
       try {
         Communicator comm(store, r, 2, builtin_transports(),
-                          CommOptions{.timeout = std::chrono::seconds(5), .host_id = "host" + std::to_string(r)});
+                          CommOptions{.timeout = std::chrono::seconds(5), .transports = {"shm"}, .host_id = "host" + std::to_string(r)});
       } catch (const Error& e) {
         message[r] = e.what();
       }
