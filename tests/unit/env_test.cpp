@@ -43,7 +43,12 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
                                                    {"RINGFENCE_SHM_SPIN", "0"},
                                                    {"RINGFENCE_SHM_CMA", "0"},
                                                    {"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "1M"},
-                                                   {"RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "5"}}));
+                                                   {"RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "5"},
+                                                   {"RINGFENCE_CHANNELS", "3"},
+                                                   {"RINGFENCE_CHANNEL_MIN_BYTES", "2M"},
+                                                   {"RINGFENCE_TCP_SOCKETS", "4"},
+                                                   {"RINGFENCE_SOCKET_IFNAME", "^docker,lo"},
+                                                   {"RINGFENCE_HEALTH_GPU", "3"}}));
   REQUIRE(o.timeout == std::chrono::milliseconds(1500));
   REQUIRE(o.chunk_bytes == 64 * 1024);
   REQUIRE(o.slots == 2);
@@ -54,6 +59,11 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE_FALSE(o.shm.cross_memory_attach);
   REQUIRE(o.alltoall_direct_user_min_bytes == 1024 * 1024);
   REQUIRE(o.health.thresholds.checksum_storm_count == 5);
+  REQUIRE(o.channels == 3);
+  REQUIRE(o.channel_min_bytes == 2 * 1024 * 1024);
+  REQUIRE(o.tcp.sockets == 4);
+  REQUIRE(o.tcp.interfaces == "^docker,lo");
+  REQUIRE(o.health_gpu == 3);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "off"}})).alltoall_direct_user_min_bytes ==
           SIZE_MAX);
   // A base passed in keeps fields the environment does not mention.
@@ -69,7 +79,9 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
   };
   const Case cases[] = {{"RINGFENCE_TIMEOUT_MS", "abc"}, {"RINGFENCE_TIMEOUT_MS", "0"},   {"RINGFENCE_TIMEOUT_MS", "-5"},
                         {"RINGFENCE_CHUNK_BYTES", "1X"}, {"RINGFENCE_CHUNK_BYTES", "0"}, {"RINGFENCE_SLOTS", "65"},
-                        {"RINGFENCE_LOG", "loud"},       {"RINGFENCE_TRANSPORTS", ","},  {"RINGFENCE_SHM_CMA", "maybe"}};
+                        {"RINGFENCE_LOG", "loud"},       {"RINGFENCE_TRANSPORTS", ","},  {"RINGFENCE_SHM_CMA", "maybe"},
+                        {"RINGFENCE_CHANNELS", "17"},    {"RINGFENCE_TCP_SOCKETS", "0"}, {"RINGFENCE_TCP_SOCKETS", "9"},
+                        {"RINGFENCE_HEALTH_GPU", "x"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     const std::string msg = error_of([&] { (void)CommOptions::from_env(env({{c.name, c.value}})); });
