@@ -548,7 +548,6 @@ struct Communicator::Impl : LaneState {
     for (int p = 0; p < size; ++p)
       if (p != rank) channel_to(p);
 
-    oneshot_copy.resize(engine.slot_bytes);
     channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : channels) channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
 
@@ -579,6 +578,14 @@ struct Communicator::Impl : LaneState {
         throw Error(ErrorCode::PeerUnreachable,
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
+
+    // Over a network every chunk costs a thread hand-off on the receiving side: larger chunks
+    // (RINGFENCE_TCP_CHUNK_BYTES). Every rank sees the same (a job spread over hosts gives every
+    // rank a network link; the fingerprint checks it).
+    const bool networked = std::any_of(channels.begin(), channels.end(), [](auto& ch) { return ch->transport_name != "shm"; });
+    if (networked && options.tcp.chunk_bytes > engine.slot_bytes)
+      engine.slot_bytes = (options.tcp.chunk_bytes + 63) / 64 * 64;
+    oneshot_copy.resize(engine.slot_bytes);
 
     // 3-4. Connect lane 0, then the extra lanes (RINGFENCE_CHANNELS), each with its own links,
     //      flags and staging slots; the same transport per peer on every lane.

@@ -101,7 +101,7 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_LOCAL_SIZE",   "RINGFENCE_STORE_ADDR",   "RINGFENCE_STORE_HOST",
       "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
       "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
-      "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA", "RINGFENCE_TCP_SOCKETS", "RINGFENCE_SOCKET_IFNAME",
+      "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA", "RINGFENCE_TCP_SOCKETS", "RINGFENCE_SOCKET_IFNAME", "RINGFENCE_TCP_CHUNK_BYTES",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
       "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
@@ -180,6 +180,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_TCP_SOCKETS"))
     o.tcp.sockets = static_cast<int>(parse_integer("RINGFENCE_TCP_SOCKETS", *v, 1, 8));
   if (auto v = env.get("RINGFENCE_SOCKET_IFNAME")) o.tcp.interfaces = *v;
+  if (auto v = env.get("RINGFENCE_TCP_CHUNK_BYTES")) o.tcp.chunk_bytes = parse_bytes(*v, "RINGFENCE_TCP_CHUNK_BYTES");
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
   if (auto v = env.get("RINGFENCE_HEALTH_LOG")) o.health_log = *v;

@@ -21,6 +21,7 @@
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
 /// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
+/// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 1M |
 /// | RINGFENCE_SOCKET_IFNAME | interfaces tcp listens on: prefixes, `^` excludes, `=` exact (NCCL_SOCKET_IFNAME syntax) | first non-loopback |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
