@@ -322,6 +322,24 @@ FenceRun run_fence_scenario(int n, const std::string& fault, int iterations, std
   return run;
 }
 
+// Runs the scenario fault-free and with `fault`; both must finish, and every rank's every
+// output of the faulty run must be byte-identical to the fault-free run's. Returns both runs.
+std::pair<FenceRun, FenceRun> run_against_clean(int n, const std::string& fault, int iterations, std::size_t count) {
+  FenceRun clean = run_fence_scenario(n, "", iterations, count);
+  FenceRun faulty = run_fence_scenario(n, fault, iterations, count);
+  INFO(clean.error << " | " << faulty.error);
+  REQUIRE(clean.error.empty());
+  REQUIRE(faulty.error.empty());
+  std::size_t differing = 0;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it) {
+      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), count * sizeof(float)) != 0;
+      differing += std::memcmp(faulty.outputs[0][it].data(), faulty.outputs[r][it].data(), count * sizeof(float)) != 0;
+    }
+  REQUIRE(differing == 0);
+  return {std::move(clean), std::move(faulty)};
+}
+
 }  // namespace
 
 TEST_CASE("a corrupting link is fenced by agreement and relayed around: results stay bit-identical", "[integrity][health]") {
@@ -330,18 +348,7 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
   for (const auto& [n, link, relay] : {std::tuple{4, std::string("0-1"), Relay{0, 2, 1}},
                                        std::tuple{3, std::string("1-2"), Relay{1, 0, 2}}}) {
     INFO("ranks " << n << ", corrupting link " << link);
-    const FenceRun clean = run_fence_scenario(n, "", 24, 30000);
-    const FenceRun faulty = run_fence_scenario(n, "flip:rate=1e-4,link=" + link + ",seed=3", 24, 30000);
-    INFO(clean.error << " | " << faulty.error);
-    REQUIRE(clean.error.empty());
-    REQUIRE(faulty.error.empty());
-    std::size_t differing = 0;
-    for (int r = 0; r < n; ++r)
-      for (std::size_t it = 0; it < clean.outputs[r].size(); ++it) {
-        differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), 30000 * sizeof(float)) != 0;
-        differing += std::memcmp(faulty.outputs[0][it].data(), faulty.outputs[r][it].data(), 30000 * sizeof(float)) != 0;
-      }
-    REQUIRE(differing == 0);
+    const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-4,link=" + link + ",seed=3", 24, 30000);
     const auto a = std::stoi(link.substr(0, 1)), b = std::stoi(link.substr(2, 1));
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r);
@@ -362,16 +369,8 @@ TEST_CASE("a relay hop that corrupts is caught on its own link and fenced in tur
   // too. The relay checks every chunk it forwards, so the damage is blamed on link 0-2 (not on
   // 2-1, which is fine), re-sent by rank 0, and 0-2 is fenced in turn: relay 0->3->1.
   const int n = 4;
-  const FenceRun clean = run_fence_scenario(n, "", 32, 30000);
-  const FenceRun faulty = run_fence_scenario(n, "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=0-2,seed=5", 32, 30000);
-  INFO(clean.error << " | " << faulty.error);
-  REQUIRE(clean.error.empty());
-  REQUIRE(faulty.error.empty());
-  std::size_t differing = 0;
-  for (int r = 0; r < n; ++r)
-    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it)
-      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), 30000 * sizeof(float)) != 0;
-  REQUIRE(differing == 0);
+  const auto [clean, faulty] =
+      run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=0-2,seed=5", 32, 30000);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     REQUIRE(faulty.epochs[r] == 2);  // fenced 0-1, then 0-2
@@ -487,16 +486,8 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
   // same agreement. Every rank must install the same union and the same relays, and the float
   // results must stay byte-identical to the fault-free run.
   const int n = 5;
-  const FenceRun clean = run_fence_scenario(n, "", 16, 20000);
-  const FenceRun faulty = run_fence_scenario(n, "flip:rate=1e-4,link=0-1,seed=5;flip:rate=1e-4,link=2-3,seed=6", 16, 20000);
-  INFO(clean.error << " | " << faulty.error);
-  REQUIRE(clean.error.empty());
-  REQUIRE(faulty.error.empty());
-  std::size_t differing = 0;
-  for (int r = 0; r < n; ++r)
-    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it)
-      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), 20000 * sizeof(float)) != 0;
-  REQUIRE(differing == 0);
+  const auto [clean, faulty] =
+      run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=5;flip:rate=1e-4,link=2-3,seed=6", 16, 20000);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     std::vector<LinkId> fences = faulty.fences[r];

@@ -23,6 +23,7 @@
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
 #include <ringfence/reduce_ops.hpp>
+#include <ringfence/transport_util.hpp>
 #include <ringfence/transports/shm.hpp>
 #include <string>
 #include <vector>
@@ -81,22 +82,11 @@ KeyFields decode_key(std::span<const std::byte> key) {
 }
 
 // ---- OS helpers ----------------------------------------------------------------------------
-long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {
-  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
-  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), op, val, ts, nullptr, 0);
-}
+using transport_util::bump;
 
 int pidfd_open(pid_t pid) noexcept { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
 bool process_alive(pid_t pid) noexcept { return ::kill(pid, 0) == 0 || errno == EPERM; }
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // A peer segment mapped into this process; shared by every RemoteRegion importing it.
 struct Mapping {
@@ -134,7 +124,7 @@ class ShmLink final : public Link {
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
     if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
       return fail(ErrorCode::InvalidUsage);
-    if (!has_room()) return Status(ErrorCode::InProgress);
+    if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
       copy_bytes(dst->base + op.dst_offset, op.src, op.bytes);
     } else {
@@ -142,7 +132,7 @@ class ShmLink final : public Link {
     }
     bump(stats_.writes, 1);
     bump(stats_.bytes_written, op.bytes);
-    push(op.wr_id, Status::ok());
+    queue_.push(op.wr_id, Status::ok());
     return Status::ok();
   }
 
@@ -152,52 +142,24 @@ class ShmLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || op.offset % alignof(SignalFlag) != 0 ||
                            op.offset > op.dst->size() || op.dst->size() - op.offset < sizeof(SignalFlag)))
       return fail(ErrorCode::InvalidUsage);
-    if (!has_room()) return Status(ErrorCode::InProgress);
-    auto* flag = reinterpret_cast<SignalFlag*>(dst->base + op.offset);
-    // seq_cst store + seq_cst load of `waiters` pairs with the waiter's seq_cst increment and
-    // re-check (Dekker): either we see the sleeper and wake it, or it sees the new value.
+    if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     // The store also releases every earlier memcpy on this link to the acquiring reader.
-    flag->value.store(op.value, std::memory_order_seq_cst);
-    if (flag->waiters.load(std::memory_order_seq_cst) != 0) futex(&flag->value, FUTEX_WAKE, INT_MAX, nullptr);
+    transport_util::store_flag(*reinterpret_cast<SignalFlag*>(dst->base + op.offset), op.value);
     bump(stats_.signals, 1);
-    push(op.wr_id, Status::ok());
+    queue_.push(op.wr_id, Status::ok());
     return Status::ok();
   }
 
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
-    n = 0;
-    while (n < out.size() && tail_ != head_) {
-      out[n++] = queue_[tail_ % kQueue];
-      ++tail_;
-    }
+    queue_.pop(out, n);
     return Status::ok();
   }
 
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < options_.spin_count; ++i) {
-      if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
-      cpu_relax();
-      // With more ranks than cores the peer we wait for may need this core: yield now and then
-      // (a no-op syscall when nobody else is runnable).
-      if ((i & 31) == 31) sched_yield();
-    }
-    if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
-    if (!peer_alive()) return fail(ErrorCode::PeerUnreachable);
-    // Sleep in slices so a peer death is noticed within one slice even without a signal.
-    constexpr auto kSlice = std::chrono::milliseconds(20);
-    const auto slice = std::min<std::chrono::nanoseconds>(max, kSlice);
-    flag.waiters.fetch_add(1, std::memory_order_seq_cst);
-    const std::uint32_t seen = flag.value.load(std::memory_order_seq_cst);
-    if (!reached(seen, target)) {
-      timespec ts{static_cast<time_t>(slice.count() / 1000000000), static_cast<long>(slice.count() % 1000000000)};
-      futex(&flag.value, FUTEX_WAIT, seen, &ts);
-    }
-    flag.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
-    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
-                             std::memory_order_relaxed);
-    return Status(ErrorCode::InProgress);
+    return transport_util::wait_flag(flag, target, max, options_.spin_count, stats_.wait_ns, [&]() noexcept {
+      if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
+      return peer_alive() ? Status::ok() : fail(ErrorCode::PeerUnreachable);
+    });
   }
 
   void fence(FenceReason) noexcept override {
@@ -216,8 +178,6 @@ class ShmLink final : public Link {
   const LinkStats& stats() const noexcept override { return stats_; }
 
  private:
-  static constexpr std::size_t kQueue = 256;
-
   Status check_usable() const noexcept {
     if (RINGFENCE_UNLIKELY(state_ == LinkState::Fenced)) return Status(ErrorCode::Fenced);
     return Status::ok();
@@ -226,18 +186,6 @@ class ShmLink final : public Link {
     stats_.errors.fetch_add(1, std::memory_order_relaxed);
     return Status(code, native);
   }
-  Status done(std::chrono::steady_clock::time_point start) noexcept {
-    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
-                             std::memory_order_relaxed);
-    return Status::ok();
-  }
-  bool has_room() const noexcept { return head_ - tail_ < kQueue; }
-  // Counters have one writer (the thread driving the link) and relaxed readers: a plain
-  // load + store avoids a locked read-modify-write on every operation.
-  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-  }
-  void push(std::uint64_t id, Status s) noexcept { queue_[head_++ % kQueue] = Completion{id, s}; }
 
   bool peer_alive() const noexcept {
     if (self_) return true;
@@ -273,8 +221,7 @@ class ShmLink final : public Link {
   bool self_;
   LinkState state_ = LinkState::Up;
   LinkStats stats_;
-  Completion queue_[kQueue];
-  std::size_t head_ = 0, tail_ = 0;
+  transport_util::CompletionQueue<> queue_;
 };
 
 class ShmPending final : public PendingLink {

@@ -29,6 +29,7 @@
 #include <ringfence/error.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
+#include <ringfence/transport_util.hpp>
 #include <ringfence/transports/tcp.hpp>
 #include <string>
 #include <thread>
@@ -122,17 +123,7 @@ struct Hello {
   std::array<std::uint8_t, kSecretBytes> secret{};
 };
 
-long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {
-  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), op, val, ts, nullptr, 0);
-}
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using transport_util::bump;
 
 void tune_socket(int fd, int buffer_bytes) noexcept {
   const int one = 1;
@@ -224,7 +215,7 @@ class TcpLink final : public Link {
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
     if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
       return fail(ErrorCode::InvalidUsage);
-    if (!has_room()) return Status(ErrorCode::InProgress);
+    if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     const std::size_t sockets = fds_.size();
     const std::size_t parts = op.bytes >= 2 * stripe_min_ && sockets > 1 ? std::min(sockets, op.bytes / stripe_min_) : 1;
     const auto* src = static_cast<const std::byte*>(op.src);
@@ -243,7 +234,7 @@ class TcpLink final : public Link {
     }
     bump(stats_.writes, 1);
     bump(stats_.bytes_written, op.bytes);
-    push(op.wr_id, Status::ok());
+    queue_.push(op.wr_id, Status::ok());
     return Status::ok();
   }
 
@@ -254,7 +245,7 @@ class TcpLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || op.offset % alignof(SignalFlag) != 0 || op.offset > op.dst->size() ||
                            op.dst->size() - op.offset < sizeof(SignalFlag)))
       return fail(ErrorCode::InvalidUsage);
-    if (!has_room()) return Status(ErrorCode::InProgress);
+    if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     SignalFrame f;
     f.header.type = FrameType::Signal;
     f.header.socket = 0;
@@ -265,41 +256,20 @@ class TcpLink final : public Link {
     iovec iov{&f, sizeof f};
     RINGFENCE_TRY(send_all(0, &iov, 1));
     bump(stats_.signals, 1);
-    push(op.wr_id, Status::ok());
+    queue_.push(op.wr_id, Status::ok());
     return Status::ok();
   }
 
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
-    n = 0;
-    while (n < out.size() && tail_ != head_) {
-      out[n++] = queue_[tail_ % kQueue];
-      ++tail_;
-    }
+    queue_.pop(out, n);
     return Status::ok();
   }
 
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < spin_; ++i) {
-      if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
-      cpu_relax();
-      if ((i & 31) == 31) sched_yield();
-    }
-    if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
-    if (const Status b = broken(); !b.is_ok()) return b;
-    constexpr auto kSlice = std::chrono::milliseconds(20);  // a broken link is noticed within one slice
-    const auto slice = std::min<std::chrono::nanoseconds>(max, kSlice);
-    flag.waiters.fetch_add(1, std::memory_order_seq_cst);
-    const std::uint32_t seen = flag.value.load(std::memory_order_seq_cst);
-    if (!reached(seen, target)) {
-      timespec ts{static_cast<time_t>(slice.count() / 1000000000), static_cast<long>(slice.count() % 1000000000)};
-      futex(&flag.value, FUTEX_WAIT, seen, &ts);
-    }
-    flag.waiters.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(flag.value.load(std::memory_order_acquire), target)) return done(start);
-    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
-                             std::memory_order_relaxed);
-    return Status(ErrorCode::InProgress);
+    return transport_util::wait_flag(flag, target, max, spin_, stats_.wait_ns, [&]() noexcept {
+      if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
+      return broken();  // a broken link is noticed within one sleep slice
+    });
   }
 
   void fence(FenceReason why) noexcept override {
@@ -329,8 +299,7 @@ class TcpLink final : public Link {
 
   // Deferred signals: arrived before the writes they must follow.
   struct Deferred {
-    std::atomic<std::uint32_t>* value = nullptr;
-    std::atomic<std::uint32_t>* waiters = nullptr;
+    SignalFlag* flag = nullptr;
     std::uint32_t v = 0;
     std::uint32_t writes_before[kMaxSockets] = {};
   };
@@ -349,8 +318,6 @@ class TcpLink final : public Link {
   }
 
  private:
-  static constexpr std::size_t kQueue = 256;
-
   Status check_usable() const noexcept {
     if (RINGFENCE_UNLIKELY(state_ == LinkState::Fenced || state_ == LinkState::Closed)) return Status(ErrorCode::Fenced);
     const Status b = broken();
@@ -363,24 +330,14 @@ class TcpLink final : public Link {
     return broken_code_.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ErrorCode::PeerUnreachable);
   }
   Status drop(std::uint64_t wr_id) noexcept {
-    if (!has_room()) return Status(ErrorCode::InProgress);
-    push(wr_id, Status::ok());
+    if (!queue_.has_room()) return Status(ErrorCode::InProgress);
+    queue_.push(wr_id, Status::ok());
     return Status::ok();
   }
   Status fail(ErrorCode code, int native = 0) noexcept {
     stats_.errors.fetch_add(1, std::memory_order_relaxed);
     return Status(code, native);
   }
-  Status done(std::chrono::steady_clock::time_point start) noexcept {
-    stats_.wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()),
-                             std::memory_order_relaxed);
-    return Status::ok();
-  }
-  bool has_room() const noexcept { return head_ - tail_ < kQueue; }
-  static void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-  }
-  void push(std::uint64_t id, Status s) noexcept { queue_[head_++ % kQueue] = Completion{id, s}; }
 
   // Sends every byte of `iov` on socket `s`, waiting for room (the peer's progress thread
   // drains its sockets whatever its owner does, so room comes unless the peer is gone or
@@ -434,8 +391,7 @@ class TcpLink final : public Link {
   LinkState state_ = LinkState::Up;
   std::atomic<std::uint32_t> broken_code_{0};
   LinkStats stats_;
-  Completion queue_[kQueue];
-  std::size_t head_ = 0, tail_ = 0;
+  transport_util::CompletionQueue<> queue_;
   std::vector<Rx> rx_;
 };
 
@@ -781,9 +737,7 @@ class TcpTransport final : public Transport {
         const RegionEntry& r = regions_[f.header.region];
         if (f.header.offset % alignof(SignalFlag) != 0 || f.header.offset > r.bytes || r.bytes - f.header.offset < sizeof(SignalFlag))
           return malformed(link, "a signal outside its region");
-        auto* flag = reinterpret_cast<SignalFlag*>(r.base + f.header.offset);
-        d.value = &flag->value;
-        d.waiters = &flag->waiters;
+        d.flag = reinterpret_cast<SignalFlag*>(r.base + f.header.offset);
       }
       d.v = f.header.value;
       std::memcpy(d.writes_before, f.writes_before, sizeof d.writes_before);
@@ -828,10 +782,7 @@ class TcpTransport final : public Transport {
       if (static_cast<std::int32_t>(link.rx()[s].applied - d.writes_before[s]) < 0) return false;
     return true;
   }
-  static void apply(const TcpLink::Deferred& d) noexcept {
-    d.value->store(d.v, std::memory_order_seq_cst);
-    if (d.waiters->load(std::memory_order_seq_cst) != 0) futex(d.value, FUTEX_WAKE, INT_MAX, nullptr);
-  }
+  static void apply(const TcpLink::Deferred& d) noexcept { transport_util::store_flag(*d.flag, d.v); }
   // Applies deferred signals (in arrival order) whose writes have all landed.
   static void release_deferred(TcpLink& link) noexcept {
     std::size_t k = 0;

@@ -1,0 +1,104 @@
+#pragma once
+/// \file transport_util.hpp
+/// Building blocks for transports whose signals land in local memory (shm, tcp): a fixed-size
+/// completion queue, and the flag wait / flag store pair built on futexes. Data plane only:
+/// noexcept, allocation-free. Futex calls are not FUTEX_PRIVATE: flags may live in memory
+/// shared between processes.
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+#include <ringfence/transport.hpp>
+#include <span>
+
+namespace ringfence::transport_util {
+
+/// futex(2) on a 32-bit word (shared, not private).
+inline long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+/// A pause for spin loops.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// Stores `value` into `flag` (seq_cst: it also releases every earlier write to the reader)
+/// and wakes sleepers when there are any. Pairs with `wait_flag`.
+inline void store_flag(SignalFlag& flag, std::uint32_t value) noexcept {
+  // seq_cst store + seq_cst load of `waiters` pairs with the waiter's seq_cst increment and
+  // re-check (Dekker): either we see the sleeper and wake it, or it sees the new value.
+  flag.value.store(value, std::memory_order_seq_cst);
+  if (flag.waiters.load(std::memory_order_seq_cst) != 0) futex(&flag.value, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+/// `Link::wait` for flags stored with `store_flag`: spins `spin` polls (yielding every 32, so
+/// more ranks than cores do not starve each other), then asks `peer_status()` (Ok to go on
+/// sleeping, an error to return at once, e.g. PeerUnreachable), then sleeps on the futex for at
+/// most min(max, 20 ms), so a broken peer is noticed within one slice. Time spent waiting is
+/// added to `wait_ns`. Returns Ok when `target` was reached, InProgress when not yet.
+template <class PeerStatus>
+Status wait_flag(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max, int spin,
+                 std::atomic<std::uint64_t>& wait_ns, PeerStatus&& peer_status) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  auto account = [&] {
+    wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()), std::memory_order_relaxed);
+  };
+  for (int i = 0; i < spin; ++i) {
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return account(), Status::ok();
+    cpu_relax();
+    if ((i & 31) == 31) sched_yield();
+  }
+  if (const Status s = peer_status(); !s.is_ok()) return s;
+  constexpr auto kSlice = std::chrono::milliseconds(20);
+  const auto slice = std::min<std::chrono::nanoseconds>(max, kSlice);
+  flag.waiters.fetch_add(1, std::memory_order_seq_cst);
+  const std::uint32_t seen = flag.value.load(std::memory_order_seq_cst);
+  if (!reached(seen, target)) {
+    timespec ts{static_cast<time_t>(slice.count() / 1000000000), static_cast<long>(slice.count() % 1000000000)};
+    futex(&flag.value, FUTEX_WAIT, seen, &ts);
+  }
+  flag.waiters.fetch_sub(1, std::memory_order_seq_cst);
+  account();
+  return reached(flag.value.load(std::memory_order_acquire), target) ? Status::ok() : Status(ErrorCode::InProgress);
+}
+
+/// Completions of operations that finish inside the call that starts them, handed out by
+/// `Link::poll` in order. One producer and consumer: the thread driving the link.
+template <std::size_t N = 256>
+class CompletionQueue {
+ public:
+  /// True when another completion fits (else the operation returns InProgress).
+  bool has_room() const noexcept { return head_ - tail_ < N; }
+  /// Appends one completion (check `has_room` first).
+  void push(std::uint64_t wr_id, Status s) noexcept { queue_[head_++ % N] = Completion{wr_id, s}; }
+  /// Moves up to `out.size()` completions into `out[0..n)`.
+  void pop(std::span<Completion> out, std::size_t& n) noexcept {
+    n = 0;
+    while (n < out.size() && tail_ != head_) out[n++] = queue_[tail_++ % N];
+  }
+
+ private:
+  Completion queue_[N];
+  std::size_t head_ = 0, tail_ = 0;
+};
+
+/// Adds to a counter that has one writer (the thread driving the link) and relaxed readers: a
+/// plain load + store avoids a locked read-modify-write on every operation.
+inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
+  c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+
+}  // namespace ringfence::transport_util
