@@ -236,6 +236,7 @@ struct P2POp {
   bool keyed = false;        ///< recv: key published; send: key fetched
   const RemoteRegion* dst = nullptr;  ///< send: the receiver's buffer (null: it asked for staging)
   bool landed = false;       ///< recv: the sender writes into `buf` (we published a non-empty key)
+  std::byte* local_dst = nullptr;  ///< send to ourselves: the matching receive's buffer (copied by the executor)
 };
 
 /// How point-to-point transfers may skip the receiver's copy: from `min_bytes` a receiver

@@ -149,14 +149,19 @@ class RingRunner {
   // deadlock. `channel_of[r]` is the channel to rank r.
   Status run_p2p(Channel* const* channel_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept {
     nack_all_ = channel_of;
-    // Sends to ourselves pair with receives from ourselves, k-th with k-th.
+    // Sends to ourselves pair with receives from ourselves, k-th with k-th. The copy is done by
+    // the send op, piece by piece whenever the transfers to peers cannot move (so it overlaps
+    // the waits on them); the receive counts as done (the call ends only when the send is).
     for (std::size_t i = 0, j = 0; i < n; ++i) {
       if (!ops[i].send || ops[i].peer != c_.rank) continue;
       while (j < n && (ops[j].send || ops[j].peer != c_.rank)) ++j;
       if (j == n || ops[j].bytes != ops[i].bytes)
         return fail(Status(ErrorCode::InvalidUsage), self_channel_, "a matching receive from ourselves", 0);
-      if (ops[j].buf != ops[i].buf) copy_bytes(ops[j].buf, ops[i].buf, ops[i].bytes);
-      ops[i].done = ops[i].bytes;
+      ops[i].local_dst = ops[j].buf;
+      if (ops[j].buf == ops[i].buf || c_.size == 1) {  // alone: nothing to overlap with
+        if (ops[j].buf != ops[i].buf) copy_bytes(ops[j].buf, ops[i].buf, ops[i].bytes);
+        ops[i].done = ops[i].bytes;
+      }
       ops[j].done = ops[j].bytes;
       ++j;
     }
@@ -172,6 +177,7 @@ class RingRunner {
         P2POp& op = ops[i];
         if (op.done >= op.bytes) continue;
         pending = true;
+        if (op.local_dst) continue;  // to ourselves: copied below when nothing else moves
         bool behind = false;  // an earlier op to the same peer and direction is unfinished
         for (std::size_t k = 0; k < i && !behind; ++k)
           behind = ops[k].send == op.send && ops[k].peer == op.peer && ops[k].done < ops[k].bytes;
@@ -205,6 +211,15 @@ class RingRunner {
         progress = true;
       }
       if (!pending) break;
+      if (!progress)
+        for (std::size_t i = 0; i < n && !progress; ++i) {
+          P2POp& op = ops[i];
+          if (!op.local_dst || op.done >= op.bytes) continue;
+          const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+          copy_bytes(op.local_dst + op.done, op.buf + op.done, len);
+          op.done += len;
+          progress = true;
+        }
       const auto now = std::chrono::steady_clock::now();
       if (progress) {
         last_progress = now;
@@ -227,7 +242,7 @@ class RingRunner {
       ++idle;
       for (std::size_t i = 0; i < n; ++i) {
         const P2POp& op = ops[i];
-        if (op.done >= op.bytes) continue;
+        if (op.done >= op.bytes || op.local_dst) continue;
         Channel& ch = *channel_of[op.peer];
         const bool needs_key = op.send && op.direct && !op.keyed;
         SignalFlag& flag = needs_key ? flags_.p2p_mail[ch.peer] : op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
