@@ -381,16 +381,56 @@ TEST_CASE("a relay hop that corrupts is caught on its own link and fenced in tur
   }
 }
 
+namespace {
+
+// What one rank saw in a run of exact int32 allreduces: its final plan, and the sequence numbers
+// at which link `watched` was last fenced, readmitted and reported healthy (0 = never).
+struct PlanOutcome {
+  std::vector<LinkId> fences;
+  std::vector<int> ring;
+  std::size_t relays = 99;
+  std::uint64_t epoch = 0, fenced_at = 0, readmitted_at = 0, healthy_at = 0;
+};
+
+// `iterations` int32 sum allreduces of `count` elements on `n` thread ranks; `before(it, comm)`
+// runs before each (storms, sleeps). Returns the first error ("" if none); wrong elements over
+// all ranks go to `wrong`.
+std::string run_plan_scenario(int n, const CommOptions& o, int iterations, std::size_t count, LinkId watched,
+                              const std::function<void(int, Communicator&)>& before, std::vector<PlanOutcome>& out,
+                              std::size_t& wrong) {
+  out.assign(static_cast<std::size_t>(n), PlanOutcome{});
+  std::atomic<std::size_t> bad{0};
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    PlanOutcome& mine = out[static_cast<std::size_t>(comm.rank())];
+    comm.on_health_event([&](const HealthEvent& e) {
+      if (e.a != watched.a || e.b != watched.b) return;
+      if (e.kind == EventKind::LinkFenced) mine.fenced_at = e.sequence;
+      if (e.kind == EventKind::LinkReadmitted) mine.readmitted_at = e.sequence;
+      if (e.kind == EventKind::LinkHealthy) mine.healthy_at = e.sequence;
+    });
+    std::vector<std::int32_t> buf(count);
+    for (int it = 0; it < iterations; ++it) {
+      before(it, comm);
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      bad += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    mine.fences = comm.fenced_links();
+    mine.ring = comm.ring();
+    mine.relays = comm.relays().size();
+    mine.epoch = comm.epoch();
+  });
+  wrong = bad;
+  return error;
+}
+
+}  // namespace
+
 TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmitted after its cool-down and probation",
           "[integrity][health][probation]") {
   // The link corrupts only its first writes (a burst), is fenced on checksum evidence alone, serves
   // its cool-down, comes back on probation (every chunk still checked) and, clean, turns healthy.
   const int n = 4;
-  std::vector<std::uint64_t> fenced_at(n, 0), readmitted_at(n, 0), healthy_at(n, 0);
-  std::vector<std::vector<LinkId>> fences(n);
-  std::vector<std::vector<int>> rings(n);
-  std::vector<std::uint64_t> epochs(n, 0);
-  std::atomic<std::size_t> wrong{0};
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.chunk_bytes = 4096;
@@ -400,44 +440,28 @@ TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmit
   o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
   o.health.timings.probation_duration = std::chrono::milliseconds(100);
   o.host_id = "checksum-probation";
-  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    comm.on_health_event([&, r](const HealthEvent& e) {
-      const bool ours = e.a == 0 && e.b == 1;
-      if (ours && e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
-      if (ours && e.kind == EventKind::LinkReadmitted) readmitted_at[r] = e.sequence;
-      if (ours && e.kind == EventKind::LinkHealthy) healthy_at[r] = e.sequence;
-    });
-    std::vector<std::int32_t> buf(30000);
-    for (int it = 0; it < 60; ++it) {
-      if (it >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(15));  // let the cool-down pass
-      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-    }
-    fences[r] = comm.fenced_links();
-    rings[r] = comm.ring();
-    epochs[r] = comm.epoch();
-  });
+  std::vector<PlanOutcome> out;
+  std::size_t wrong = 0;
+  const std::string error = run_plan_scenario(n, o, 60, 30000, LinkId{0, 1}, [](int it, Communicator&) {
+    if (it >= 4) std::this_thread::sleep_for(std::chrono::milliseconds(15));  // let the cool-down pass
+  }, out, wrong);
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
-    REQUIRE(fenced_at[r] == fenced_at[0]);
-    REQUIRE(fenced_at[r] > 0);
-    REQUIRE(readmitted_at[r] > fenced_at[r]);  // after the cool-down, at the same collective everywhere
-    REQUIRE(readmitted_at[r] == readmitted_at[0]);
-    REQUIRE(fences[r].empty());
-    REQUIRE(rings[r] == std::vector<int>{0, 1, 2, 3});
-    REQUIRE(epochs[r] == 2);
-  }
-  // Both ends of the link judge it: their policies served the cool-down, then clean probation
-  // made it healthy again. Nobody else watches link 0-1.
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r);
-    if (r <= 1) REQUIRE(healthy_at[static_cast<std::size_t>(r)] > readmitted_at[static_cast<std::size_t>(r)]);
-    else REQUIRE(healthy_at[static_cast<std::size_t>(r)] == 0);
+    const PlanOutcome& o_r = out[static_cast<std::size_t>(r)];
+    REQUIRE(o_r.fenced_at == out[0].fenced_at);
+    REQUIRE(o_r.fenced_at > 0);
+    REQUIRE(o_r.readmitted_at > o_r.fenced_at);  // after the cool-down, at the same collective everywhere
+    REQUIRE(o_r.readmitted_at == out[0].readmitted_at);
+    REQUIRE(o_r.fences.empty());
+    REQUIRE(o_r.ring == std::vector<int>{0, 1, 2, 3});
+    REQUIRE(o_r.epoch == 2);
+    // Both ends of the link judge it: their policies served the cool-down, then clean probation
+    // made it healthy again. Nobody else watches link 0-1.
+    if (r <= 1) REQUIRE(o_r.healthy_at > o_r.readmitted_at);
+    else REQUIRE(o_r.healthy_at == 0);
   }
 }
 
@@ -707,12 +731,6 @@ TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitte
   ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
-  std::atomic<std::size_t> wrong{0};
-  std::vector<std::uint64_t> fenced_at(n, 0), readmitted_at(n, 0);
-  std::vector<std::vector<LinkId>> fences(n);
-  std::vector<std::vector<int>> rings(n);
-  std::vector<std::size_t> relays(n, 99);
-  std::vector<std::uint64_t> epochs(n, 0);
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.health_agree_every = 2;
@@ -722,42 +740,30 @@ TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitte
   o.health_link_map = "1-2=nvml:0:1";
   o.health_interval = std::chrono::milliseconds(0);
   o.host_id = "probation";
-  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    comm.on_health_event([&, r](const HealthEvent& e) {
-      if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
-      if (e.kind == EventKind::LinkReadmitted) readmitted_at[r] = e.sequence;
-    });
-    std::vector<std::int32_t> buf(10000);
-    for (int it = 0; it < 40; ++it) {
-      if (it == 4) {  // the NVLink replays once (a storm), then stays quiet
-        sync.arrive_and_wait();
-        if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
-        sync.arrive_and_wait();
-      }
-      if (it >= 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the cool-down pass
-      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+  std::vector<PlanOutcome> out;
+  std::size_t wrong = 0;
+  const std::string error = run_plan_scenario(n, o, 40, 10000, LinkId{1, 2}, [&](int it, Communicator& comm) {
+    if (it == 4) {  // the NVLink replays once (a storm), then stays quiet
+      sync.arrive_and_wait();
+      if (comm.rank() == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+      sync.arrive_and_wait();
     }
-    fences[r] = comm.fenced_links();
-    rings[r] = comm.ring();
-    relays[r] = comm.relays().size();
-    epochs[r] = comm.epoch();
-  });
+    if (it >= 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the cool-down pass
+  }, out, wrong);
   ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
-    REQUIRE(fenced_at[r] == 6);                 // first agreement after the storm
-    REQUIRE(readmitted_at[r] > fenced_at[r]);   // after the cool-down, at the same collective everywhere
-    REQUIRE(readmitted_at[r] == readmitted_at[0]);
-    REQUIRE(fences[r].empty());
-    REQUIRE(rings[r] == std::vector<int>{0, 1, 2, 3});  // the original plan, no relays
-    REQUIRE(relays[r] == 0);
-    REQUIRE(epochs[r] == 2);                    // fenced, then readmitted
+    const PlanOutcome& o_r = out[static_cast<std::size_t>(r)];
+    REQUIRE(o_r.fenced_at == 6);                      // first agreement after the storm
+    REQUIRE(o_r.readmitted_at > o_r.fenced_at);        // after the cool-down, at the same collective everywhere
+    REQUIRE(o_r.readmitted_at == out[0].readmitted_at);
+    REQUIRE(o_r.fences.empty());
+    REQUIRE(o_r.ring == std::vector<int>{0, 1, 2, 3});  // the original plan, no relays
+    REQUIRE(o_r.relays == 0);
+    REQUIRE(o_r.epoch == 2);                           // fenced, then readmitted
   }
 }
 
