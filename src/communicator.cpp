@@ -182,7 +182,6 @@ struct Communicator::Impl : LaneState {
   std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
   std::vector<detail::TransportObservation> observations;  // per agreement; sized at setup
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed;  // per peer: timed bytes, ns (per agreement)
-  std::size_t p2p_user_min_bytes = SIZE_MAX;  // the running point-to-point call's user-buffer threshold
   // Bandwidth evidence needs at least this much timed traffic on a link between agreements.
   static constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
 
@@ -562,6 +561,7 @@ struct Communicator::Impl : LaneState {
 
     // 2. Choose a transport per neighbour: the first (highest priority) that reaches it. Both
     //    ends evaluate the same list on the same facts, so they agree.
+    std::size_t min_chunk = 0;  // the largest chunk preference of the chosen transports
     for (std::size_t i = 0; i < channels.size(); ++i) {
       std::string reasons;
       for (std::size_t t = 0; t < transports.size(); ++t) {
@@ -569,6 +569,7 @@ struct Communicator::Impl : LaneState {
         if (r.ok) {
           channels[i]->transport = transports[t].get();
           channels[i]->expected_gbps = r.bandwidth_gbps;
+          min_chunk = std::max(min_chunk, r.min_chunk_bytes);
           channels[i]->transport_name = std::string(transports[t]->name());
           break;
         }
@@ -579,12 +580,10 @@ struct Communicator::Impl : LaneState {
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
 
-    // Over a network every chunk costs a thread hand-off on the receiving side: larger chunks
-    // (RINGFENCE_TCP_CHUNK_BYTES). Every rank sees the same (a job spread over hosts gives every
-    // rank a network link; the fingerprint checks it).
-    const bool networked = std::any_of(channels.begin(), channels.end(), [](auto& ch) { return ch->transport_name != "shm"; });
-    if (networked && options.tcp.chunk_bytes > engine.slot_bytes)
-      engine.slot_bytes = (options.tcp.chunk_bytes + 63) / 64 * 64;
+    // A transport may want larger chunks (tcp: each chunk costs a hand-off to the receiving
+    // thread). Every rank sees the same links' preferences (a job spread over hosts gives every
+    // rank a network link); the fingerprint checks it.
+    if (min_chunk > engine.slot_bytes) engine.slot_bytes = (min_chunk + 63) / 64 * 64;
     oneshot_copy.resize(engine.slot_bytes);
 
     // 3-4. Connect lane 0, then the extra lanes (RINGFENCE_CHANNELS), each with its own links,
@@ -716,14 +715,14 @@ struct Communicator::Impl : LaneState {
 
   // Point-to-point direct writes (see detail::P2PDirect).
   detail::P2PDirect p2p_direct(std::size_t user_min_bytes) noexcept {
-    p2p_user_min_bytes = user_min_bytes;
     detail::P2PDirect d;
     d.enabled = !engine.checksum && size > 1;
     d.min_bytes = options.direct_write_min_bytes;
+    d.user_min_bytes = user_min_bytes;
     d.ctx = this;
-    d.key_of = [](void* ctx, void* ptr, std::size_t bytes, detail::Channel& ch) noexcept -> std::span<const std::byte> {
-      auto& self = *static_cast<Impl*>(ctx);
-      if (!self.is_allocated(ptr, bytes) && bytes < self.p2p_user_min_bytes) return {};
+    d.key_of = [](const detail::P2PDirect& d, void* ptr, std::size_t bytes, detail::Channel& ch) noexcept -> std::span<const std::byte> {
+      auto& self = *static_cast<Impl*>(d.ctx);
+      if (!self.is_allocated(ptr, bytes) && bytes < d.user_min_bytes) return {};
       try {
         return self.output_key(ptr, bytes, ch.transport);
       } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
@@ -1626,6 +1625,7 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
     auto add = [&](const detail::Channel& c) {
       if (!c.link) return;
       const LinkStats& s = c.link->stats();
+      info.channels_used += s.bytes_written.load(std::memory_order_relaxed) > 0;
       info.bytes_written += s.bytes_written.load(std::memory_order_relaxed);
       info.writes += s.writes.load(std::memory_order_relaxed);
       info.signals += s.signals.load(std::memory_order_relaxed);

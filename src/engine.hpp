@@ -245,9 +245,11 @@ struct P2POp {
 struct P2PDirect {
   bool enabled = false;
   std::size_t min_bytes = SIZE_MAX;
-  /// Key of `ptr` registered with `ch`'s transport; empty when it cannot be shared (may
-  /// allocate on a cache miss, never throws).
-  std::span<const std::byte> (*key_of)(void* ctx, void* ptr, std::size_t bytes, Channel& ch) noexcept = nullptr;
+  /// Plain user receive buffers (not from alloc()) take direct writes from this size.
+  std::size_t user_min_bytes = SIZE_MAX;
+  /// Key of `ptr` registered with `ch`'s transport under the rules of `d`; empty when it
+  /// cannot or should not be shared (may allocate on a cache miss, never throws).
+  std::span<const std::byte> (*key_of)(const P2PDirect& d, void* ptr, std::size_t bytes, Channel& ch) noexcept = nullptr;
   /// Imports a peer's key (cached; nullptr on failure).
   const RemoteRegion* (*resolve)(void* ctx, std::span<const std::byte> key, Channel& ch) noexcept = nullptr;
   void* ctx = nullptr;

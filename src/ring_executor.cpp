@@ -444,7 +444,7 @@ class RingRunner {
   // to overwrite: our previous direct receive from this peer is complete, so the sender read
   // that key before writing its data.
   Status publish_p2p_key(Channel& ch, P2POp& op, const P2PDirect& d) noexcept {
-    const std::span<const std::byte> key = d.key_of(d.ctx, op.buf, op.bytes, ch);
+    const std::span<const std::byte> key = d.key_of(d, op.buf, op.bytes, ch);
     const std::uint32_t number = ch.p2p_keys_published + 1;
     if (key.size() + kMailHeader > kMailboxBytes)
       return fail(Status(ErrorCode::InvalidUsage), ch, "publishing a receive-buffer key (too long)", 0);

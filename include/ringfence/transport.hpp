@@ -46,6 +46,9 @@ struct Reachability {
   bool ok = false;               ///< the transport can connect these ranks
   double bandwidth_gbps = 0.0;   ///< expected bandwidth, GB/s (1e9 bytes/s), one direction
   double latency_us = 0.0;       ///< expected one-way latency, microseconds
+  /// Smallest pipeline chunk that suits this transport (0 = no preference): the communicator
+  /// uses the largest preference of its links when it exceeds `CommOptions::chunk_bytes`.
+  std::size_t min_chunk_bytes = 0;
   std::string reason;            ///< why not, when `ok` is false
 };
 

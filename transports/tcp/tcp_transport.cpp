@@ -509,6 +509,7 @@ class TcpTransport final : public Transport {
     r.ok = true;
     r.bandwidth_gbps = 1.25;  // a 10 GbE port; loopback is faster
     r.latency_us = 20.0;
+    r.min_chunk_bytes = options_.chunk_bytes;  // each chunk costs a hand-off to the receiving thread
     return r;
   }
 
