@@ -65,6 +65,7 @@ struct LinkInfo {
   std::uint64_t retries = 0;        ///< chunks we re-sent because the peer found them corrupted
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer (checksum mode)
   double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
+  int channels_used = 0;            ///< channels (lanes, RINGFENCE_CHANNELS) whose link to the peer carried data
 };
 
 /// A point-in-time view of the health layer of one rank.

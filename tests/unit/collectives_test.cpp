@@ -595,6 +595,7 @@ TEST_CASE("channels: ring collectives split across lanes are exact in every plac
   o.direct_write_min_bytes = 1;  // lanes also write final values into each other's outputs
   for (int n : {2, 3, 4}) {
     std::atomic<std::size_t> wrong{0};
+    std::atomic<int> links_not_on_3_lanes{0};
     const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
       const auto un = static_cast<std::size_t>(n), r = static_cast<std::size_t>(comm.rank());
       auto buffer = [&](std::size_t bytes) -> std::byte* {
@@ -644,10 +645,16 @@ TEST_CASE("channels: ring collectives split across lanes are exact in every plac
           release(in);
           release(out);
         }
+      // The large calls were split: the link to the ring's right neighbour (where every ring
+      // collective sends its data) carried data on all three lanes.
+      const int right = (comm.rank() + 1) % n;
+      for (const auto& l : comm.links())
+        if (l.peer == right) links_not_on_3_lanes += l.channels_used != 3;
     });
     INFO("ranks " << n << " checksum " << checksum << " alloc " << alloc);
     REQUIRE(err.empty());
     REQUIRE(wrong == 0);
+    REQUIRE(links_not_on_3_lanes == 0);
   }
 }
 
