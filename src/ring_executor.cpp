@@ -401,23 +401,37 @@ class RingRunner {
   // before its first final-value write of the previous call, which we consumed before
   // returning from that call.
   Status publish_output_key() noexcept {
-    Channel& ch = *left_;
-    // Header {length, crc32c(key), call}: a key damaged in flight must be refused, never used as
-    // an address to write into, and the call number keeps a key that never arrived (a lossy
-    // link) from being mistaken for this call's: the previous call's buffer may be gone.
-    ch.mail_header[0] = static_cast<std::uint32_t>(direct_.own_key.size());
-    ch.mail_header[1] = crc32c(direct_.own_key.data(), direct_.own_key.size(), direct_.call);
-    ch.mail_header[2] = direct_.call;
-    const std::uint32_t len = ch.mail_header[0];
-    if (len + kMailHeader > kMailboxBytes)
-      return fail(Status(ErrorCode::InvalidUsage), ch, "publishing the output key (too long)", 0);
-    const std::size_t base = FlagBlock::mailbox_offset(c_.size, c_.rank);
-    Status s = ch.link->write(WriteOp{ch.mail_header, nullptr, &ch.peer_flags, base, kMailHeader, 0});
-    if (s.is_ok() && len > 0)
-      s = ch.link->write(WriteOp{direct_.own_key.data(), nullptr, &ch.peer_flags, base + kMailHeader, len, 0});
-    if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::mail_offset(c_.size, c_.rank), direct_.call, 0});
-    if (!s.is_ok()) return fail(s, ch, "publishing the output key", 0);
-    return drain(ch, "publishing the output key");
+    return post_mail(*left_, left_->mail_header, FlagBlock::mailbox_offset(c_.size, c_.rank),
+                     FlagBlock::mail_offset(c_.size, c_.rank), direct_.own_key, direct_.call, "publishing the output key");
+  }
+
+  // A mailbox message: header {length, crc32c(key, seeded with its number), number}, then the
+  // key, written into the peer's mailbox at `box`, then its number signalled at `flag`. A key
+  // damaged in flight must be refused, never used as an address to write into, and the number
+  // keeps a key that never arrived (a lossy link) from being mistaken for a later one.
+  // `header` must outlive the asynchronous writes (it lives in the channel).
+  Status post_mail(Channel& ch, std::uint32_t* header, std::size_t box, std::size_t flag, std::span<const std::byte> key,
+                   std::uint32_t number, const char* what) noexcept {
+    if (key.size() + kMailHeader > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, what, 0);
+    header[0] = static_cast<std::uint32_t>(key.size());
+    header[1] = crc32c(key.data(), key.size(), number);
+    header[2] = number;
+    Status s = ch.link->write(WriteOp{header, nullptr, &ch.peer_flags, box, kMailHeader, 0});
+    if (s.is_ok() && !key.empty()) s = ch.link->write(WriteOp{key.data(), nullptr, &ch.peer_flags, box + kMailHeader, key.size(), 0});
+    if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, flag, number, 0});
+    if (!s.is_ok()) return fail(s, ch, what, 0);
+    return drain(ch, what);
+  }
+
+  // Reads the mailbox message numbered `number` at `box`: false when it is damaged or another
+  // number's; else `key` views it (empty = "use my staging slots").
+  static bool read_mail(const std::byte* box, std::uint32_t number, std::span<const std::byte>& key) noexcept {
+    std::uint32_t header[3] = {};
+    std::memcpy(header, box, kMailHeader);
+    const std::uint32_t len = header[0];
+    if (len + kMailHeader > kMailboxBytes || header[2] != number || crc32c(box + kMailHeader, len, number) != header[1]) return false;
+    key = std::span<const std::byte>(box + kMailHeader, len);
+    return true;
   }
 
   // Waits for the right neighbour's output key of this call and resolves it to a region
@@ -425,16 +439,12 @@ class RingRunner {
   Status fetch_peer_output(const RemoteRegion*& region) noexcept {
     Channel& ch = *right_;
     RINGFENCE_TRY(wait_flag(ch, flags_.mail[ch.peer], direct_.call, "the peer's output-buffer key", 0));
-    const std::byte* box = flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
-    std::uint32_t header[3] = {};
-    std::memcpy(header, box, kMailHeader);
-    const std::uint32_t len = header[0];
-    if (len + kMailHeader > kMailboxBytes || header[2] != direct_.call ||
-        crc32c(box + kMailHeader, len, direct_.call) != header[1])
+    std::span<const std::byte> key;
+    if (!read_mail(flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes, direct_.call, key))
       return fail(Status(ErrorCode::Transient), ch, "an intact output-buffer key for this call (it arrived corrupted or not at all)", 0);
     region = nullptr;
-    if (len == 0) return Status::ok();
-    region = direct_.resolve(direct_.ctx, std::span<const std::byte>(box + kMailHeader, len));
+    if (key.empty()) return Status::ok();
+    region = direct_.resolve(direct_.ctx, key);
     if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
     return Status::ok();
   }
@@ -446,36 +456,24 @@ class RingRunner {
   Status publish_p2p_key(Channel& ch, P2POp& op, const P2PDirect& d) noexcept {
     const std::span<const std::byte> key = d.key_of(d, op.buf, op.bytes, ch);
     const std::uint32_t number = ch.p2p_keys_published + 1;
-    if (key.size() + kMailHeader > kMailboxBytes)
-      return fail(Status(ErrorCode::InvalidUsage), ch, "publishing a receive-buffer key (too long)", 0);
-    ch.p2p_mail_header[0] = static_cast<std::uint32_t>(key.size());
-    ch.p2p_mail_header[1] = crc32c(key.data(), key.size(), number);
-    ch.p2p_mail_header[2] = number;
-    const std::size_t base = FlagBlock::p2p_mailbox_offset(c_.size, c_.rank);
-    Status s = ch.link->write(WriteOp{ch.p2p_mail_header, nullptr, &ch.peer_flags, base, kMailHeader, 0});
-    if (s.is_ok() && !key.empty())
-      s = ch.link->write(WriteOp{key.data(), nullptr, &ch.peer_flags, base + kMailHeader, key.size(), 0});
-    if (s.is_ok())
-      s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), number, 0});
-    if (!s.is_ok()) return fail(s, ch, "publishing a receive-buffer key", 0);
+    RINGFENCE_TRY(post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
+                            FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number,
+                            "publishing a receive-buffer key"));
     ch.p2p_keys_published = number;
     op.landed = !key.empty();
-    return drain(ch, "publishing a receive-buffer key");
+    return Status::ok();
   }
 
   // Direct point-to-point, sender side: reads the receiver's key for our next direct send
   // (its p2p_mail word reached it) and imports it (nullptr = write into its staging slots).
   Status fetch_p2p_key(Channel& ch, P2POp& op, const P2PDirect& d) noexcept {
     const std::uint32_t number = ch.p2p_keys_used + 1;
-    const std::byte* box = flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
-    std::uint32_t header[3] = {};
-    std::memcpy(header, box, kMailHeader);
-    const std::uint32_t len = header[0];
-    if (len + kMailHeader > kMailboxBytes || header[2] != number || crc32c(box + kMailHeader, len, number) != header[1])
+    std::span<const std::byte> key;
+    if (!read_mail(flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes, number, key))
       return fail(Status(ErrorCode::Transient), ch, "an intact receive-buffer key (it arrived corrupted)", ch.sent);
     op.dst = nullptr;
-    if (len > 0) {
-      op.dst = d.resolve(d.ctx, std::span<const std::byte>(box + kMailHeader, len), ch);
+    if (!key.empty()) {
+      op.dst = d.resolve(d.ctx, key, ch);
       if (!op.dst) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's receive buffer", ch.sent);
       if (op.dst->size() < op.bytes)
         return fail(Status(ErrorCode::InvalidUsage), ch, "a receive buffer as large as the send (the counts differ)", ch.sent);
