@@ -167,7 +167,6 @@ struct Communicator::Impl : LaneState {
   int planned_lanes = 1;                                // lanes built at setup (1 + extra_lanes)
   std::vector<int> ring;        // current ring order
   std::vector<int> home_ring;   // the unfenced plan: each host's ranks contiguous (see setup)
-  int hosts = 1;                // distinct host ids in the communicator
   TunerModel tuner_model;       // options' alpha-beta, or inter-host figures when hosts > 1
   // Inter-host hops (tcp over a 10 GbE-class network): the model's per-hop cost and bandwidth.
   static constexpr double kInterHostAlphaUs = 25.0;
@@ -614,7 +613,7 @@ struct Communicator::Impl : LaneState {
       for (int q = r; q < size; ++q)
         if (host_of[static_cast<std::size_t>(q)] == host_of[static_cast<std::size_t>(r)]) home_ring.push_back(q);
     }
-    hosts = 0;
+    int hosts = 0;  // distinct host ids
     for (int r = 0; r < size; ++r)
       hosts += std::find(host_of.begin(), host_of.begin() + r, host_of[static_cast<std::size_t>(r)]) == host_of.begin() + r;
     // The tuner's model: across hosts the slowest hop is a network link (tcp's figures).
