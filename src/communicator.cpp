@@ -277,15 +277,26 @@ struct Communicator::Impl : LaneState {
     RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
     if (!async) {
       drain();
+      apply_timeout(call_timeout);
       run();
       return Work{};
     }
     auto state = std::make_shared<Work::State>();
     std::lock_guard lock(queue_mutex);
     if (!worker.joinable()) worker = std::thread([this] { work_loop(); });
-    queue.emplace_back(std::function<void()>(std::move(run)), state);
+    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run)] {
+                         apply_timeout(t);
+                         run();
+                       }),
+                       state);
     queue_cv.notify_all();
     return Work(std::move(state));
+  }
+
+  // The deadline of the call about to run on every lane: set_timeout()'s value or the default.
+  void apply_timeout(std::chrono::milliseconds t) noexcept {
+    const std::chrono::nanoseconds effective = t.count() > 0 ? t : options.timeout;
+    for_each_lane([&](LaneState& L) { L.engine.timeout = effective; });
   }
 
   void work_loop() {
@@ -320,7 +331,18 @@ struct Communicator::Impl : LaneState {
 
   // The collectives: argument checks here, on the caller's thread; the closure runs now or on
   // the progress thread (defined after the class).
-  Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op);
+  Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                 detail::CallKind kind = detail::CallKind::Allreduce);
+  // The fingerprint of a call (check_call fills in the number and the CRC).
+  static detail::CallFingerprint fingerprint(detail::CallKind kind, std::uint64_t count, DataType type, int op = -1, int root = -1) {
+    detail::CallFingerprint f;
+    f.collective = static_cast<std::uint8_t>(kind);
+    f.count = count;
+    f.type = static_cast<std::uint8_t>(type);
+    f.op = op < 0 ? std::uint8_t{0} : static_cast<std::uint8_t>(op);
+    f.root = root;
+    return f;
+  }
   void run_ring_allreduce_call(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes,
                                const Reducer& reducer);
   // Direct writes of final values into the right neighbour's output (ring allreduce, allgather
@@ -362,10 +384,232 @@ struct Communicator::Impl : LaneState {
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
   Status failure;
   std::atomic<bool> failed{false};  // failure is set (lock-free fast path of check_usable)
-  std::string failure_message;
+  std::string failure_message;      // why (complete sentence naming the ranks), without the call
+  std::chrono::milliseconds call_timeout{0};  // set_timeout(): deadline of the calls issued next (0 = options.timeout)
+
+  // Records the first failure (later ones are consequences). False when one was recorded.
+  bool record_failure(Status s, const std::string& why) noexcept {
+    std::lock_guard lock(status_mutex);
+    if (!failure.is_ok()) return false;
+    try {
+      failure_message = why;
+    } catch (...) {
+    }
+    failure = s;
+    failed.store(true, std::memory_order_release);
+    return true;
+  }
+
+  // Ends in-flight work of this rank: every lane's abort word names us as the reporter (a local
+  // abort; see raise()) and `blamed` as the cause. Waits see it within one sleep slice (50 ms).
+  // Any thread; never blocks.
+  void local_abort(ErrorCode code, int blamed) noexcept {
+    const std::uint32_t value = detail::FlagBlock::abort_value(code, rank, blamed);
+    for_each_lane([&](LaneState& L) {
+      if (!L.flags.abort) return;
+      std::uint32_t expected = 0;
+      L.flags.abort->value.compare_exchange_strong(expected, value, std::memory_order_acq_rel);
+    });
+  }
+
+  // ---- call fingerprints (options.check_calls) ----
+  detail::Channel* fp_from = nullptr;     // lane-0 channel whose fingerprint we check
+  std::vector<detail::Channel*> fp_to;    // lane-0 channels of the ranks that check ours
+
+  static std::string describe(const detail::CallFingerprint& f) {
+    using K = detail::CallKind;
+    const auto kind = static_cast<K>(f.collective);
+    const char* name = kind == K::Allreduce       ? "allreduce"
+                       : kind == K::ReduceScatter ? "reduce_scatter"
+                       : kind == K::Allgather     ? "allgather"
+                       : kind == K::Broadcast     ? "broadcast"
+                       : kind == K::Reduce        ? "reduce"
+                       : kind == K::Alltoall      ? "alltoall"
+                       : kind == K::Barrier       ? "barrier"
+                                                  : "an unknown collective";
+    if (kind == K::Barrier) return "barrier()";
+    std::string out = fmt::format("{}(count={}, {}", name, f.count, to_string(static_cast<DataType>(f.type)));
+    if (kind == K::Allreduce || kind == K::ReduceScatter || kind == K::Reduce) out += fmt::format(", {}", to_string(static_cast<ReduceOp>(f.op)));
+    if (f.root >= 0) out += fmt::format(", root={}", f.root);
+    return out + ")";
+  }
+
+  // Before a collective moves data: post our fingerprint to the ranks that check it and compare
+  // the one we check. A mismatch fails the call on every rank (InvalidUsage naming both ranks);
+  // a damaged or stale fingerprint is evidence against the link, not a disagreement.
+  void check_call(const char* call, detail::CallFingerprint mine) {
+    if (!fp_from) return;
+    mine.sequence = seq;
+    mine.crc = crc32c(&mine, offsetof(detail::CallFingerprint, crc));
+    detail::CallFingerprint theirs;
+    bool intact = false;
+    detail::Failure failure;
+    if (!detail::exchange_fingerprints(engine, flags, left, right, relay_duties, fp_to.data(), fp_to.size(), fp_from, mine, theirs,
+                                       intact, failure)
+             .is_ok())
+      raise(call, failure);
+    if (!intact) {
+      ++fp_from->checksum_errors;
+      log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared", seq,
+               fp_from->peer, fp_from->transport_name);
+      return;
+    }
+    if (theirs.collective == mine.collective && theirs.type == mine.type && theirs.op == mine.op && theirs.count == mine.count &&
+        theirs.root == mine.root)
+      return;
+    const int peer = fp_from->peer;
+    abort_peers(ErrorCode::InvalidUsage, peer);
+    const std::string why = fmt::format(
+        "the ranks disagree on collective #{}: rank {} called {}, rank {} called {} (every rank must make the same collective "
+        "calls in the same order, with the same count, datatype, op and root)",
+        seq, rank, describe(mine), peer, describe(theirs));
+    record_failure(Status(ErrorCode::InvalidUsage), why);
+    const std::string message = fmt::format("rank {}: {} #{} refused: {}", rank, call, seq, why);
+    log.error("{}", message);
+    throw InvalidUsage(message);
+  }
+
+  // ---- liveness heartbeat (options.heartbeat_interval) ----
+  // Its own lane: one link per peer that only its thread drives (the SPI's one-thread rule).
+  // On the beat lane, data[p] counts p's beats, credit[p] = 1 says p closed its communicator,
+  // and the abort word carries an abort() of a peer.
+  std::unique_ptr<LaneState> beat_lane;
+  std::thread beat_thread;
+  std::mutex beat_mutex;
+  std::condition_variable beat_cv;
+  bool beat_stop = false;
+  bool abort_requested = false;  // abort(): tell the peers
+  // Per rank: steady-clock time (ns) its heartbeat last advanced, 0 = not yet; and whether it
+  // closed its communicator. Read by raise() and begin_collective() on other threads.
+  std::unique_ptr<std::atomic<std::int64_t>[]> beat_seen_ns;
+  std::unique_ptr<std::atomic<bool>[]> peer_left;
+  std::atomic<int> peers_left{0};
+
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  void start_heartbeat() {
+    beat_seen_ns = std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(size));
+    peer_left = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(size));
+    const std::int64_t start = now_ns();
+    for (int r = 0; r < size; ++r) beat_seen_ns[static_cast<std::size_t>(r)].store(start), peer_left[static_cast<std::size_t>(r)].store(false);
+    beat_thread = std::thread([this] { beat_loop(); });
+  }
+
+  void stop_heartbeat() noexcept {
+    if (!beat_thread.joinable()) return;
+    {
+      std::lock_guard lock(beat_mutex);
+      beat_stop = true;
+    }
+    beat_cv.notify_all();
+    beat_thread.join();
+  }
+
+  // A peer failed as the heartbeat sees it: record it (first failure only) and end in-flight work.
+  void peer_lost(int peer, ErrorCode code, const std::string& why) noexcept {
+    if (!record_failure(Status(code), why)) return;
+    log.error("{}", why);
+    local_abort(code, peer);
+  }
+
+  void beat_loop() noexcept {
+    try {
+      const auto period = options.effective_heartbeat();
+      const auto limit = options.timeout;
+      std::vector<std::uint32_t> seen(static_cast<std::size_t>(size), 0);
+      std::vector<std::chrono::steady_clock::time_point> changed(static_cast<std::size_t>(size), std::chrono::steady_clock::now());
+      std::vector<char> watched(static_cast<std::size_t>(size), 1);
+      std::uint32_t beat = 0;
+      bool abort_sent = false, abort_seen = false;
+      std::unique_lock lock(beat_mutex);
+      for (;;) {
+        const bool stop = beat_stop;
+        const bool send_abort = abort_requested && !abort_sent;
+        lock.unlock();
+        ++beat;
+        for (auto& chp : beat_lane->channels) {
+          detail::Channel& ch = *chp;
+          const auto p = static_cast<std::size_t>(ch.peer);
+          const std::size_t word = stop ? detail::FlagBlock::credit_offset(size, rank) : detail::FlagBlock::data_offset(size, rank);
+          Status s = Status::ok();
+          if (send_abort)  // before a goodbye: the peer must learn that we aborted, not that we left
+            s = ch.link->signal(
+                SignalOp{&ch.peer_flags, detail::FlagBlock::abort_offset(size), detail::FlagBlock::abort_value(ErrorCode::Aborted, rank, -1), 0});
+          if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, word, stop ? 1u : beat, 0});
+          for (;;) {  // completions carry nothing we need; keep the queue empty
+            Completion done[8];
+            std::size_t n = 0;
+            if (!ch.link->poll(done, n).is_ok() || n < std::size(done)) break;
+          }
+          if (stop || !watched[p]) continue;
+          const detail::FlagBlock& in = beat_lane->flags;
+          if (!abort_seen)
+            if (const std::uint32_t a = in.abort->value.load(std::memory_order_acquire); a != 0) {
+              abort_seen = true;
+              const int reporter = static_cast<int>((a >> 12) & 0xfffu) - 1;
+              peer_lost(reporter, ErrorCode::PeerUnreachable, fmt::format("rank {} aborted the communicator (abort())", reporter));
+            }
+          if (in.credit[p].value.load(std::memory_order_acquire) != 0) {
+            // A clean goodbye: not a failure (point-to-point between the others goes on), but
+            // collectives need every rank (begin_collective refuses them from now on).
+            watched[p] = 0;
+            peer_left[p].store(true, std::memory_order_release);
+            peers_left.fetch_add(1, std::memory_order_acq_rel);
+            log.info("rank {} closed its communicator", ch.peer);
+            continue;
+          }
+          const auto now = std::chrono::steady_clock::now();
+          const std::uint32_t v = in.data[p].value.load(std::memory_order_acquire);
+          if (v != seen[p]) {
+            seen[p] = v;
+            changed[p] = now;
+            beat_seen_ns[p].store(now_ns(), std::memory_order_relaxed);
+          }
+          if (s.is_ok()) s = ch.link->wait(in.data[p], v + 1, std::chrono::nanoseconds(0));
+          if (s.is_error()) {
+            watched[p] = 0;
+            peer_lost(ch.peer, ErrorCode::PeerUnreachable,
+                      fmt::format("rank {} is unreachable: its heartbeat link ({}) reports it gone (process exited or killed?)",
+                                  ch.peer, ch.transport_name));
+          } else if (now - changed[p] > limit) {
+            watched[p] = 0;
+            peer_lost(ch.peer, ErrorCode::Timeout,
+                      fmt::format("rank {} sent no heartbeat for {} ms over {} (process stopped, hung or cut off?)", ch.peer,
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(now - changed[p]).count(), ch.transport_name));
+          }
+        }
+        if (send_abort) abort_sent = true;
+        lock.lock();
+        if (stop) return;
+        beat_cv.wait_for(lock, period, [&] { return beat_stop || (abort_requested && !abort_sent); });
+      }
+    } catch (const std::exception& e) {  // formatting only; the loop itself does not throw
+      log.error("heartbeat thread stopped: {}", e.what());
+    }
+  }
+
+  // The peer whose heartbeat is the most overdue, if one is silent for more than three periods
+  // and a quarter of the timeout: the likely end of a chain of ranks waiting on each other.
+  std::string silent_peer_note() const {
+    if (!beat_seen_ns) return {};
+    const std::int64_t now = now_ns();
+    const auto period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.effective_heartbeat()).count();
+    const auto quarter_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.timeout).count() / 4;
+    int worst = -1;
+    std::int64_t worst_age = std::max<std::int64_t>(3 * period_ns, quarter_ns);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank || peer_left[static_cast<std::size_t>(r)].load()) continue;
+      const std::int64_t age = now - beat_seen_ns[static_cast<std::size_t>(r)].load(std::memory_order_relaxed);
+      if (age > worst_age) worst = r, worst_age = age;
+    }
+    return worst < 0 ? std::string() : fmt::format("; rank {} has sent no heartbeat for {} ms", worst, worst_age / 1000000);
+  }
 
   ~Impl() {
     stop_worker();  // queued work finishes first (bounded; fails fast after an error)
+    stop_heartbeat();  // says goodbye to every peer
     if (monitor) monitor->stop();
     if (event_fd >= 0) ::close(event_fd);
     stop_lane_workers();
@@ -376,6 +620,11 @@ struct Communicator::Impl : LaneState {
     remote_regs.clear();
     local_regs.clear();
     for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions and links go before the memory they describe
+    if (beat_lane) {
+      for (auto& ch : beat_lane->channels)
+        if (ch->link) ch->link->fence(FenceReason::Shutdown);
+      beat_lane->channels.clear();
+    }
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);
   }
 
@@ -424,12 +673,13 @@ struct Communicator::Impl : LaneState {
   }
   static constexpr int kMaxAutoLanes = 4;
 
+  static constexpr int kBeatLane = -1;  // connect_lane index of the heartbeat lane
   // Connects lane `index` of `L` (its channels name peer and transport): allocates its flags,
   // staging slots and scratch, listens, connects to every peer (non-blocking, polled against
   // the deadline), registers the flags and the inbox each peer writes into and imports theirs.
   // Store keys of lane 0 have no suffix, lane c's end in "/lane<c>".
   void connect_lane(LaneState& L, int index, const std::vector<PeerInfo>& peers) {
-    const std::string suffix = index == 0 ? std::string() : fmt::format("/lane{}", index);
+    const std::string suffix = index == 0 ? std::string() : index == kBeatLane ? std::string("/beat") : fmt::format("/lane{}", index);
     L.flags_mem = allocate(detail::FlagBlock::bytes(size));
     L.flags.bind(L.flags_mem, size);
     const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
@@ -601,6 +851,19 @@ struct Communicator::Impl : LaneState {
       connect_lane(*lane, c, peers);
       extra_lanes.push_back(std::move(lane));
     }
+    // The heartbeat's own links (one per peer, tiny staging), driven only by its thread.
+    if (options.effective_heartbeat().count() > 0) {
+      beat_lane = std::make_unique<LaneState>();
+      beat_lane->engine = engine;
+      beat_lane->engine.slots = 1;
+      beat_lane->engine.slot_bytes = 64;
+      for (auto& ch : channels) {
+        detail::Channel& mine = beat_lane->channel_to(ch->peer);
+        mine.transport = ch->transport;
+        mine.transport_name = ch->transport_name;
+      }
+      connect_lane(*beat_lane, kBeatLane, peers);
+    }
     // The home ring: each host's ranks next to each other (hosts in order of their lowest rank,
     // ranks ascending within a host), so a ring crosses between hosts once per host and
     // direction; on one host it is 0, 1, ..., n-1. Every rank derives it from the same peer list.
@@ -628,6 +891,7 @@ struct Communicator::Impl : LaneState {
     // 5. Everyone is wired: the store is no longer needed by this communicator's data path.
     store_barrier("setup");
     if (monitor) monitor->start(options.health_interval);
+    if (beat_lane) start_heartbeat();
     log.info("connected: left rank {} over {}, right rank {} over {}", left->peer, left->transport_name, right->peer,
              right->transport_name);
   }
@@ -673,10 +937,11 @@ struct Communicator::Impl : LaneState {
   std::string protocol_fingerprint() const {
     return fmt::format(
         "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={} "
-        "algo={} tuner={}/{} channels={}/{}",
+        "algo={} tuner={}/{} channels={}/{} check_calls={} heartbeat={}",
         engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
         agreement_enabled(), options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us,
-        options.tuner_gbps, planned_lanes, options.channel_min_bytes);  // the user threshold may differ per rank
+        options.tuner_gbps, planned_lanes, options.channel_min_bytes, options.check_calls,
+        options.effective_heartbeat().count() > 0);  // the user threshold may differ per rank
   }
 
   // Key of `ptr` registered with `t` (our output buffer, written by the left neighbour).
@@ -767,6 +1032,17 @@ struct Communicator::Impl : LaneState {
       L.right = &L.channel_to(right_rank);
     });
     if (size == 1) return;
+    // Call fingerprints go along the ring: each rank checks the nearest rank before it whose
+    // link to it is not fenced (the same pairs on every rank: same ring, same fence list).
+    fp_from = nullptr;
+    fp_to.clear();
+    for (std::size_t p = 0; p < n; ++p) {
+      int source = -1;
+      for (std::size_t d = 1; d < n && source < 0; ++d)
+        if (const int q = ring[(p + n - d) % n]; !is_fenced(q, ring[p])) source = q;
+      if (ring[p] == rank && source >= 0) fp_from = &channel_to(source);
+      if (source == rank) fp_to.push_back(&channel_to(ring[p]));
+    }
     // Trees name peers by ring position; they run only on plans without relays whose tree
     // edges avoid every fenced link.
     position_channel.assign(n, nullptr);
@@ -967,7 +1243,7 @@ struct Communicator::Impl : LaneState {
     if (!failed.load(std::memory_order_acquire)) return;
     std::lock_guard lock(status_mutex);
     if (!failure.is_ok())
-      throw Error(failure.code(), fmt::format("rank {}: {} on a communicator that already failed: {}", rank, call, failure_message));
+      throw_status(failure, fmt::format("rank {}: {} on a communicator that already failed: {}", rank, call, failure_message));
   }
 
   // Tells every peer that this rank failed, so ranks waiting on others fail at once with a
@@ -1025,9 +1301,18 @@ struct Communicator::Impl : LaneState {
 
   // Every collective starts here: refuse a broken communicator or a call inside a group, count
   // the call, and run the fence agreement when it is due.
-  void begin_collective(const char* call) {
+  void begin_collective(const char* call, detail::CallFingerprint fp) {
     check_usable(call);
+    if (peers_left.load(std::memory_order_acquire) > 0)
+      for (int r = 0; r < size; ++r)
+        if (r != rank && peer_left[static_cast<std::size_t>(r)].load(std::memory_order_acquire)) {
+          // Point-to-point between the others could go on; a collective never can again.
+          const std::string why = fmt::format("rank {} closed its communicator; a collective needs every rank", r);
+          record_failure(Status(ErrorCode::PeerUnreachable), why);
+          throw PeerUnreachableError(fmt::format("rank {}: {}: {}", rank, call, why));
+        }
     ++seq;
+    if (options.check_calls && size > 1) check_call(call, fp);
     if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
       detail::Failure failure;
       if (!agree(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
@@ -1167,6 +1452,7 @@ struct Communicator::Impl : LaneState {
   void run_group(const char* call) {
     if (group_ops.empty()) return;
     drain();  // queued asynchronous work runs first (issue order)
+    apply_timeout(call_timeout);
     for (const auto& op : group_ops)
       if (op.peer != rank && is_fenced(rank, op.peer)) {
         group_ops.clear();
@@ -1204,17 +1490,34 @@ struct Communicator::Impl : LaneState {
   }
 
   [[noreturn]] void raise(const char* call, const detail::Failure& f) {
+    if (f.aborted_by_peer && f.peer == rank) {
+      // A local abort (abort(), or the heartbeat found a peer gone): the reason was recorded.
+      Status s;
+      std::string why;
+      {
+        std::lock_guard lock(status_mutex);
+        s = failure;
+        why = failure_message;
+      }
+      if (!s.is_ok()) {
+        abort_peers(s.code(), f.blamed);  // ranks waiting on us learn it now (this thread drives the links)
+        throw_status(s, fmt::format("rank {}: {} #{} failed: {}", rank, call, seq, why));
+      }
+    }
     if (!f.aborted_by_peer) abort_peers(f.status.code(), f.peer);
     const auto* ch = f.peer >= 0 && f.peer != rank ? &channel_to(f.peer) : nullptr;
     const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
     std::string why;
     if (f.aborted_by_peer) {
-      why = f.blamed >= 0 ? fmt::format("rank {} failed ({} on its link to rank {}) and aborted the collective", f.peer,
-                                        to_string(f.status.code()), f.blamed)
-                          : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, to_string(f.status.code()));
+      why = f.status.code() == ErrorCode::Aborted
+                ? fmt::format("rank {} aborted the communicator (abort())", f.peer)
+            : f.blamed >= 0 ? fmt::format("rank {} failed ({} on its link to rank {}) and aborted the collective", f.peer,
+                                          to_string(f.status.code()), f.blamed)
+                            : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, to_string(f.status.code()));
     } else switch (f.status.code()) {
       case ErrorCode::Timeout:
-        why = fmt::format("timed out after {} ms waiting for {} from rank {}", options.timeout.count(), f.what, f.peer);
+        why = fmt::format("timed out after {} ms waiting for {} from rank {}{}", engine.timeout / std::chrono::milliseconds(1), f.what,
+                          f.peer, silent_peer_note());
         break;
       case ErrorCode::PeerUnreachable: why = fmt::format("rank {} is unreachable (process exited?) while waiting for {}", f.peer, f.what); break;
       case ErrorCode::Fenced: why = fmt::format("the link to rank {} is fenced ({})", f.peer, f.what); break;
@@ -1223,14 +1526,11 @@ struct Communicator::Impl : LaneState {
         break;
     }
     const std::string message = fmt::format("rank {}: {} #{} failed: {} ({}, message {})", rank, call, seq, why, link, f.message);
-    {
-      std::lock_guard lock(status_mutex);
-      failure = f.status;
-      failure_message = message;
-      failed.store(true, std::memory_order_release);
-    }
+    // A peer's abort() reaches us as an unreachable peer (our own abort() is AbortedError).
+    const Status status = f.aborted_by_peer && f.status.code() == ErrorCode::Aborted ? Status(ErrorCode::PeerUnreachable) : f.status;
+    record_failure(status, message);
     log.error("{}", message);
-    throw_status(f.status, message);
+    throw_status(status, message);
   }
 };
 
@@ -1255,10 +1555,10 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   impl_->setup(registry);
 }
 
-Communicator Communicator::shrink(const std::vector<int>& exclude) { return shrink(exclude, impl_->options); }
+Communicator Communicator::shrink(const std::vector<int>& exclude) { return shrink(exclude, live(__func__)->options); }
 
 Communicator Communicator::shrink(const std::vector<int>& exclude, CommOptions options) {
-  Impl& m = *impl_;
+  Impl& m = *live(__func__);
   std::vector<int> gone = exclude;
   std::sort(gone.begin(), gone.end());
   gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
@@ -1298,20 +1598,55 @@ Communicator Communicator::from_launch(const LaunchInfo& launch, const Transport
   return comm;
 }
 
-int Communicator::rank() const noexcept { return impl_->rank; }
-int Communicator::size() const noexcept { return impl_->size; }
-const CommOptions& Communicator::options() const noexcept { return impl_->options; }
-std::uint64_t Communicator::sequence() const noexcept { return impl_->seq; }
+Communicator::Impl* Communicator::live(const char* call) const {
+  if (!impl_)
+    throw InvalidUsage(fmt::format("{}: this communicator was moved from: it has no ranks or links any more (use the one it was "
+                                   "moved into)",
+                                   call));
+  return impl_.get();
+}
+
+int Communicator::rank() const noexcept { return impl_ ? impl_->rank : -1; }
+int Communicator::size() const noexcept { return impl_ ? impl_->size : 0; }
+const CommOptions& Communicator::options() const noexcept {
+  static const CommOptions kDefaults;  // immutable: what a moved-from communicator reports
+  return impl_ ? impl_->options : kDefaults;
+}
+std::uint64_t Communicator::sequence() const noexcept { return impl_ ? impl_->seq : 0; }
+
+void Communicator::abort() noexcept {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  try {
+    if (m.record_failure(Status(ErrorCode::Aborted), fmt::format("rank {} aborted the communicator (abort())", m.rank)))
+      m.log.warn("communicator aborted (abort()): in-flight and later calls fail");
+  } catch (...) {  // formatting or logging failed: the abort itself goes on
+    m.record_failure(Status(ErrorCode::Aborted), std::string());
+  }
+  m.local_abort(ErrorCode::Aborted, -1);
+  {
+    std::lock_guard lock(m.beat_mutex);
+    m.abort_requested = true;
+  }
+  m.beat_cv.notify_all();
+}
+
+void Communicator::set_timeout(std::chrono::milliseconds timeout) {
+  RINGFENCE_EXPECTS(timeout.count() >= 0, "rank {}: set_timeout: timeout {} ms is negative", live(__func__)->rank, timeout.count());
+  live(__func__)->call_timeout = timeout;
+}
 
 Status Communicator::async_error() const noexcept {
+  if (!impl_) return Status(ErrorCode::InvalidUsage);
   std::lock_guard lock(impl_->status_mutex);
   return impl_->failure;
 }
 
 // ---- collectives: checks on the caller's thread, then run now or queue (async) ----
 
-Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
-  const char* call = "allreduce";
+Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
+                                   detail::CallKind kind) {
+  const char* call = kind == detail::CallKind::Barrier ? "barrier" : "allreduce";
   check_usable(call);
   check_type(call, type);
   check_op(call, op);
@@ -1319,9 +1654,9 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
   check_pointer(call, "sendbuff", send, bytes);
   check_pointer(call, "recvbuff", recv, bytes);
   check_overlap(call, send, bytes, recv, bytes, recv);
-  return issue(async, call, [this, call, send, recv, count, bytes, type, op] {
+  return issue(async, call, [this, call, send, recv, count, bytes, type, op, kind] {
     const Reducer reducer = host_reducer(type, op);
-    begin_collective(call);
+    begin_collective(call, fingerprint(kind, count, type, static_cast<int>(op)));
     const TunerModel& model = tuner_model;
     Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
     // One-shot sends the input to every peer before any result lands, so in place it works on a
@@ -1390,7 +1725,7 @@ Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv
   const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * recv_bytes : nullptr;
   check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
   return issue(async, call, [=, this] {
-    begin_collective(call);
+    begin_collective(call, fingerprint(detail::CallKind::ReduceScatter, recvcount, type, static_cast<int>(op)));
     detail::RingCall c{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0};
     c.blocks = ring.data();  // block = rank, whatever the ring's order
     run_ring_call(call, c, host_reducer(type, op));
@@ -1408,7 +1743,7 @@ Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std
   const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * send_bytes : nullptr;
   check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
   return issue(async, call, [=, this] {
-    begin_collective(call);
+    begin_collective(call, fingerprint(detail::CallKind::Allgather, sendcount, type));
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
     detail::RingCall c{detail::RingCollective::Allgather, send, recv, send_bytes, 0};
     c.blocks = ring.data();  // block = rank, whatever the ring's order
@@ -1426,7 +1761,7 @@ Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std
   check_pointer(call, "recvbuff", recv, bytes);
   if (rank == root) check_overlap(call, send, bytes, recv, bytes, recv);
   return issue(async, call, [=, this] {
-    begin_collective(call);
+    begin_collective(call, fingerprint(detail::CallKind::Broadcast, count, type, -1, root));
     run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, position_of(root)},
                   host_reducer(DataType::Uint8, ReduceOp::Sum), true);
   });
@@ -1445,7 +1780,7 @@ Work Communicator::Impl::reduce(bool async, const void* send, void* recv, std::s
     check_overlap(call, send, bytes, recv, bytes, recv);
   }
   return issue(async, call, [=, this] {
-    begin_collective(call);
+    begin_collective(call, fingerprint(detail::CallKind::Reduce, count, type, static_cast<int>(op), root));
     run_ring_call(call, detail::RingCall{detail::RingCollective::Reduce, send, recv, count, position_of(root)},
                   host_reducer(type, op));
   });
@@ -1461,7 +1796,7 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
   check_pointer(call, "recvbuff", recv, bytes);
   check_overlap(call, send, bytes, recv, bytes, nullptr);
   return issue(async, call, [=, this] {
-    begin_collective(call);
+    begin_collective(call, fingerprint(detail::CallKind::Alltoall, count, type));
     if (block == 0) return;
     // A group of sends and receives: every pair exchanges its blocks side by side. The op list
     // is this call's own (group_ops belongs to the user's thread).
@@ -1520,63 +1855,64 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
 }
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
-  impl_->allreduce(false, send, recv, count, type, op);
+  live(__func__)->allreduce(false, send, recv, count, type, op);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
-  impl_->reduce_scatter(false, send, recv, recvcount, type, op);
+  live(__func__)->reduce_scatter(false, send, recv, recvcount, type, op);
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type) {
-  impl_->allgather(false, send, recv, sendcount, type);
+  live(__func__)->allgather(false, send, recv, sendcount, type);
 }
 void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root) {
-  impl_->broadcast(false, send, recv, count, type, root);
+  live(__func__)->broadcast(false, send, recv, count, type, root);
 }
 void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
-  impl_->reduce(false, send, recv, count, type, op, root);
+  live(__func__)->reduce(false, send, recv, count, type, op, root);
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
-  impl_->alltoall(false, send, recv, count, type);
+  live(__func__)->alltoall(false, send, recv, count, type);
 }
 Work Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
-  return impl_->allreduce(true, send, recv, count, type, op);
+  return live(__func__)->allreduce(true, send, recv, count, type, op);
 }
 Work Communicator::reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
-  return impl_->reduce_scatter(true, send, recv, recvcount, type, op);
+  return live(__func__)->reduce_scatter(true, send, recv, recvcount, type, op);
 }
 Work Communicator::allgather_async(const void* send, void* recv, std::size_t sendcount, DataType type) {
-  return impl_->allgather(true, send, recv, sendcount, type);
+  return live(__func__)->allgather(true, send, recv, sendcount, type);
 }
 Work Communicator::broadcast_async(const void* send, void* recv, std::size_t count, DataType type, int root) {
-  return impl_->broadcast(true, send, recv, count, type, root);
+  return live(__func__)->broadcast(true, send, recv, count, type, root);
 }
 Work Communicator::reduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
-  return impl_->reduce(true, send, recv, count, type, op, root);
+  return live(__func__)->reduce(true, send, recv, count, type, op, root);
 }
 Work Communicator::alltoall_async(const void* send, void* recv, std::size_t count, DataType type) {
-  return impl_->alltoall(true, send, recv, count, type);
+  return live(__func__)->alltoall(true, send, recv, count, type);
 }
 Work Communicator::barrier_async() {
   // A one-element allreduce (see barrier()) on a token the communicator owns: queued barriers
   // run one after another on it, and it outlives them all.
-  return impl_->allreduce(true, &impl_->barrier_token, &impl_->barrier_token, 1, DataType::Uint8, ReduceOp::Max);
+  return live(__func__)->allreduce(true, &live(__func__)->barrier_token, &live(__func__)->barrier_token, 1, DataType::Uint8, ReduceOp::Max,
+                          detail::CallKind::Barrier);
 }
-void Communicator::synchronize() { impl_->drain(); }
+void Communicator::synchronize() { live(__func__)->drain(); }
 
 void Communicator::send(const void* buf, std::size_t count, DataType type, int peer) {
-  impl_->queue_p2p("send", true, buf, count, type, peer);
+  live(__func__)->queue_p2p("send", true, buf, count, type, peer);
 }
 
 void Communicator::recv(void* buf, std::size_t count, DataType type, int peer) {
-  impl_->queue_p2p("recv", false, buf, count, type, peer);
+  live(__func__)->queue_p2p("recv", false, buf, count, type, peer);
 }
 
 void Communicator::group_start() {
-  impl_->check_usable("group_start");
-  ++impl_->group_depth;
+  live(__func__)->check_usable("group_start");
+  ++live(__func__)->group_depth;
 }
 
 void Communicator::group_end() {
-  Impl& m = *impl_;
+  Impl& m = *live(__func__);
   RINGFENCE_EXPECTS(m.group_depth > 0, "rank {}: group_end: no matching group_start()", m.rank);
   if (--m.group_depth > 0) return;
   m.check_usable("group_end");
@@ -1587,30 +1923,36 @@ void Communicator::barrier() {
   std::uint8_t token = 0;
   // A one-element allreduce: every rank's result depends on every rank's input, so nobody
   // leaves before everybody arrived.
-  allreduce(&token, &token, 1, DataType::Uint8, ReduceOp::Max);
+  live(__func__)->allreduce(false, &token, &token, 1, DataType::Uint8, ReduceOp::Max, detail::CallKind::Barrier);
 }
 
 void* Communicator::alloc(std::size_t bytes, MemoryKind kind) {
-  RINGFENCE_EXPECTS(kind == MemoryKind::Host, "rank {}: alloc: {} memory is not supported by this build", impl_->rank, to_string(kind));
-  RINGFENCE_EXPECTS(bytes > 0, "rank {}: alloc: bytes must be positive", impl_->rank);
-  void* p = impl_->allocate(bytes);
-  impl_->user_allocs.emplace_back(reinterpret_cast<std::uintptr_t>(p), bytes);
+  RINGFENCE_EXPECTS(kind == MemoryKind::Host, "rank {}: alloc: {} memory is not supported by this build", live(__func__)->rank, to_string(kind));
+  RINGFENCE_EXPECTS(bytes > 0, "rank {}: alloc: bytes must be positive", live(__func__)->rank);
+  void* p = live(__func__)->allocate(bytes);
+  live(__func__)->user_allocs.emplace_back(reinterpret_cast<std::uintptr_t>(p), bytes);
   return p;
 }
 
 void Communicator::free(void* ptr) {
   if (!ptr) return;
-  auto& a = impl_->allocations;
+  Impl& m = *live(__func__);
+  // Only what alloc() returned to the user (not internal memory, not another communicator's).
+  const auto user = std::find_if(m.user_allocs.begin(), m.user_allocs.end(),
+                                 [&](auto& r) { return r.first == reinterpret_cast<std::uintptr_t>(ptr); });
+  auto& a = m.allocations;
   const auto it = std::find_if(a.begin(), a.end(), [&](auto& e) { return e.first == ptr; });
-  RINGFENCE_EXPECTS(it != a.end() && ptr != impl_->flags_mem && ptr != impl_->inbox_mem && ptr != impl_->scratch_mem,
-                    "rank {}: free: pointer {} was not returned by alloc()", impl_->rank, ptr);
-  impl_->local_regs.clear();  // cached keys may describe the memory being freed
-  std::erase_if(impl_->user_allocs, [&](auto& r) { return r.first == reinterpret_cast<std::uintptr_t>(ptr); });
+  RINGFENCE_EXPECTS(user != m.user_allocs.end() && it != a.end(),
+                    "rank {}: free: pointer {} was not returned by this communicator's alloc() (freed twice, or another "
+                    "communicator's?)",
+                    m.rank, ptr);
+  m.local_regs.clear();  // cached keys may describe the memory being freed
+  m.user_allocs.erase(user);
   Impl::release(it->first, it->second);
   a.erase(it);
 }
 
-std::vector<LinkInfo> Communicator::links() const { return links_of(*impl_); }
+std::vector<LinkInfo> Communicator::links() const { return links_of(*live(__func__)); }
 
 std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
   std::vector<LinkInfo> out;
@@ -1642,13 +1984,13 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
   return out;
 }
 
-std::vector<int> Communicator::ring() const { return impl_->ring.empty() ? std::vector<int>{0} : impl_->ring; }
-std::vector<LinkId> Communicator::fenced_links() const { return impl_->fenced; }
-std::vector<Relay> Communicator::relays() const { return impl_->relays; }
-std::uint64_t Communicator::epoch() const noexcept { return impl_->epoch; }
-std::uint64_t Communicator::digest_mismatches() const noexcept { return impl_->digest_mismatch_count; }
+std::vector<int> Communicator::ring() const { return live(__func__)->ring.empty() ? std::vector<int>{0} : live(__func__)->ring; }
+std::vector<LinkId> Communicator::fenced_links() const { return live(__func__)->fenced; }
+std::vector<Relay> Communicator::relays() const { return live(__func__)->relays; }
+std::uint64_t Communicator::epoch() const noexcept { return impl_ ? impl_->epoch : 0; }
+std::uint64_t Communicator::digest_mismatches() const noexcept { return impl_ ? impl_->digest_mismatch_count : 0; }
 
-HealthSnapshot Communicator::health() const { return snapshot_of(*impl_); }
+HealthSnapshot Communicator::health() const { return snapshot_of(*live(__func__)); }
 
 HealthSnapshot snapshot_of(const Communicator::Impl& m) {
   HealthSnapshot h;
@@ -1663,7 +2005,7 @@ HealthSnapshot snapshot_of(const Communicator::Impl& m) {
   return h;
 }
 
-void Communicator::on_health_event(EventCallback callback) { impl_->event_callback = std::move(callback); }
+void Communicator::on_health_event(EventCallback callback) { live(__func__)->event_callback = std::move(callback); }
 
 std::string HealthSnapshot::table() const {
   const std::string fences = to_string(fenced), via = to_string(relays);

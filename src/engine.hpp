@@ -30,6 +30,28 @@ struct ChunkTrailer {
   std::uint64_t message = 0;  ///< message number on the link
 };
 
+/// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
+inline constexpr std::size_t kCallSlots = 4;
+
+/// Collectives as named in fingerprints and mismatch errors.
+enum class CallKind : std::uint8_t { Allreduce = 1, ReduceScatter, Allgather, Broadcast, Reduce, Alltoall, Barrier };
+
+/// What every rank must agree on before a collective moves data (design §6): its number and
+/// arguments. 32 bytes, written to the ring neighbour with a CRC32C so a damaged or lost one is
+/// told apart from a real disagreement.
+struct CallFingerprint {
+  std::uint64_t sequence = 0;  ///< collective number on the communicator (1, 2, ...)
+  std::uint64_t count = 0;     ///< the call's count argument
+  std::uint8_t collective = 0; ///< `CallKind`
+  std::uint8_t type = 0;       ///< DataType (0 for calls that move bytes only)
+  std::uint8_t op = 0;         ///< ReduceOp (0 for calls that do not reduce)
+  std::uint8_t reserved = 0;
+  std::int32_t root = -1;      ///< root rank, -1 for calls without one
+  std::uint32_t crc = 0;       ///< CRC32C of the 24 bytes before it
+  std::uint32_t reserved2 = 0;
+};
+static_assert(sizeof(CallFingerprint) == 32);
+
 /// Local signal words of one rank, indexed by peer rank p:
 /// - `data[p]`: p wrote chunk m into our inbox (value m + 1);
 /// - `credit[p]`: p consumed (and verified) chunk m we wrote into its inbox (value m + 1);
@@ -39,8 +61,13 @@ struct ChunkTrailer {
 /// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count);
 /// - `p2p_mail[p]`: p wrote the key of a receive buffer into `p2p_mailbox(p)` (value = how many
 ///   keys p published to us so far): the destination of our next direct point-to-point send.
+/// - `call[p]`: p wrote the fingerprint of its collective number c into `call_area(p, c)`
+///   (value c, low 32 bits);
+/// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again;
 /// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
-///   (reporting rank + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody).
+///   (reporting rank + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody). A
+///   reporting rank equal to this rank means a local abort (`abort()`, the heartbeat, a
+///   sibling lane).
 /// All values are monotone for the communicator's lifetime: nothing is ever reset.
 struct FlagBlock {
   SignalFlag* data = nullptr;
@@ -50,16 +77,21 @@ struct FlagBlock {
   SignalFlag* retry = nullptr;
   SignalFlag* p2p_mail = nullptr;
   SignalFlag* nack_msg = nullptr;
+  SignalFlag* call = nullptr;
+  SignalFlag* call_ack = nullptr;
   SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
   std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
-  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kWords };
+  std::byte* calls = nullptr;          ///< [size] x kCallSlots x sizeof(CallFingerprint)
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kWords };
+  /// Bytes per peer: the words, two mailboxes and the fingerprint slots (a multiple of 64).
+  static constexpr std::size_t kPerPeer = kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * sizeof(CallFingerprint);
 
-  static std::size_t bytes(int size) noexcept {
-    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + 2 * kMailboxBytes) + sizeof(SignalFlag);
-  }
-  static std::size_t abort_offset(int size) noexcept {
-    return static_cast<std::size_t>(size) * (kWords * sizeof(SignalFlag) + 2 * kMailboxBytes);
+  static std::size_t bytes(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer + sizeof(SignalFlag); }
+  static std::size_t abort_offset(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer; }
+  /// Offset of fingerprint slot `slot` written by `rank`.
+  static std::size_t call_offset(int size, int rank, std::size_t slot) noexcept {
+    return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * sizeof(CallFingerprint);
   }
   /// Encodes an abort word.
   static std::uint32_t abort_value(ErrorCode code, int reporter, int blamed) noexcept {
@@ -90,6 +122,9 @@ struct FlagBlock {
     nack_msg = f + 6 * size;
     mailboxes = static_cast<std::byte*>(base) + mailbox_offset(size, 0);
     p2p_mailboxes = static_cast<std::byte*>(base) + p2p_mailbox_offset(size, 0);
+    call = f + kCall * size;
+    call_ack = f + kCallAck * size;
+    calls = static_cast<std::byte*>(base) + call_offset(size, 0, 0);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
 };
@@ -134,6 +169,7 @@ struct Channel {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
+  CallFingerprint call_fp[kCallSlots];  ///< our fingerprints written to this peer (outlive the writes)
   // Direct point-to-point: keys of our receive buffers published to this peer, and keys of the
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
@@ -258,6 +294,14 @@ struct P2PDirect {
 /// Runs one ring collective over `left`/`right` (see `run_ring_allreduce`).
 Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
+
+/// Call fingerprints: writes `mine` to every channel in `to[0..n_to)` (after each has read the
+/// one `kCallSlots` calls earlier), then waits for `from`'s fingerprint of the same call into
+/// `theirs` and acknowledges it. `intact` is false when it arrived damaged or stale (a lossy or
+/// corrupting link: evidence against the link, not a disagreement). Bounded by the timeout.
+Status exchange_fingerprints(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                             Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
+                             CallFingerprint& theirs, bool& intact, Failure& failure) noexcept;
 
 /// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
 /// ourselves). Never throws or allocates.

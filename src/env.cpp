@@ -108,7 +108,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
       "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
-      "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS"};
+      "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
+      "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -183,6 +184,10 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_TCP_CHUNK_BYTES")) o.tcp.chunk_bytes = parse_bytes(*v, "RINGFENCE_TCP_CHUNK_BYTES");
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
+  if (auto v = env.get("RINGFENCE_CHECK_CALLS")) o.check_calls = parse_bool("RINGFENCE_CHECK_CALLS", *v);
+  if (auto v = env.get("RINGFENCE_HEARTBEAT_MS"))
+    o.heartbeat_interval = *v == "off" ? std::chrono::milliseconds(0)
+                                       : std::chrono::milliseconds(parse_integer("RINGFENCE_HEARTBEAT_MS", *v, 0, 3600 * 1000));
   if (auto v = env.get("RINGFENCE_HEALTH_LOG")) o.health_log = *v;
   if (auto v = env.get("RINGFENCE_HEALTH_PROMETHEUS")) o.health_prometheus = *v;
   // The config file first: the single-setting variables below override it.

@@ -14,6 +14,7 @@ void throw_status(Status status, const std::string& message) {
     case ErrorCode::Timeout: throw TimeoutError(message);
     case ErrorCode::PeerUnreachable: throw PeerUnreachableError(message);
     case ErrorCode::Fenced: throw LinkFencedError(message, -1, -1);
+    case ErrorCode::Aborted: throw AbortedError(message);
     case ErrorCode::Transient:
     case ErrorCode::Fatal: break;
   }

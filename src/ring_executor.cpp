@@ -16,6 +16,7 @@
 // overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
 // call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 #include <ringfence/crc32c.hpp>
@@ -267,6 +268,36 @@ class RingRunner {
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
                                 ch->sent - 1));
       }
+    return Status::ok();
+  }
+
+  // See exchange_fingerprints() in engine.hpp.
+  Status exchange_fingerprints(Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
+                               CallFingerprint& theirs, bool& intact) noexcept {
+    const auto number = static_cast<std::uint32_t>(mine.sequence);
+    const std::size_t slot = mine.sequence % kCallSlots;
+    for (std::size_t i = 0; i < n_to; ++i) {
+      Channel& ch = *to[i];
+      // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
+      // must have been read before it is overwritten.
+      if (const std::uint64_t previous = ch.call_fp[slot].sequence; previous != 0)
+        RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], static_cast<std::uint32_t>(previous),
+                                "the reading of an earlier call fingerprint", 0));
+      ch.call_fp[slot] = mine;
+      Status s = ch.link->write(WriteOp{&ch.call_fp[slot], nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
+                                        sizeof(CallFingerprint), 0});
+      if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0});
+      if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
+      RINGFENCE_TRY(drain(ch, "sending the call fingerprint"));
+    }
+    RINGFENCE_TRY(wait_flag(*from, flags_.call[from->peer], number,
+                            "the call fingerprint of the same collective (did every rank make the same calls?)", 0));
+    std::memcpy(&theirs, flags_.calls + (static_cast<std::size_t>(from->peer) * kCallSlots + slot) * sizeof(CallFingerprint),
+                sizeof theirs);
+    const Status s = from->link->signal(SignalOp{&from->peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
+    if (!s.is_ok()) return fail(s, *from, "acknowledging the call fingerprint", 0);
+    RINGFENCE_TRY(drain(*from, "acknowledging the call fingerprint"));
+    intact = theirs.sequence == mine.sequence && theirs.crc == crc32c(&theirs, offsetof(CallFingerprint, crc));
     return Status::ok();
   }
 
@@ -718,6 +749,15 @@ Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* 
                           Failure& failure) noexcept {
   return run_ring(config, flags, left, right, RingCall{RingCollective::Allreduce, send, recv, count, 0}, reducer, direct, relays,
                   failure);
+}
+
+Status exchange_fingerprints(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                             Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
+                             CallFingerprint& theirs, bool& intact, Failure& failure) noexcept {
+  static constexpr Reducer kNoReduce{};
+  static constexpr DirectWrite kNoDirect{};
+  intact = false;
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).exchange_fingerprints(to, n_to, from, mine, theirs, intact);
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,

@@ -210,8 +210,22 @@ class Communicator {
   /// `links()` formatted as a table (like `nvidia-smi nvlink -e`).
   std::string link_table() const;
 
-  /// The first error that broke this communicator, or Ok. Never throws; thread-safe.
+  /// The first error that broke this communicator, or Ok. Never throws; thread-safe. With the
+  /// heartbeat on (`CommOptions::heartbeat_interval`) a peer that dies or stops is reported here
+  /// within about `CommOptions::timeout` even while no call runs.
   Status async_error() const noexcept;
+
+  /// Ends this rank's in-flight and queued work from any thread, like `ncclCommAbort`: a
+  /// running call returns within about 50 ms and it and every later call throw `AbortedError`;
+  /// `async_error()` reports `ErrorCode::Aborted`. With the heartbeat on, peers learn it within
+  /// one heartbeat interval and fail with `PeerUnreachableError` naming this rank. Destroying
+  /// the communicator afterwards does not wait for peers. Never throws.
+  void abort() noexcept;
+  /// Per-call deadline: collectives and transfers issued after this call wait at most `timeout`
+  /// for a peer instead of `CommOptions::timeout`, until set again (zero restores the default).
+  /// Queued asynchronous work keeps the value it was issued with. The heartbeat keeps
+  /// `CommOptions::timeout`. Throws `InvalidUsage` for a negative value.
+  void set_timeout(std::chrono::milliseconds timeout);
 
   /// Number of collectives issued so far (the call sequence number).
   std::uint64_t sequence() const noexcept;
@@ -237,6 +251,8 @@ class Communicator {
 
  private:
   explicit Communicator(std::unique_ptr<Impl> impl) noexcept;
+  // The state, or InvalidUsage naming `call` on a moved-from communicator.
+  Impl* live(const char* call) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -86,6 +86,13 @@ class LinkFencedError : public Error {
   int peer_;
 };
 
+/// `Communicator::abort()` was called on this rank: in-flight and later calls end with this.
+class AbortedError : public Error {
+ public:
+  /// `message` names the rank and the call that was ended.
+  explicit AbortedError(const std::string& message) : Error(ErrorCode::Aborted, message) {}
+};
+
 /// Throws the exception subclass matching `status.code()` with `message`. Does nothing for Ok.
 /// Used at the API boundary to turn data-path failures into exceptions.
 [[noreturn]] void throw_status(Status status, const std::string& message);

@@ -4,7 +4,9 @@
 /// `CommOptions{.timeout = std::chrono::seconds(10), .chunk_bytes = 1 << 20}`.
 /// `CommOptions::from_env` (src/env.cpp) is the only code that reads `RINGFENCE_*` variables.
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <ringfence/health/options.hpp>
@@ -160,6 +162,23 @@ struct CommOptions {
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;
+  /// Call fingerprints (docs/failure-semantics.md): before a collective moves data, each rank
+  /// checks that its ring neighbour makes the same call (number, collective, datatype, op,
+  /// count, root); a mismatch is `InvalidUsage` naming both ranks instead of a hang or garbage.
+  /// Costs one neighbour exchange per collective. Must match on every rank.
+  /// Env: RINGFENCE_CHECK_CALLS=on|off.
+  bool check_calls = true;
+  /// Liveness heartbeat: a background thread per communicator signals every peer over links of
+  /// its own every `heartbeat_interval` and watches theirs, so a peer that dies, stops (SIGSTOP)
+  /// or closes its communicator fails this communicator within about `timeout` even between
+  /// collectives (`async_error()`, the next call throws at once). 0 ms = off; the default is
+  /// min(1 s, max(10 ms, timeout / 10)). Env: RINGFENCE_HEARTBEAT_MS=<ms>|off.
+  std::optional<std::chrono::milliseconds> heartbeat_interval;
+  /// The interval in effect: `heartbeat_interval` or the default for `timeout` (0 = off).
+  std::chrono::milliseconds effective_heartbeat() const noexcept {
+    if (heartbeat_interval) return *heartbeat_interval;
+    return std::clamp<std::chrono::milliseconds>(timeout / 10, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+  }
 
   /// Returns `base` with every `RINGFENCE_*` variable of `env` applied. Unknown `RINGFENCE_*`
   /// names are logged as warnings by the caller (see `unknown_variables`). A malformed value

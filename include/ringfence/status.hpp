@@ -22,6 +22,7 @@ enum class ErrorCode : std::uint8_t {
   Timeout,          ///< a deadline passed while waiting for a peer
   PeerUnreachable,  ///< the peer is gone (process exited, connection closed)
   Fenced,           ///< the link was fenced; pending work was cancelled
+  Aborted,          ///< `Communicator::abort()` ended the work on this rank
   Fatal,            ///< unrecoverable internal failure
 };
 
@@ -39,6 +40,7 @@ constexpr std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::Timeout: return "timeout";
     case ErrorCode::PeerUnreachable: return "peer-unreachable";
     case ErrorCode::Fenced: return "fenced";
+    case ErrorCode::Aborted: return "aborted";
     case ErrorCode::Fatal: return "fatal";
   }
   return "unknown";

@@ -113,21 +113,23 @@ int main(int argc, char** argv) {
       MPI_Comm_free(&half);
     }
 
-    // 3. Rounds of one setup: peer, addr, regions and the setup barrier (one lane) ...
+    // 3. Rounds of one setup: peer, addr, regions and the setup barrier (one lane, no
+    //    heartbeat) ...
     {
       CommOptions options = CommOptions::from_env();
       options.channels = 1;
+      options.heartbeat_interval = std::chrono::milliseconds(0);
       auto store = std::make_shared<MpiStore>(MPI_COMM_WORLD, options.timeout);
       Communicator comm(store, world_rank, world_size, builtin_transports(), options);
       check(store->rounds() == (world_size > 1 ? 4u : 0u), "setup takes 4 exchange rounds (got " + std::to_string(store->rounds()) + ")");
       check_allgather(comm, "store-built");
     }
-    {  // ... and 2 more per extra lane (addr and regions of lane 1).
+    {  // ... and 2 more per extra lane (addr and regions of lane 1) and for the heartbeat's links.
       CommOptions options = CommOptions::from_env();
       options.channels = 2;
       auto store = std::make_shared<MpiStore>(MPI_COMM_WORLD, options.timeout);
       Communicator comm(store, world_rank, world_size, builtin_transports(), options);
-      check(store->rounds() == (world_size > 1 ? 6u : 0u), "setup with 2 lanes takes 6 rounds (got " + std::to_string(store->rounds()) + ")");
+      check(store->rounds() == (world_size > 1 ? 8u : 0u), "setup with 2 lanes and the heartbeat takes 8 rounds (got " + std::to_string(store->rounds()) + ")");
       check_allgather(comm, "store-built, 2 lanes");
     }
 
