@@ -38,7 +38,8 @@ FaultRule parse_rule(std::string_view rule) {
   else if (kind == "delay") r.kind = FaultKind::Delay;
   else if (kind == "stall") r.kind = FaultKind::Stall;
   else if (kind == "throttle") r.kind = FaultKind::Throttle;
-  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall, throttle)", rule, kind));
+  else if (kind == "close") r.kind = FaultKind::Close;
+  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall, throttle, close)", rule, kind));
   std::string_view fields = colon == std::string_view::npos ? std::string_view{} : rule.substr(colon + 1);
   while (!fields.empty()) {
     const auto comma = fields.find(',');
@@ -70,6 +71,8 @@ FaultRule parse_rule(std::string_view rule) {
     } else if (key == "for_ms") {
       r.for_ms = std::chrono::milliseconds(parse_number<std::uint32_t>(rule, key, value));
       if (r.for_ms.count() == 0) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': for_ms={} must be positive", rule, value));
+    } else if (key == "at_ms") {
+      r.at_ms = std::chrono::milliseconds(parse_number<std::uint32_t>(rule, key, value));
     } else if (key == "until") {
       r.until = parse_number<std::uint64_t>(rule, key, value);
       if (r.until == 0) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': until={} must be positive", rule, value));
@@ -106,7 +109,7 @@ struct Rng {
 class FaultLink final : public Link {
  public:
   FaultLink(std::unique_ptr<Link> inner, std::vector<FaultRule> rules, int self)
-      : inner_(std::move(inner)), rules_(std::move(rules)), started_(rules_.size()) {
+      : inner_(std::move(inner)), peer_(inner_->peer()), rules_(std::move(rules)), started_(rules_.size()) {
     std::uint64_t seed = 0;
     for (const auto& r : rules_) seed = seed * 31 + r.seed;
     const int lo = std::min(self, inner_->peer()), hi = std::max(self, inner_->peer());
@@ -117,9 +120,14 @@ class FaultLink final : public Link {
   }
 
   Status write(const WriteOp& op) noexcept override {
+    if (closed_) return Status(ErrorCode::PeerUnreachable);
     ++ops_;
     for (const auto& r : rules_) {
       if (!applies(r)) continue;
+      if (r.kind == FaultKind::Close && ops_ == r.after + 1) {
+        close_inner();
+        return Status(ErrorCode::PeerUnreachable);
+      }
       if (r.kind == FaultKind::Delay && r.delay.count() > 0) std::this_thread::sleep_for(r.delay);
       if (r.kind == FaultKind::Stall && ops_ == r.after + 1) std::this_thread::sleep_for(r.stall);
       if (r.kind == FaultKind::Throttle && r.mbps > 0.0)
@@ -149,10 +157,14 @@ class FaultLink final : public Link {
     next_flip_ = next_flip_ < op.bytes ? draw_gap() : next_flip_ - op.bytes;
     return Status::ok();
   }
-  Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
+  Status signal(const SignalOp& op) noexcept override {
+    if (closed_) return Status(ErrorCode::PeerUnreachable);
+    return inner_->signal(op);
+  }
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
     n = 0;
     while (n < out.size() && lost_tail_ != lost_head_) out[n++] = Completion{lost_[lost_tail_++ % kLostRing], Status::ok()};
+    if (closed_) return Status::ok();
     for (;;) {
       std::size_t got = 0;
       const std::size_t base = n;
@@ -166,14 +178,19 @@ class FaultLink final : public Link {
     }
   }
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+    if (closed_) return Status(ErrorCode::PeerUnreachable);
     return inner_->wait(flag, target, max);
   }
-  void fence(FenceReason why) noexcept override { inner_->fence(why); }
-  bool can_reopen() const noexcept override { return inner_->can_reopen(); }
-  void reopen() noexcept override { inner_->reopen(); }
-  LinkState state() const noexcept override { return inner_->state(); }
-  int peer() const noexcept override { return inner_->peer(); }
-  const LinkStats& stats() const noexcept override { return inner_->stats(); }
+  void fence(FenceReason why) noexcept override {
+    if (!closed_) inner_->fence(why);
+  }
+  bool can_reopen() const noexcept override { return !closed_ && inner_->can_reopen(); }
+  void reopen() noexcept override {
+    if (!closed_) inner_->reopen();
+  }
+  LinkState state() const noexcept override { return closed_ ? LinkState::Closed : inner_->state(); }
+  int peer() const noexcept override { return peer_; }
+  const LinkStats& stats() const noexcept override { return closed_ ? closed_stats_ : inner_->stats(); }
 
  private:
   static constexpr std::size_t kCorruptRing = 256;
@@ -184,6 +201,7 @@ class FaultLink final : public Link {
   // writes, up to write `until`, and within `for_ms` of the first write it acted on.
   bool applies(const FaultRule& r) noexcept {
     if (ops_ <= r.after || (r.until != 0 && ops_ > r.until)) return false;
+    if (r.at_ms.count() > 0 && std::chrono::steady_clock::now() - created_ < r.at_ms) return false;
     if (r.for_ms.count() == 0) return true;
     const auto now = std::chrono::steady_clock::now();
     auto& start = started_[static_cast<std::size_t>(&r - rules_.data())];
@@ -202,8 +220,29 @@ class FaultLink final : public Link {
     return std::floor(std::log(rng_.uniform()) / std::log1p(-flip_rate_));
   }
 
+  // `close`: the connection goes away (the inner link is destroyed: sockets closed, as when a
+  // cable is pulled or a process closes its end); from now on every operation fails with
+  // PeerUnreachable. Its counters are kept for observers.
+  void close_inner() noexcept {
+    const LinkStats& in = inner_->stats();
+    auto copy = [](std::atomic<std::uint64_t>& to, const std::atomic<std::uint64_t>& from) { to.store(from.load()); };
+    copy(closed_stats_.bytes_written, in.bytes_written);
+    copy(closed_stats_.writes, in.writes);
+    copy(closed_stats_.signals, in.signals);
+    copy(closed_stats_.errors, in.errors);
+    copy(closed_stats_.retries, in.retries);
+    copy(closed_stats_.wait_ns, in.wait_ns);
+    copy(closed_stats_.timeouts, in.timeouts);
+    closed_ = true;
+    inner_.reset();
+  }
+
   std::unique_ptr<Link> inner_;
+  int peer_ = -1;
+  bool closed_ = false;
+  LinkStats closed_stats_;
   std::vector<FaultRule> rules_;
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();  // at_ms counts from here
   std::vector<std::chrono::steady_clock::time_point> started_;  // per rule: first write it acted on (for_ms)
   Rng rng_{};
   double flip_rate_ = 0.0;

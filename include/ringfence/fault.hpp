@@ -5,8 +5,9 @@
 /// health tests and the demos. Grammar (rules separated by `;`, fields by `,`):
 ///
 ///     rule  := kind ':' field (',' field)*
-///     kind  := flip | drop | delay | stall | throttle
-///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | for_ms=<milliseconds> | us=<microseconds>
+///     kind  := flip | drop | delay | stall | throttle | close
+///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | for_ms=<milliseconds> | at_ms=<milliseconds>
+///            | us=<microseconds>
 ///            | ms=<milliseconds> | seed=<n>
 ///            | mbps=<megabytes per second>
 ///
@@ -19,10 +20,15 @@
 /// - `stall:after=1000,ms=5000,link=2-3` sleeps 5 s in the 1001st write (a hung peer).
 /// - `throttle:mbps=100,link=1-2` makes each write take at least bytes / 100 MB/s (a link that
 ///   trained down or is congested).
+/// - `close:after=20,link=0-1` closes the connection at the 21st write (each end at its own
+///   21st write): the link's sockets or mappings go away as when a process closes its end or a
+///   cable is pulled; that write and every later operation fail with PeerUnreachable.
 /// `after=N` (all kinds) leaves the first N writes untouched; `until=M` (M > N) leaves every write
 /// after the M-th untouched: the rule acts on writes N+1..M of the link (a fault that heals). Write
 /// numbers count per link end (this rank's writes to that peer). `for_ms=T` ends the rule T ms
-/// after the first write it acted on (a burst in time). Example:
+/// after the first write it acted on (a burst in time). `at_ms=T` leaves untouched every write made
+/// less than T ms after the link was connected (a fault that arises later, e.g. while the ranks
+/// are idle between collectives). Example:
 /// `RINGFENCE_FAULT="flip:rate=1e-5,link=0-1,seed=7;delay:us=50,link=2-3"`.
 
 #include <chrono>
@@ -35,7 +41,7 @@
 namespace ringfence {
 
 /// What a rule does.
-enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall, Throttle };
+enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall, Throttle, Close };
 
 /// One parsed rule.
 struct FaultRule {
@@ -46,6 +52,7 @@ struct FaultRule {
   std::uint64_t after = 0;     ///< writes left untouched first
   std::uint64_t until = 0;     ///< last write the rule acts on (0 = no end)
   std::chrono::milliseconds for_ms{0};  ///< the rule stops this long after it first acted (0 = no end)
+  std::chrono::milliseconds at_ms{0};   ///< the rule acts only on writes this long after the link connected
   std::chrono::microseconds delay{0};     ///< delay: per write
   std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
   std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)
