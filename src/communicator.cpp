@@ -172,6 +172,7 @@ struct Communicator::Impl : LaneState {
   static constexpr double kInterHostAlphaUs = 25.0;
   static constexpr double kInterHostGbps = 1.25;
   std::vector<LinkId> fenced;   // agreed fenced links
+  std::vector<LinkId> unroutable;  // links that must be fenced but no plan avoids: in use, checksummed
   std::vector<Relay> relays;    // fenced ring hops carried through a third rank
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
@@ -523,6 +524,13 @@ struct Communicator::Impl : LaneState {
       std::vector<char> watched(static_cast<std::size_t>(size), 1);
       std::uint32_t beat = 0;
       bool abort_sent = false, abort_seen = false;
+      auto left_cleanly = [&](const detail::Channel& ch) {
+        const auto p = static_cast<std::size_t>(ch.peer);
+        watched[p] = 0;
+        peer_left[p].store(true, std::memory_order_release);
+        peers_left.fetch_add(1, std::memory_order_acq_rel);
+        log.info("rank {} closed its communicator", ch.peer);
+      };
       std::unique_lock lock(beat_mutex);
       for (;;) {
         const bool stop = beat_stop;
@@ -554,10 +562,7 @@ struct Communicator::Impl : LaneState {
           if (in.credit[p].value.load(std::memory_order_acquire) != 0) {
             // A clean goodbye: not a failure (point-to-point between the others goes on), but
             // collectives need every rank (begin_collective refuses them from now on).
-            watched[p] = 0;
-            peer_left[p].store(true, std::memory_order_release);
-            peers_left.fetch_add(1, std::memory_order_acq_rel);
-            log.info("rank {} closed its communicator", ch.peer);
+            left_cleanly(ch);
             continue;
           }
           const auto now = std::chrono::steady_clock::now();
@@ -568,6 +573,15 @@ struct Communicator::Impl : LaneState {
             beat_seen_ns[p].store(now_ns(), std::memory_order_relaxed);
           }
           if (s.is_ok()) s = ch.link->wait(in.data[p], v + 1, std::chrono::nanoseconds(0));
+          // A peer that closes cleanly says goodbye first, but a transport with several sockets
+          // per link may see one socket's end before the goodbye read from another: give it a
+          // moment before calling the peer gone.
+          for (int i = 0; s.is_error() && i < 20 && in.credit[p].value.load(std::memory_order_acquire) == 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (s.is_error() && in.credit[p].value.load(std::memory_order_acquire) != 0) {
+            left_cleanly(ch);
+            continue;
+          }
           if (s.is_error()) {
             watched[p] = 0;
             peer_lost(ch.peer, ErrorCode::PeerUnreachable,
@@ -1172,7 +1186,8 @@ struct Communicator::Impl : LaneState {
       for (int b = a + 1; b < size; ++b) {
         const std::uint8_t v = votes[static_cast<std::size_t>(a * size + b)];
         const LinkId l{a, b};
-        if (v == kFence && !is_fenced_link(l)) added.push_back(l);
+        const bool known_unroutable = std::find(unroutable.begin(), unroutable.end(), l) != unroutable.end();
+        if (v == kFence && !is_fenced_link(l) && !known_unroutable) added.push_back(l);
         if (v == kReadmit && is_fenced_link(l)) readmitted.push_back(l);
       }
     if (added.empty() && readmitted.empty()) return Status::ok();
@@ -1189,20 +1204,28 @@ struct Communicator::Impl : LaneState {
     const std::vector<int> base = readmitted.empty() ? ring : home_ring;
     auto next = plan_for(base, all, size);
     if (!next) {
+      // No route around: the links stay in use, degraded, with end-to-end checksums on every
+      // rank from this collective (switched on together: every rank decides from the same
+      // votes), so every chunk is verified and re-sent when damaged and results stay exact.
+      // Failing the job instead would stop training on a link that still delivers.
+      unroutable.insert(unroutable.end(), added.begin(), added.end());
+      const bool was_checked = engine.checksum;
+      for_each_lane([](LaneState& L) { L.engine.checksum = true; });
       const std::string message = fmt::format(
-          "rank {}: links {} must be fenced (agreed by all ranks) and neither a relay nor a ring of {} ranks avoids "
-          "the fenced links {}; shrink the communicator or replace the hardware",
-          rank, to_string(added), size, to_string(all));
-      {
-        std::lock_guard lock(status_mutex);
-        failure_message = message;
-        this->failure = Status(ErrorCode::Fenced);
-        failed.store(true, std::memory_order_release);
-      }
-      log.error("{}", message);
+          "links {} must be fenced (agreed by all ranks) but neither a relay nor a ring of {} ranks avoids {}: they stay in use, "
+          "degraded, with end-to-end checksums{} (every chunk verified, re-sent when damaged); shrink the communicator or "
+          "replace the hardware",
+          to_string(added), size, to_string(all), was_checked ? "" : " switched on");
+      log.error("collective #{}: {}", seq, message);
       for (const auto& l : added) emit(HealthEvent{EventKind::NoPlan, rank, l.a, l.b, 0, 0, 0, message, 0});
-      const LinkId first = added.empty() ? all.front() : added.front();
-      throw LinkFencedError(message, rank, first.a == rank ? first.b : first.a);
+      if (readmitted.empty()) return Status::ok();
+      // Readmissions still apply (the plan without the unroutable links changes nothing else).
+      all.clear();
+      for (const LinkId& l : fenced)
+        if (std::find(readmitted.begin(), readmitted.end(), l) == readmitted.end()) all.push_back(l);
+      next = plan_for(home_ring, all, size);
+      if (!next) return Status::ok();
+      added.clear();
     }
     install_plan(std::move(*next), std::move(all), added, readmitted);
     if (monitor) {  // a fenced link serves a cool-down before it may come back

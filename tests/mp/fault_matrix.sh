@@ -56,7 +56,7 @@ for fault in $faults; do
                   awk '{c=$1; $1=""; sub(/^ /,""); printf "%s%dx %s", (NR>1?", ":""), c, $0}')
         # The slowest rank to end in an error (exact outcomes have no bound: they finished).
         slowest=$(grep "cell rank [0-9]*: " "$out" | grep -v ": exact after" | grep -o "after [0-9]* ms" |
-                  awk '{if ($2>m) m=$2} END {if (NR) print m " ms"; else print "-"}')
+                  awk 'BEGIN {m=0} {if ($2>m) m=$2} END {if (NR) print m " ms"; else print "-"}')
         expected=$n
         case "$fault" in kill|stop) expected=$((n - 1)) ;; esac
         verdict=PASS

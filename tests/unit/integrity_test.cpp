@@ -523,7 +523,8 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
   }
 }
 
-TEST_CASE("with two ranks a fenced link leaves no plan: a clear error naming the link", "[integrity][health]") {
+TEST_CASE("with two ranks a link that must be fenced has no route around: it stays in use, checksummed, exact",
+          "[integrity][health]") {
   CommOptions o;
   o.chunk_bytes = 4096;
   o.timeout = std::chrono::seconds(20);
@@ -531,27 +532,85 @@ TEST_CASE("with two ranks a fenced link leaves no plan: a clear error naming the
   o.health_agree_every = 2;
   o.fault = "flip:rate=1e-4,link=0-1,seed=9";
   o.host_id = "noplan";
-  std::vector<std::string> errors(2);
-  std::atomic<std::size_t> wrong{0};
+  std::vector<std::string> no_plan(2);
+  std::atomic<std::size_t> wrong{0}, caught{0};
   const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
+    comm.on_health_event([&](const HealthEvent& e) {
+      if (e.kind == EventKind::NoPlan) no_plan[static_cast<std::size_t>(comm.rank())] = e.detail;
+    });
     std::vector<float> buf(20000);
-    try {
-      for (int it = 0; it < 20; ++it) {
-        test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 2, buf.data(), buf.size());
-        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-        wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 2, buf.data(), buf.size());
-      }
-    } catch (const LinkFencedError& e) {
-      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    for (int it = 0; it < 20; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 2, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 2, buf.data(), buf.size());
     }
+    T_CHECK(comm.fenced_links().empty());
+    for (const auto& l : comm.links()) caught += l.checksum_errors;
   });
   INFO(error);
-  REQUIRE(error.empty());  // nothing but LinkFencedError
+  REQUIRE(error.empty());
   REQUIRE(wrong == 0);
+  REQUIRE(caught > 0);  // the link really corrupted chunks after the decision
   for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
-    REQUIRE_THAT(errors[static_cast<std::size_t>(r)],
-                 Catch::Contains("links 0-1 must be fenced") && Catch::Contains("neither a relay nor a ring"));
+    INFO("rank " << r);
+    REQUIRE_THAT(no_plan[static_cast<std::size_t>(r)],
+                 Catch::Contains("links 0-1 must be fenced") && Catch::Contains("stay in use, degraded"));
+  }
+}
+
+TEST_CASE("without checksums, a counter storm on a link with no route around turns checksums on; results stay exact",
+          "[integrity][health][nvml]") {
+  // Two ranks, checksums off, link 0-1 mapped to a fake NVLink. The link storms between
+  // collectives #6 and #7; the agreement at #8 must fence it, finds no plan, and switches
+  // checksums on instead. From 4 s after connecting the link also flips bits: only the
+  // checksums keep the later results exact.
+  test::TempDir dir{"ringfence-noplan"};
+  dir.write("state", "count 1\nlinks 1\n");
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 2;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0}, caught{0};
+  std::vector<std::string> no_plan(n);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "0-1=nvml:0:0";
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3,at_ms=4000";
+  o.host_id = "noplan-nvml";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::NoPlan) no_plan[r] = e.detail;
+    });
+    std::vector<std::int32_t> buf(10000);
+    for (int it = 0; it < 24; ++it) {
+      if (it == 6) {
+        sync.arrive_and_wait();
+        if (r == 0) dir.write("state", "count 1\nlinks 1\nd0.l0.crc_flit 250000\nd0.l0.replay 7\n");
+        sync.arrive_and_wait();
+      }
+      if (it == 12) {  // the link starts flipping bits
+        sync.arrive_and_wait();
+        std::this_thread::sleep_until(start + std::chrono::milliseconds(4500));
+      }
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
+    }
+    T_CHECK(comm.fenced_links().empty());
+    for (const auto& l : comm.links()) caught += l.checksum_errors;
+  });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  REQUIRE(caught > 0);  // damaged chunks arrived and were caught
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE_THAT(no_plan[static_cast<std::size_t>(r)], Catch::Contains("checksums switched on"));
   }
 }
 
