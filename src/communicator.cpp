@@ -161,6 +161,7 @@ struct Communicator::Impl : LaneState {
   std::shared_ptr<TcpStoreServer> server;  // when this rank hosts the store (shared with shrunk communicators)
   TransportRegistry registry;              // what setup() used (shrink builds from it again)
   std::uint64_t shrinks = 0;               // shrink() calls so far (store namespace of the next)
+  std::uint64_t splits = 0;                // split() calls so far (store namespace of the next)
   PeerInfo self;
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<LaneState>> extra_lanes;  // lanes 1.. (RINGFENCE_CHANNELS > 1)
@@ -1606,6 +1607,37 @@ Communicator Communicator::shrink(const std::vector<int>& exclude, CommOptions o
       carried.push_back(LinkId::of(new_rank_of(l.a), new_rank_of(l.b)));
   if (!carried.empty()) next.impl_->install_fences(std::move(carried));
   m.log.warn("shrunk to {} ranks without rank(s) {}: this rank is now rank {}", new_size, fmt::join(gone, ","), next.rank());
+  return next;
+}
+
+std::optional<Communicator> Communicator::split(int color, int key) { return split(color, key, live(__func__)->options); }
+
+std::optional<Communicator> Communicator::split(int color, int key, CommOptions options) {
+  Impl& m = *live(__func__);
+  // Everyone's (color, key): one allgather, so every rank derives the same groups.
+  const std::int32_t mine[2] = {color < 0 ? -1 : color, key};
+  std::vector<std::int32_t> all(2 * static_cast<std::size_t>(m.size));
+  allgather(mine, all.data(), 2, DataType::Int32);
+  const std::uint64_t number = m.splits++;
+  if (color < 0) return std::nullopt;
+  std::vector<int> members;  // old ranks of our group, in new rank order
+  for (int r = 0; r < m.size; ++r)
+    if (all[2 * static_cast<std::size_t>(r)] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
+  });
+  const auto new_rank_of = [&](int r) {
+    return static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+  };
+  const std::string prefix = fmt::format("split/{}/{}/", number, color);
+  Communicator next(std::make_shared<PrefixStore>(m.store, prefix), new_rank_of(m.rank), static_cast<int>(members.size()),
+                    m.registry, std::move(options));
+  next.impl_->server = m.server;
+  std::vector<LinkId> carried;  // fences between two members stay
+  for (const LinkId& l : m.fenced)
+    if (new_rank_of(l.a) < static_cast<int>(members.size()) && new_rank_of(l.b) < static_cast<int>(members.size()))
+      carried.push_back(LinkId::of(new_rank_of(l.a), new_rank_of(l.b)));
+  if (!carried.empty()) next.impl_->install_fences(std::move(carried));
   return next;
 }
 

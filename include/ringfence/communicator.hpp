@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <ringfence/error.hpp>
 #include <ringfence/events.hpp>
 #include <ringfence/options.hpp>
@@ -180,6 +181,17 @@ class Communicator {
   Communicator shrink(const std::vector<int>& exclude);
   /// See `shrink(exclude)`; the new communicator uses `options`.
   Communicator shrink(const std::vector<int>& exclude, CommOptions options);
+
+  /// Splits the ranks like `ncclCommSplit` / `MPI_Comm_split`: ranks passing the same
+  /// non-negative `color` form a new communicator, ranked by `key` and then by their rank here.
+  /// Collective: every rank calls it (in the same order relative to other collectives); a rank
+  /// passing a negative color takes part and gets `std::nullopt`. Built through this
+  /// communicator's bootstrap store (which must still be reachable); links fenced here between
+  /// two members stay fenced. Same options unless given. Throws like a collective (the colors
+  /// travel in an allgather) and like the constructor.
+  std::optional<Communicator> split(int color, int key);
+  /// See `split(color, key)`; the new communicator uses `options`.
+  std::optional<Communicator> split(int color, int key, CommOptions options);
 
   /// Asynchronous variants: same arguments and checks as the blocking calls (argument errors
   /// throw at once); the collective runs on the progress thread in issue order.

@@ -2,6 +2,7 @@
 // op where one applies), in place and out of place, odd counts, every root; exact results;
 // nothing written outside the output; argument errors name the argument and the rank.
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <cstring>
 #include <ringfence/communicator.hpp>
@@ -470,6 +471,37 @@ TEST_CASE("shrink: survivors of a departed rank build a smaller communicator and
   REQUIRE(err.empty());
   REQUIRE(wrong == 0);
   REQUIRE(ok == 2);
+}
+
+TEST_CASE("split: colors form new communicators ranked by key; a negative color gets none", "[engine][split]") {
+  // 5 ranks: evens (0, 2, 4) with keys reversing their order, odds (1, 3), rank 4 opts out on a
+  // second split.
+  std::atomic<int> ok{0};
+  const std::string err = test::run_ranks(5, small_chunks(), [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::optional<Communicator> part = comm.split(r % 2, -r);
+    T_CHECK(part.has_value());
+    const int members = r % 2 == 0 ? 3 : 2;
+    T_CHECK(part->size() == members);
+    T_CHECK(part->rank() == (r % 2 == 0 ? (4 - r) / 2 : (3 - r) / 2));  // key -r: highest old rank first
+    int v = r;
+    part->allreduce(&v, &v, 1, DataType::Int32, ReduceOp::Sum);
+    T_CHECK(v == (r % 2 == 0 ? 0 + 2 + 4 : 1 + 3));
+    std::vector<int> order(static_cast<std::size_t>(members));
+    part->allgather(&r, order.data(), 1, DataType::Int32);
+    for (int i = 0; i < members; ++i) T_CHECK(order[static_cast<std::size_t>(i)] == (r % 2 == 0 ? 4 - 2 * i : 3 - 2 * i));
+    std::optional<Communicator> rest = comm.split(r == 4 ? -1 : 0, r);  // a second split: a new namespace
+    T_CHECK(rest.has_value() == (r != 4));
+    if (rest) {
+      int w = 1;
+      rest->allreduce(&w, &w, 1, DataType::Int32, ReduceOp::Sum);
+      T_CHECK(w == 4 && rest->rank() == r);
+    }
+    ++ok;
+  });
+  INFO(err);
+  REQUIRE(err.empty());
+  REQUIRE(ok == 5);
 }
 
 TEST_CASE("shrink: bad exclude lists are refused naming the rank", "[engine][shrink][validation]") {
