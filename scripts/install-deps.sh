@@ -11,6 +11,7 @@ packages=(
   iproute2 procps
   gnuplot-nox
   clang libclang-rt-14-dev
+  python3-torch
 )
 missing=()
 for p in "${packages[@]}"; do
