@@ -390,6 +390,7 @@ class TcpListen final : public ListenHandle {
   // A connection accepted whose hello has not fully arrived.
   struct Greeting {
     int fd = -1;
+    std::string from;  // the remote address, "ip:port", for log lines
     Hello hello;
     std::size_t got = 0;
     std::chrono::steady_clock::time_point since;
@@ -399,9 +400,13 @@ class TcpListen final : public ListenHandle {
   // garbage are closed and logged. Never blocks.
   void pump(int self, const Logger* log, std::uint64_t& refused) {
     for (;;) {
-      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_in sa{};
+      socklen_t len = sizeof sa;
+      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) break;
-      greeting_.push_back(Greeting{fd, {}, 0, std::chrono::steady_clock::now()});
+      char ip[INET_ADDRSTRLEN] = "?";
+      if (sa.sin_family == AF_INET) ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+      greeting_.push_back(Greeting{fd, fmt::format("{}:{}", ip, ntohs(sa.sin_port)), {}, 0, std::chrono::steady_clock::now()});
     }
     for (auto it = greeting_.begin(); it != greeting_.end();) {
       auto* raw = reinterpret_cast<std::byte*>(&it->hello);
@@ -418,13 +423,20 @@ class TcpListen final : public ListenHandle {
           accepted_.push_back(Accepted{it->fd, h.from_rank, h.socket, h.sockets});
         } else {
           ++refused;
-          if (log) log->warn("tcp: refused a connection to rank {} without the job's secret or with a bad hello", self);
+          if (log)
+            log->warn("tcp: refused a connection from {} to rank {}: {}", it->from, self,
+                      h.magic != kHelloMagic            ? "not a ringfence hello"
+                      : h.secret != address_.secret     ? "wrong secret (not from this job)"
+                      : h.to_rank != self               ? "addressed to another rank"
+                                                        : "bad hello (rank, socket count or frame layout)");
           ::close(it->fd);
         }
         it = greeting_.erase(it);
       } else if (closed || stale) {
         ++refused;
-        if (log) log->warn("tcp: refused a connection to rank {} that {} before its hello", self, closed ? "closed" : "stalled");
+        if (log)
+          log->warn("tcp: refused a connection from {} to rank {}: {} (no secret)", it->from, self,
+                    closed ? "it closed before a complete hello" : "no complete hello within 10 s");
         ::close(it->fd);
         it = greeting_.erase(it);
       } else {
@@ -697,6 +709,14 @@ class TcpTransport final : public Transport {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     const int err = n < 0 ? errno : 0;
     rx.closed = true;
+    if (rx.reader.mid_frame()) {  // a truncated frame: part of it may already be in place
+      if (link.broken().is_ok() && log_)
+        log_->error("tcp: the connection from rank {} ended inside a frame ({} bytes of it missing: a truncated frame; {}): link fenced",
+                    link.peer(), rx.reader.missing(), err == 0 ? "end of stream" : std::strerror(err));
+      link.mark_broken(ErrorCode::Fenced);
+      for (int fd : link.fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+      return false;
+    }
     // An ended socket stays readable (EOF) for epoll: stop watching it, or the loop would spin.
     const auto index = static_cast<std::size_t>(&rx - link.rx().data());
     (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[index], nullptr);
