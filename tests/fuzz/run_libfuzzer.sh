@@ -28,14 +28,15 @@ if ! "$clang" -fsanitize=fuzzer "$probe" -o "$build/probe" 2>"$build/probe.log";
   echo "libFuzzer not available with $clang (Debian: libclang-rt-*-dev): skipping"; cat "$build/probe.log"; exit 77
 fi
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$source_dir/include")
+       -I"$source_dir/include" -I"$source_dir/transports/tcp")
 declare -A sources=(
   [fault_spec]="src/fault.cpp src/error.cpp src/transport.cpp src/log.cpp src/types.cpp"
   [health_config]="src/health/config.cpp src/error.cpp src/types.cpp"
   [store_wire]="src/store_wire.cpp src/error.cpp src/types.cpp"
+  [tcp_frame]=""   # transports/tcp/tcp_frame.hpp is header-only
 )
 status=0
-for t in fault_spec health_config store_wire; do
+for t in fault_spec health_config store_wire tcp_frame; do
   files=()
   for f in ${sources[$t]}; do files+=("$source_dir/$f"); done
   if ! "$clang" "${flags[@]}" "$here/fuzz_$t.cpp" "${files[@]}" -lfmt -o "$build/fuzz_$t" 2>"$build/$t.build.log"; then

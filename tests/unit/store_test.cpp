@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/captured_log.hpp"
 #include "support/catch.hpp"
 
 namespace {
@@ -383,6 +384,49 @@ TEST_CASE("TcpStoreClient with the wrong token is refused", "[store]") {
   ringfence::TcpStoreClient good("127.0.0.1", server.port(), token, 1000ms);
   good.set("k", to_bytes("v"));
   CHECK(to_string(good.get("k", 0ms)) == "v");
+}
+
+TEST_CASE("TcpStoreServer refuses connections without the job token and logs them with their address", "[store]") {
+  const auto token = make_token(10);
+  ringfence::test::CapturedLog log(ringfence::LogLevel::Info);
+  ringfence::TcpStoreServer server(token, "127.0.0.1", 0, {}, log.get());
+  // "ip:port" of our end of `fd`: the address the server must name.
+  auto local_address = [](int fd) {
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0);
+    return "127.0.0.1:" + std::to_string(ntohs(me.sin_port));
+  };
+  std::string from, why;
+  int fd = connect_raw(server.port());
+  from = local_address(fd);
+  SECTION("wrong token") {
+    send_raw(fd, hello_frame(make_token(11)));
+    why = "wrong job token";
+  }
+  SECTION("no token: a hello without one") {
+    send_raw(fd, wire::encode_request(wire::Op::Hello, {}, {}));
+    why = "wrong job token";
+  }
+  SECTION("no token: the first request is not a hello") {
+    send_raw(fd, wire::encode_request(wire::Op::Get, "k", {}));
+    why = "first request is not a hello";
+  }
+  CHECK(read_response(fd).reply == static_cast<std::uint8_t>(wire::Reply::Denied));
+  bool closed = false;
+  read_until_closed(fd, closed);
+  CHECK(closed);
+  ::close(fd);
+  CHECK(server.refused() == 1);
+  CHECK(log.has_line(2s, "refusing connection from " + from + ": " + why));
+  // A client with the token is served and not logged as refused.
+  fd = connect_raw(server.port());
+  from = local_address(fd);
+  send_raw(fd, hello_frame(token));
+  CHECK(read_response(fd).reply == static_cast<std::uint8_t>(wire::Reply::Ok));
+  ::close(fd);
+  CHECK(server.refused() == 1);
+  CHECK_FALSE(log.has_line(0s, "refusing connection from " + from + ":"));
 }
 
 TEST_CASE("TcpStoreServer closes connections sending garbage or oversized frames", "[store]") {

@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "tcp_frame.hpp"
+
 namespace ringfence::transports::tcp {
 
 InterfaceFilter parse_interface_filter(std::string_view text) {
@@ -87,31 +89,14 @@ std::vector<Interface> host_interfaces() {
 
 namespace {
 
-constexpr std::uint32_t kFrameMagic = 0x31544652;  // "RFT1"
-constexpr std::uint32_t kHelloMagic = 0x48544652;  // "RFTH"
-constexpr int kMaxSockets = 8;
+using frame::FrameHeader;
+using frame::FrameType;
+using frame::kFrameMagic;
+using frame::kHelloMagic;
+using frame::SignalFrame;
+constexpr int kMaxSockets = static_cast<int>(frame::kMaxSockets);
 constexpr std::size_t kSecretBytes = 16;
-
-enum class FrameType : std::uint8_t { Write = 1, Signal = 2 };
-
-// Every frame starts with this header (host byte order: both ends run the same build, checked
-// by the hello). Signals carry, per socket, how many write frames went out before them.
-struct FrameHeader {
-  std::uint32_t magic = kFrameMagic;
-  FrameType type = FrameType::Write;
-  std::uint8_t socket = 0;
-  std::uint16_t pad = 0;
-  std::uint32_t region = 0;
-  std::uint32_t value = 0;
-  std::uint64_t offset = 0;
-  std::uint64_t length = 0;
-};
-static_assert(sizeof(FrameHeader) == 32);
-struct SignalFrame {
-  FrameHeader header;
-  std::uint32_t writes_before[kMaxSockets] = {};
-};
-static_assert(sizeof(SignalFrame) == 64);
+static_assert(frame::kFlagBytes == sizeof(SignalFlag) && frame::kFlagAlign == alignof(SignalFlag));
 
 struct Hello {
   std::uint32_t magic = kHelloMagic;
@@ -204,8 +189,10 @@ class TcpLink final : public Link {
  public:
   TcpLink(TcpTransport& transport, int self, int peer, std::vector<int> fds, std::chrono::milliseconds timeout, int spin,
           std::size_t stripe_min)
-      : transport_(transport), self_(self), peer_(peer), fds_(std::move(fds)), timeout_(timeout), spin_(spin), stripe_min_(stripe_min) {
-    rx_.resize(fds_.size());
+      : order(fds.size()), transport_(transport), self_(self), peer_(peer), fds_(std::move(fds)), timeout_(timeout), spin_(spin),
+        stripe_min_(stripe_min) {
+    rx_.reserve(fds_.size());
+    for (std::size_t s = 0; s < fds_.size(); ++s) rx_.push_back(Rx{frame::FrameReader(s), false});
   }
   ~TcpLink() override;
 
@@ -286,26 +273,14 @@ class TcpLink final : public Link {
 
   // ---- receiver side (progress thread only) ----
   struct Rx {
-    std::array<std::byte, sizeof(SignalFrame)> head{};
-    std::size_t got = 0;            // header bytes read
-    std::byte* dst = nullptr;       // payload destination
-    std::size_t remaining = 0;      // payload bytes still to read
-    std::uint32_t applied = 0;      // write frames applied on this socket
-    bool closed = false;            // the peer closed this socket (everything before it was read)
+    frame::FrameReader reader;  // parses this socket's stream (tcp_frame.hpp)
+    bool closed = false;        // the peer closed this socket (everything before it was read)
   };
   const std::vector<int>& fds() const noexcept { return fds_; }
   std::vector<Rx>& rx() noexcept { return rx_; }
   int self() const noexcept { return self_; }
-
-  // Deferred signals: arrived before the writes they must follow.
-  struct Deferred {
-    SignalFlag* flag = nullptr;
-    std::uint32_t v = 0;
-    std::uint32_t writes_before[kMaxSockets] = {};
-  };
-  static constexpr std::size_t kMaxDeferred = 256;
-  Deferred deferred[kMaxDeferred];
-  std::size_t deferred_count = 0;
+  // Signals wait here until the writes they follow were applied.
+  frame::SignalOrder order;
 
   // Marks the link broken (progress thread or sender); the first reason wins.
   void mark_broken(ErrorCode code) noexcept {
@@ -415,6 +390,7 @@ class TcpListen final : public ListenHandle {
   // A connection accepted whose hello has not fully arrived.
   struct Greeting {
     int fd = -1;
+    std::string from;  // the remote address, "ip:port", for log lines
     Hello hello;
     std::size_t got = 0;
     std::chrono::steady_clock::time_point since;
@@ -424,9 +400,13 @@ class TcpListen final : public ListenHandle {
   // garbage are closed and logged. Never blocks.
   void pump(int self, const Logger* log, std::uint64_t& refused) {
     for (;;) {
-      const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_in sa{};
+      socklen_t len = sizeof sa;
+      const int fd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) break;
-      greeting_.push_back(Greeting{fd, {}, 0, std::chrono::steady_clock::now()});
+      char ip[INET_ADDRSTRLEN] = "?";
+      if (sa.sin_family == AF_INET) ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+      greeting_.push_back(Greeting{fd, fmt::format("{}:{}", ip, ntohs(sa.sin_port)), {}, 0, std::chrono::steady_clock::now()});
     }
     for (auto it = greeting_.begin(); it != greeting_.end();) {
       auto* raw = reinterpret_cast<std::byte*>(&it->hello);
@@ -443,13 +423,20 @@ class TcpListen final : public ListenHandle {
           accepted_.push_back(Accepted{it->fd, h.from_rank, h.socket, h.sockets});
         } else {
           ++refused;
-          if (log) log->warn("tcp: refused a connection to rank {} without the job's secret or with a bad hello", self);
+          if (log)
+            log->warn("tcp: refused a connection from {} to rank {}: {}", it->from, self,
+                      h.magic != kHelloMagic            ? "not a ringfence hello"
+                      : h.secret != address_.secret     ? "wrong secret (not from this job)"
+                      : h.to_rank != self               ? "addressed to another rank"
+                                                        : "bad hello (rank, socket count or frame layout)");
           ::close(it->fd);
         }
         it = greeting_.erase(it);
       } else if (closed || stale) {
         ++refused;
-        if (log) log->warn("tcp: refused a connection to rank {} that {} before its hello", self, closed ? "closed" : "stalled");
+        if (log)
+          log->warn("tcp: refused a connection from {} to rank {}: {} (no secret)", it->from, self,
+                    closed ? "it closed before a complete hello" : "no complete hello within 10 s");
         ::close(it->fd);
         it = greeting_.erase(it);
       } else {
@@ -683,70 +670,33 @@ class TcpTransport final : public Transport {
     }
   }
 
-  // Reads what socket `s` of `link` has: headers into the parse buffer, payloads straight into
-  // their registered region. Returns when the socket would block or the link broke.
+  // Reads what socket `s` of `link` has: headers into the reader, payloads straight into their
+  // registered region (the reader validated the header first). Returns when the socket would
+  // block or the link broke.
   void drain_socket(TcpLink& link, std::size_t s) noexcept {
     TcpLink::Rx& rx = link.rx()[s];
     const int fd = link.fds()[s];
+    auto lookup = [this](std::uint32_t id) noexcept -> std::optional<frame::Region> {
+      std::lock_guard lock(regions_mutex_);
+      if (id >= regions_.size() || !regions_[id].live) return std::nullopt;
+      return frame::Region{regions_[id].base, regions_[id].bytes};
+    };
+    auto apply = [](std::byte* flag, std::uint32_t v) noexcept { transport_util::store_flag(*reinterpret_cast<SignalFlag*>(flag), v); };
     for (int rounds = 0; rounds < 64; ++rounds) {
       // A malformed frame stops all reading; a peer that closed one socket may still have
       // bytes in flight on the others, which are read to their end.
       if (link.broken().code() == ErrorCode::Fenced || rx.closed) return;
-      if (rx.remaining > 0) {  // payload
-        const ssize_t n = ::recv(fd, rx.dst, rx.remaining, MSG_DONTWAIT);
-        if (!consumed(link, rx, n)) return;
-        rx.dst += n;
-        rx.remaining -= static_cast<std::size_t>(n);
-        if (rx.remaining == 0) {
-          ++rx.applied;
-          release_deferred(link);
-        }
-        continue;
-      }
-      const std::size_t want = rx.got < sizeof(FrameHeader) ? sizeof(FrameHeader) - rx.got
-                               : sizeof(SignalFrame) - rx.got;
-      const ssize_t n = ::recv(fd, rx.head.data() + rx.got, want, MSG_DONTWAIT);
+      const std::span<std::byte> into = rx.reader.buffer();
+      const ssize_t n = ::recv(fd, into.data(), into.size(), MSG_DONTWAIT);
       if (!consumed(link, rx, n)) return;
-      rx.got += static_cast<std::size_t>(n);
-      if (rx.got < sizeof(FrameHeader)) continue;
-      FrameHeader h;
-      std::memcpy(&h, rx.head.data(), sizeof h);
-      if (h.magic != kFrameMagic || h.socket != s) return malformed(link, "a frame with a bad header");
-      if (h.type == FrameType::Write) {
-        std::lock_guard lock(regions_mutex_);
-        if (h.region >= regions_.size() || !regions_[h.region].live) return malformed(link, "a write into an unknown region");
-        const RegionEntry& r = regions_[h.region];
-        if (h.offset > r.bytes || h.length > r.bytes - h.offset) return malformed(link, "a write outside its region");
-        rx.dst = r.base + h.offset;
-        rx.remaining = h.length;
-        rx.got = 0;
-        if (rx.remaining == 0) {
-          ++rx.applied;
-          release_deferred(link);
-        }
-        continue;
-      }
-      if (h.type != FrameType::Signal) return malformed(link, "a frame of unknown type");
-      if (rx.got < sizeof(SignalFrame)) continue;
-      SignalFrame f;
-      std::memcpy(&f, rx.head.data(), sizeof f);
-      rx.got = 0;
-      TcpLink::Deferred d;
-      {
-        std::lock_guard lock(regions_mutex_);
-        if (f.header.region >= regions_.size() || !regions_[f.header.region].live) return malformed(link, "a signal into an unknown region");
-        const RegionEntry& r = regions_[f.header.region];
-        if (f.header.offset % alignof(SignalFlag) != 0 || f.header.offset > r.bytes || r.bytes - f.header.offset < sizeof(SignalFlag))
-          return malformed(link, "a signal outside its region");
-        d.flag = reinterpret_cast<SignalFlag*>(r.base + f.header.offset);
-      }
-      d.v = f.header.value;
-      std::memcpy(d.writes_before, f.writes_before, sizeof d.writes_before);
-      if (ready(link, d)) {
-        apply(d);
-      } else {
-        if (link.deferred_count == TcpLink::kMaxDeferred) return malformed(link, "more deferred signals than fit");
-        link.deferred[link.deferred_count++] = d;
+      switch (rx.reader.advance(static_cast<std::size_t>(n), lookup)) {
+        case frame::Step::NeedMore: break;
+        case frame::Step::Write: link.order.write_done(s, apply); break;
+        case frame::Step::Signal:
+          if (!link.order.signal(rx.reader.flag(), rx.reader.value(), rx.reader.writes_before(), apply))
+            return malformed(link, "more early signals than fit");
+          break;
+        case frame::Step::Malformed: return malformed(link, rx.reader.error());
       }
     }
   }
@@ -759,6 +709,14 @@ class TcpTransport final : public Transport {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     const int err = n < 0 ? errno : 0;
     rx.closed = true;
+    if (rx.reader.mid_frame()) {  // a truncated frame: part of it may already be in place
+      if (link.broken().is_ok() && log_)
+        log_->error("tcp: the connection from rank {} ended inside a frame ({} bytes of it missing: a truncated frame; {}): link fenced",
+                    link.peer(), rx.reader.missing(), err == 0 ? "end of stream" : std::strerror(err));
+      link.mark_broken(ErrorCode::Fenced);
+      for (int fd : link.fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+      return false;
+    }
     // An ended socket stays readable (EOF) for epoll: stop watching it, or the loop would spin.
     const auto index = static_cast<std::size_t>(&rx - link.rx().data());
     (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[index], nullptr);
@@ -773,24 +731,9 @@ class TcpTransport final : public Transport {
   }
 
   void malformed(TcpLink& link, const char* what) noexcept {
-    if (log_) log_->error("tcp: rank {} sent {}: link fenced, nothing written", link.peer(), what);
+    if (log_) log_->error("tcp: rank {} sent {}: link fenced, nothing of that frame written", link.peer(), what);
     link.mark_broken(ErrorCode::Fenced);
     for (int fd : link.fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);  // read nothing more from it
-  }
-
-  static bool ready(TcpLink& link, const TcpLink::Deferred& d) noexcept {
-    for (std::size_t s = 0; s < link.fds().size(); ++s)
-      if (static_cast<std::int32_t>(link.rx()[s].applied - d.writes_before[s]) < 0) return false;
-    return true;
-  }
-  static void apply(const TcpLink::Deferred& d) noexcept { transport_util::store_flag(*d.flag, d.v); }
-  // Applies deferred signals (in arrival order) whose writes have all landed.
-  static void release_deferred(TcpLink& link) noexcept {
-    std::size_t k = 0;
-    while (k < link.deferred_count && ready(link, link.deferred[k])) apply(link.deferred[k++]);
-    if (k == 0) return;
-    std::copy(link.deferred + k, link.deferred + link.deferred_count, link.deferred);
-    link.deferred_count -= k;
   }
 
   PeerInfo self_;
