@@ -628,16 +628,18 @@ struct Communicator::Impl : LaneState {
     if (monitor) monitor->stop();
     if (event_fd >= 0) ::close(event_fd);
     stop_lane_workers();
-    for_each_lane([](LaneState& L) {
+    // After a failure a peer may be dead or stopped: transports must not wait for its goodbye.
+    const FenceReason why = failed.load(std::memory_order_acquire) ? FenceReason::Error : FenceReason::Shutdown;
+    for_each_lane([why](LaneState& L) {
       for (auto& ch : L.channels)
-        if (ch->link) ch->link->fence(FenceReason::Shutdown);
+        if (ch->link) ch->link->fence(why);
     });
     remote_regs.clear();
     local_regs.clear();
     for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions and links go before the memory they describe
     if (beat_lane) {
       for (auto& ch : beat_lane->channels)
-        if (ch->link) ch->link->fence(FenceReason::Shutdown);
+        if (ch->link) ch->link->fence(why);
       beat_lane->channels.clear();
     }
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);

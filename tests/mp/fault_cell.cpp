@@ -169,7 +169,12 @@ int main(int argc, char** argv) {
       const std::string other = "rank " + std::to_string(victim - 1);
       const bool names = std::strstr(e.what(), victim_name.c_str()) != nullptr ||
                          (fault == "close" && std::strstr(e.what(), other.c_str()) != nullptr);
-      return report(to_string(e.code()).data(), ms, kind_ok && names && ms <= bound, e.what());
+      // Destroying a communicator after an error must not wait for the dead or stopped peer.
+      const auto before_destroy = Clock::now();
+      comm.reset();
+      const long long destroy_ms = ms_since(before_destroy);
+      const std::string detail = std::string(e.what()) + " [destroyed in " + std::to_string(destroy_ms) + " ms]";
+      return report(to_string(e.code()).data(), ms, kind_ok && names && ms <= bound && destroy_ms <= bound, detail);
     };
     if (!during) {
       // Idle: the heartbeat must notice (kill, stop) and the next call must fail at once.

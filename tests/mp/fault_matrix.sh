@@ -30,8 +30,8 @@ done
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 failed=0 cells=0
-printf '| fault | ranks | transport | when | outcome (every reporting rank) | slowest error | bound | verdict |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| fault | ranks | transport | when | outcome (every reporting rank) | slowest error | slowest destroy | bound | verdict |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
 for fault in $faults; do
   for n in $ranks; do
     for transport in $transports; do
@@ -54,6 +54,8 @@ for fault in $faults; do
         # Outcomes of the ranks that report (the victim of kill/stop cannot), e.g. "3x timeout".
         outcome=$(grep -o "cell rank [0-9]*: [a-zA-Z -]*after" "$out" | sed 's/cell rank [0-9]*: //; s/ after$//' | sort | uniq -c |
                   awk '{c=$1; $1=""; sub(/^ /,""); printf "%s%dx %s", (NR>1?", ":""), c, $0}')
+        # The slowest destruction of a failed communicator (bounded too).
+        destroy=$(grep -o "destroyed in [0-9]* ms" "$out" | awk 'BEGIN {m=0} {if ($3>m) m=$3} END {if (NR) print m " ms"; else print "-"}')
         # The slowest rank to end in an error (exact outcomes have no bound: they finished).
         slowest=$(grep "cell rank [0-9]*: " "$out" | grep -v ": exact after" | grep -o "after [0-9]* ms" |
                   awk 'BEGIN {m=0} {if ($2>m) m=$2} END {if (NR) print m " ms"; else print "-"}')
@@ -65,8 +67,8 @@ for fault in $faults; do
           failed=$((failed + 1))
           { echo "---- $fault $n ranks $transport $when (wall ${wall} ms):"; cat "$out"; } >&2
         fi
-        printf '| %s | %s | %s | %s | %s | %s | %s ms | %s |\n' "$fault" "$n" "$transport" "$when" "${outcome:-none}" \
-          "$slowest" "$((2 * timeout_ms))" "$verdict"
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s ms | %s |\n' "$fault" "$n" "$transport" "$when" "${outcome:-none}" \
+          "$slowest" "$destroy" "$((2 * timeout_ms))" "$verdict"
       done
     done
   done

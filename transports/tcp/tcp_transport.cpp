@@ -261,6 +261,7 @@ class TcpLink final : public Link {
 
   void fence(FenceReason why) noexcept override {
     state_ = why == FenceReason::Shutdown ? LinkState::Closed : LinkState::Fenced;
+    if (why == FenceReason::Error) abandon_ = true;  // the communicator failed: a short goodbye only
   }
   // A health fence only stops use: the connections stay up, so the link can resume.
   bool can_reopen() const noexcept override { return broken_code_.load(std::memory_order_acquire) == 0; }
@@ -364,6 +365,7 @@ class TcpLink final : public Link {
   std::uint32_t writes_sent_[kMaxSockets] = {};
   std::size_t next_socket_ = 0;
   LinkState state_ = LinkState::Up;
+  bool abandon_ = false;  // fenced with FenceReason::Error: the destructor lingers briefly
   std::atomic<std::uint32_t> broken_code_{0};
   LinkStats stats_;
   transport_util::CompletionQueue<> queue_;
@@ -591,11 +593,13 @@ class TcpTransport final : public Transport {
   // close() while data arrives makes the kernel answer with a reset, which throws those bytes
   // away at the peer. So: send FIN now, and keep reading (discarding) until the peer closes too
   // or the linger deadline passes when the transport goes (see ~TcpTransport).
-  void linger(const std::vector<int>& fds) noexcept {
+  // `abandoned`: the link's communicator failed (its peer may be dead or stopped and never
+  // close): linger only kShortLinger, so destroying a failed communicator does not wait on it.
+  void linger(const std::vector<int>& fds, bool abandoned) noexcept {
     std::lock_guard lock(linger_mutex_);
     for (int fd : fds) {
       (void)::shutdown(fd, SHUT_WR);
-      lingering_.push_back(fd);
+      lingering_.push_back(Lingering{fd, abandoned});
     }
   }
 
@@ -622,23 +626,31 @@ class TcpTransport final : public Transport {
   // kLinger; then closes them.
   void close_lingering() noexcept {
     std::lock_guard lock(linger_mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + kLinger;
+    const auto start = std::chrono::steady_clock::now();
     std::vector<pollfd> open;
-    for (int fd : lingering_) open.push_back(pollfd{fd, POLLIN, 0});
+    std::vector<bool> abandoned;
+    for (const Lingering& l : lingering_) open.push_back(pollfd{l.fd, POLLIN, 0}), abandoned.push_back(l.abandoned);
     char sink[65536];
-    while (!open.empty() && std::chrono::steady_clock::now() < deadline) {
+    while (!open.empty() && std::chrono::steady_clock::now() < start + kLinger) {
       (void)::poll(open.data(), open.size(), 50);
-      for (auto it = open.begin(); it != open.end();) {
+      const bool short_over = std::chrono::steady_clock::now() >= start + kShortLinger;
+      for (std::size_t i = 0; i < open.size();) {
         ssize_t n = 1;
-        while (n > 0) n = ::recv(it->fd, sink, sizeof sink, MSG_DONTWAIT);
-        const bool done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-        it = done ? open.erase(it) : it + 1;
+        while (n > 0) n = ::recv(open[i].fd, sink, sizeof sink, MSG_DONTWAIT);
+        const bool done = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || (abandoned[i] && short_over);
+        if (done) {
+          open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+          abandoned.erase(abandoned.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
       }
     }
-    for (int fd : lingering_) ::close(fd);
+    for (const Lingering& l : lingering_) ::close(l.fd);
     lingering_.clear();
   }
   static constexpr auto kLinger = std::chrono::seconds(10);
+  static constexpr auto kShortLinger = std::chrono::milliseconds(250);
 
   void stop() noexcept {
     if (thread_.joinable()) {
@@ -750,7 +762,11 @@ class TcpTransport final : public Transport {
   std::thread thread_;
   std::uint64_t refused_ = 0;
   std::mutex linger_mutex_;
-  std::vector<int> lingering_;  // sockets of closed links (see linger)
+  struct Lingering {
+    int fd;
+    bool abandoned;  // its communicator failed: linger kShortLinger only
+  };
+  std::vector<Lingering> lingering_;  // sockets of closed links (see linger)
 };
 
 Bytes LocalRegion::key() const { return encode_region_key(id, bytes); }
@@ -760,7 +776,7 @@ LocalRegion::~LocalRegion() {
 
 TcpLink::~TcpLink() {
   transport_.remove_link(this);
-  transport_.linger(fds_);
+  transport_.linger(fds_, abandon_);
 }
 
 // Lower rank dials, higher rank accepts. Both sides end with `sockets` greeted connections.
