@@ -532,9 +532,15 @@ struct Communicator::Impl : LaneState {
         peers_left.fetch_add(1, std::memory_order_acq_rel);
         log.info("rank {} closed its communicator", ch.peer);
       };
+      auto last_sweep = std::chrono::steady_clock::now();
       std::unique_lock lock(beat_mutex);
       for (;;) {
         const bool stop = beat_stop;
+        // This thread itself may not have run for a while (an overloaded host): silence is
+        // only judged over time it was awake to see beats arrive.
+        if (const auto now = std::chrono::steady_clock::now(); now - last_sweep > limit / 2)
+          std::fill(changed.begin(), changed.end(), now);
+        last_sweep = std::chrono::steady_clock::now();
         const bool send_abort = abort_requested && !abort_sent;
         lock.unlock();
         ++beat;
@@ -573,7 +579,9 @@ struct Communicator::Impl : LaneState {
             changed[p] = now;
             beat_seen_ns[p].store(now_ns(), std::memory_order_relaxed);
           }
-          if (s.is_ok()) s = ch.link->wait(in.data[p], v + 1, std::chrono::nanoseconds(0));
+          // Ask the transport whether the peer is still there (shm: its pidfd) only when its
+          // beats are late: the check spins first, which costs a busy host dearly.
+          if (s.is_ok() && now - changed[p] > 2 * period) s = ch.link->wait(in.data[p], v + 1, std::chrono::nanoseconds(0));
           // A peer that closes cleanly says goodbye first, but a transport with several sockets
           // per link may see one socket's end before the goodbye read from another: give it a
           // moment before calling the peer gone.
