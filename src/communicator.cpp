@@ -616,7 +616,12 @@ struct Communicator::Impl : LaneState {
   // The peer whose heartbeat is the most overdue, if one is silent for more than three periods
   // and a quarter of the timeout: the likely end of a chain of ranks waiting on each other.
   std::string silent_peer_note() const {
-    if (!beat_seen_ns) return {};
+    std::int64_t age_ms = 0;
+    const int worst = silent_peer(age_ms);
+    return worst < 0 ? std::string() : fmt::format("; rank {} has sent no heartbeat for {} ms", worst, age_ms);
+  }
+  int silent_peer(std::int64_t& age_ms) const noexcept {
+    if (!beat_seen_ns) return -1;
     const std::int64_t now = now_ns();
     const auto period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.effective_heartbeat()).count();
     const auto quarter_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options.timeout).count() / 4;
@@ -627,7 +632,8 @@ struct Communicator::Impl : LaneState {
       const std::int64_t age = now - beat_seen_ns[static_cast<std::size_t>(r)].load(std::memory_order_relaxed);
       if (age > worst_age) worst = r, worst_age = age;
     }
-    return worst < 0 ? std::string() : fmt::format("; rank {} has sent no heartbeat for {} ms", worst, worst_age / 1000000);
+    age_ms = worst_age / 1000000;
+    return worst;
   }
 
   ~Impl() {
@@ -1538,14 +1544,20 @@ struct Communicator::Impl : LaneState {
         throw_status(s, fmt::format("rank {}: {} #{} failed: {}", rank, call, seq, why));
       }
     }
-    if (!f.aborted_by_peer) abort_peers(f.status.code(), f.peer);
+    if (!f.aborted_by_peer) {
+      // A timeout while some rank's heartbeat is overdue most likely ends at that rank: blame
+      // it, so the others name it too (not the neighbour that was itself waiting on it).
+      std::int64_t age_ms = 0;
+      const int silent = f.status.code() == ErrorCode::Timeout ? silent_peer(age_ms) : -1;
+      abort_peers(f.status.code(), silent >= 0 ? silent : f.peer);
+    }
     const auto* ch = f.peer >= 0 && f.peer != rank ? &channel_to(f.peer) : nullptr;
     const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
     std::string why;
     if (f.aborted_by_peer) {
       why = f.status.code() == ErrorCode::Aborted
                 ? fmt::format("rank {} aborted the communicator (abort())", f.peer)
-            : f.blamed >= 0 ? fmt::format("rank {} failed ({} on its link to rank {}) and aborted the collective", f.peer,
+            : f.blamed >= 0 ? fmt::format("rank {} failed ({}, blaming rank {}) and aborted the collective", f.peer,
                                           to_string(f.status.code()), f.blamed)
                             : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, to_string(f.status.code()));
     } else switch (f.status.code()) {
