@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <ringfence/error.hpp>
@@ -122,6 +123,62 @@ TEST_CASE("tcp: striped writes land at their offsets and the signal comes after 
   REQUIRE(p.a_to_b->stats().bytes_written > 0);
   // Out of bounds of the imported region: refused locally, nothing sent.
   REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, mem.size() - 4, 8, 1}).code() == ErrorCode::InvalidUsage);
+}
+
+TEST_CASE("tcp: while a thread waits on one link (reading it itself), other links are still served", "[tcp][conformance]") {
+  // Three ranks in one process, fully connected. Rank 1 waits on its link to rank 0 (nothing
+  // comes); meanwhile rank 2 writes more than the socket buffers hold into rank 1 and signals:
+  // the write must complete and the signal land without rank 1 waiting on that link.
+  CommOptions options = loopback_options(2);
+  options.tcp.buffer_bytes = 256 * 1024;
+  Logger log;
+  std::unique_ptr<Transport> t[3];
+  std::unique_ptr<ListenHandle> l[3];
+  std::unique_ptr<Link> link[3][3];
+  const PeerInfo peer[3] = {{0, "h", 1}, {1, "h", 2}, {2, "h", 3}};
+  for (int r = 0; r < 3; ++r) {
+    t[r] = tcp::make_transport(TransportContext{peer[r], 3, &options, &log});
+    l[r] = t[r]->listen();
+  }
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j) {
+      auto pi = t[i]->connect(*l[i], peer[j], l[j]->address());
+      auto pj = t[j]->connect(*l[j], peer[i], l[i]->address());
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!link[i][j] || !link[j][i]) {
+        for (auto [pending, out] : {std::pair{pi.get(), &link[i][j]}, std::pair{pj.get(), &link[j][i]}})
+          if (!*out) {
+            const Status st = pending->try_finish(*out);
+            REQUIRE((st.is_ok() || st.in_progress()));
+          }
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  std::vector<std::byte> mem(8 << 20);
+  SignalFlag from0, from2;
+  auto mem_region = t[1]->register_memory(mem.data(), mem.size(), MemoryKind::Host);
+  auto flag_region = t[1]->register_memory(&from2, sizeof from2, MemoryKind::Host);
+  auto unused_region = t[1]->register_memory(&from0, sizeof from0, MemoryKind::Host);
+  const RemoteRegion dst = t[2]->import_region(mem_region.key());
+  const RemoteRegion fdst = t[2]->import_region(flag_region.key());
+  std::vector<std::byte> src(mem.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 31 + 7);
+  std::atomic<bool> sent{false};
+  Status send_status;
+  std::thread rank2([&] {
+    send_status = link[2][1]->write(WriteOp{src.data(), nullptr, &dst, 0, src.size(), 1});
+    if (send_status.is_ok()) send_status = link[2][1]->signal(SignalOp{&fdst, 0, 1, 2});
+    sent = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!reached(from2.value.load(std::memory_order_acquire), 1) && std::chrono::steady_clock::now() < deadline)
+    REQUIRE(link[1][0]->wait(from0, 1, std::chrono::milliseconds(5)).in_progress());
+  rank2.join();
+  REQUIRE(sent);
+  REQUIRE(send_status.is_ok());
+  REQUIRE(reached(from2.value.load(std::memory_order_acquire), 1));
+  REQUIRE(std::memcmp(mem.data(), src.data(), mem.size()) == 0);
 }
 
 TEST_CASE("tcp: a peer that leaves: writes to it complete without effect, waits on it fail", "[tcp][conformance]") {

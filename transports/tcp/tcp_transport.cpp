@@ -187,9 +187,9 @@ Bytes encode_region_key(std::uint32_t id, std::uint64_t bytes) {
 // `broken_` (read by the sender side).
 class TcpLink final : public Link {
  public:
-  TcpLink(TcpTransport& transport, int self, int peer, std::vector<int> fds, std::chrono::milliseconds timeout, int spin,
+  TcpLink(TcpTransport& transport, int self, int peer, std::vector<int> fds, std::chrono::milliseconds timeout,
           std::size_t stripe_min)
-      : order(fds.size()), transport_(transport), self_(self), peer_(peer), fds_(std::move(fds)), timeout_(timeout), spin_(spin),
+      : order(fds.size()), transport_(transport), self_(self), peer_(peer), fds_(std::move(fds)), timeout_(timeout),
         stripe_min_(stripe_min) {
     rx_.reserve(fds_.size());
     for (std::size_t s = 0; s < fds_.size(); ++s) rx_.push_back(Rx{frame::FrameReader(s), false});
@@ -252,12 +252,9 @@ class TcpLink final : public Link {
     return Status::ok();
   }
 
-  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    return transport_util::wait_flag(flag, target, max, spin_, stats_.wait_ns, [&]() noexcept {
-      if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
-      return broken();  // a broken link is noticed within one sleep slice
-    });
-  }
+  // The waiting thread reads this link's sockets itself (see TcpTransport::wait_reading): no
+  // hand-off from the progress thread for the data it waits for.
+  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override;
 
   void fence(FenceReason why) noexcept override {
     state_ = why == FenceReason::Shutdown ? LinkState::Closed : LinkState::Fenced;
@@ -276,10 +273,15 @@ class TcpLink final : public Link {
   struct Rx {
     frame::FrameReader reader;  // parses this socket's stream (tcp_frame.hpp)
     bool closed = false;        // the peer closed this socket (everything before it was read)
+    int lowat = 1;              // SO_RCVLOWAT now set on the socket
   };
+  // Held by whoever reads the sockets: the progress thread (try_lock, per event) or the thread
+  // waiting on this link (which takes the sockets out of the progress thread's epoll meanwhile).
+  std::mutex rx_mutex;
   const std::vector<int>& fds() const noexcept { return fds_; }
   std::vector<Rx>& rx() noexcept { return rx_; }
   int self() const noexcept { return self_; }
+  void add_wait_ns(std::uint64_t ns) noexcept { bump(stats_.wait_ns, ns); }
   // Signals wait here until the writes they follow were applied.
   frame::SignalOrder order;
 
@@ -360,7 +362,6 @@ class TcpLink final : public Link {
   int peer_;
   std::vector<int> fds_;
   std::chrono::milliseconds timeout_;
-  int spin_;
   std::size_t stripe_min_;
   std::uint32_t writes_sent_[kMaxSockets] = {};
   std::size_t next_socket_ = 0;
@@ -480,7 +481,6 @@ class TcpTransport final : public Transport {
       : self_(ctx.self),
         options_(ctx.options ? ctx.options->tcp : TcpOptions{}),
         timeout_(ctx.options ? ctx.options->timeout : std::chrono::milliseconds(60000)),
-        spin_(ctx.options ? ctx.options->shm.spin_count : 2000),
         log_(ctx.log) {
     RINGFENCE_EXPECTS(options_.sockets >= 1 && options_.sockets <= kMaxSockets, "rank {}: RINGFENCE_TCP_SOCKETS must be in [1, {}] (got {})",
                       self_.rank, kMaxSockets, options_.sockets);
@@ -575,13 +575,16 @@ class TcpTransport final : public Transport {
     std::lock_guard lock(links_mutex_);
     if (!thread_.joinable()) start();
     links_.push_back(link);
-    for (std::size_t s = 0; s < link->fds().size(); ++s) {
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP;
-      ev.data.u64 = (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(link)) << 3) | s;
-      if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, link->fds()[s], &ev) != 0)
+    for (std::size_t s = 0; s < link->fds().size(); ++s)
+      if (!watch_socket(*link, s))
         throw SystemError(fmt::format("rank {}: tcp: epoll_ctl failed: {}", self_.rank, std::strerror(errno)), errno);
-    }
+  }
+  // Puts socket `s` of `link` into the progress thread's epoll set.
+  bool watch_socket(TcpLink& link, std::size_t s) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&link)) << 3) | s;
+    return ::epoll_ctl(epoll_, EPOLL_CTL_ADD, link.fds()[s], &ev) == 0;
   }
   void remove_link(TcpLink* link) noexcept {
     std::lock_guard lock(links_mutex_);
@@ -603,13 +606,53 @@ class TcpTransport final : public Transport {
     }
   }
 
+  // Link::wait: the calling thread reads the link's sockets itself until `flag` reaches
+  // `target`, the link breaks, or min(max, 20 ms) passed; the progress thread leaves the link
+  // alone meanwhile (its sockets are out of the epoll set), so nothing is handed over.
+  Status wait_reading(TcpLink& link, SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::min<std::chrono::nanoseconds>(max, std::chrono::milliseconds(20));
+    const std::size_t sockets = link.fds().size();
+    Status result(ErrorCode::InProgress);
+    {
+      std::lock_guard lock(link.rx_mutex);  // the progress thread holds it only while it drains
+      for (std::size_t s = 0; s < sockets; ++s)
+        if (!link.rx()[s].closed) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[s], nullptr);
+      pollfd fds[kMaxSockets];
+      for (;;) {
+        for (std::size_t s = 0; s < sockets; ++s) drain_socket(link, s);
+        if (reached(flag.value.load(std::memory_order_acquire), target)) {
+          result = Status::ok();
+          break;
+        }
+        if (const Status b = link.broken(); !b.is_ok()) {
+          result = b;
+          break;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) break;
+        nfds_t k = 0;
+        for (std::size_t s = 0; s < sockets; ++s)
+          if (!link.rx()[s].closed) fds[k++] = pollfd{link.fds()[s], POLLIN, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+        const timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+        (void)::ppoll(fds, k, &ts, nullptr);
+      }
+      // Back to the progress thread (nothing more is read from a fenced link or an ended socket).
+      if (link.broken().code() != ErrorCode::Fenced)
+        for (std::size_t s = 0; s < sockets; ++s)
+          if (!link.rx()[s].closed) (void)watch_socket(link, s);
+    }
+    link.add_wait_ns(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()));
+    return result;
+  }
+
   std::uint64_t refused() const noexcept { return refused_; }
   std::uint64_t& refused_counter() noexcept { return refused_; }
   const Logger* log() const noexcept { return log_; }
   const PeerInfo& self() const noexcept { return self_; }
   const TcpOptions& options() const noexcept { return options_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  int spin() const noexcept { return spin_; }
 
  private:
   void start() {
@@ -677,6 +720,8 @@ class TcpTransport final : public Transport {
         auto* link = reinterpret_cast<TcpLink*>(static_cast<std::uintptr_t>(events[i].data.u64 >> 3));
         const auto s = static_cast<std::size_t>(events[i].data.u64 & 7);
         if (std::find(links_.begin(), links_.end(), link) == links_.end()) continue;  // removed meanwhile
+        std::unique_lock rx(link->rx_mutex, std::try_to_lock);
+        if (!rx.owns_lock()) continue;  // its waiting thread reads it (and took it out of the epoll set)
         drain_socket(*link, s);
       }
     }
@@ -700,7 +745,10 @@ class TcpTransport final : public Transport {
       if (link.broken().code() == ErrorCode::Fenced || rx.closed) return;
       const std::span<std::byte> into = rx.reader.buffer();
       const ssize_t n = ::recv(fd, into.data(), into.size(), MSG_DONTWAIT);
-      if (!consumed(link, rx, n)) return;
+      if (!consumed(link, rx, n)) {
+        if (!rx.closed) set_lowat(link, s);
+        return;
+      }
       switch (rx.reader.advance(static_cast<std::size_t>(n), lookup)) {
         case frame::Step::NeedMore: break;
         case frame::Step::Write: link.order.write_done(s, apply); break;
@@ -712,6 +760,18 @@ class TcpTransport final : public Transport {
       }
     }
   }
+
+  // Wakes for socket `s` only once the bytes the reader waits for are there (up to kMaxLowat),
+  // not for every segment of a large payload. They come for sure (a sender sends whole frames),
+  // or the socket ends, which wakes anyway.
+  static void set_lowat(TcpLink& link, std::size_t s) noexcept {
+    TcpLink::Rx& rx = link.rx()[s];
+    const std::size_t want = rx.reader.buffer().size();
+    const int lowat = want >= kMinLowat ? static_cast<int>(std::min(want, kMaxLowat)) : 1;
+    if (lowat == rx.lowat) return;
+    if (::setsockopt(link.fds()[s], SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat) == 0) rx.lowat = lowat;
+  }
+  static constexpr std::size_t kMinLowat = 64 * 1024, kMaxLowat = 256 * 1024;
 
   // n bytes came from recv: false when nothing is there now, or when the socket ended. The
   // link is gone once every socket ended in order (the peer closed: everything it sent was
@@ -751,7 +811,6 @@ class TcpTransport final : public Transport {
   PeerInfo self_;
   TcpOptions options_;
   std::chrono::milliseconds timeout_;
-  int spin_;
   const Logger* log_;
   InterfaceFilter filter_;
   std::mutex regions_mutex_;
@@ -772,6 +831,13 @@ class TcpTransport final : public Transport {
 Bytes LocalRegion::key() const { return encode_region_key(id, bytes); }
 LocalRegion::~LocalRegion() {
   if (owner) owner->deregister(id);
+}
+
+Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
+  if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+  if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
+  if (const Status b = broken(); !b.is_ok()) return b;
+  return transport_.wait_reading(*this, flag, target, max);
 }
 
 TcpLink::~TcpLink() {
@@ -865,7 +931,7 @@ class TcpPending final : public PendingLink {
 
   Status finish(std::vector<int> fds, std::unique_ptr<Link>& out) {
     for (int fd : fds) tune_socket(fd, t_.options().buffer_bytes);
-    auto link = std::make_unique<TcpLink>(t_, t_.self().rank, peer_.rank, std::move(fds), t_.timeout(), t_.spin(),
+    auto link = std::make_unique<TcpLink>(t_, t_.self().rank, peer_.rank, std::move(fds), t_.timeout(),
                                           t_.options().stripe_min_bytes);
     t_.add_link(link.get());
     out = std::move(link);

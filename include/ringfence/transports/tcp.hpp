@@ -8,11 +8,12 @@
 ///   the (token-protected) bootstrap store, so connections from outside the job are refused and
 ///   logged. `TCP_NODELAY`, socket buffers of `TcpOptions::buffer_bytes`.
 /// - Writes: a frame header {region, offset, length} and the payload, sent in the caller's
-///   thread; writes of at least 2 x `TcpOptions::stripe_min_bytes` are cut into one part per socket. The receiving
-///   transport's progress thread (epoll over every socket) places each payload straight at its
-///   offset in the registered region, after checking region, offset and length against the
-///   registration: a malformed frame fences the link with a clear error and never writes out
-///   of bounds.
+///   thread; writes of at least 2 x `TcpOptions::stripe_min_bytes` are cut into one part per socket. On the
+///   receiving side, a thread waiting on the link reads its sockets itself; otherwise the
+///   transport's progress thread (epoll over every socket) does. Either places each payload
+///   straight at its offset in the registered region, after checking region, offset and length
+///   against the registration: a malformed or truncated frame fences the link with a clear
+///   error and never writes out of bounds.
 /// - Signals: a frame carrying the value and how many write frames went out on each socket
 ///   before it; the receiver stores the value (release) only after those writes landed, so a
 ///   signal is ordered after every earlier write on the link, across sockets.
