@@ -103,15 +103,16 @@ ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const nccl
     c->device = rf::nccl::current_device();
     c->options = env_options();
     c->server = take_hosted(uid.token());
-    auto make = [uid, nranks, call](ncclComm& comm) {
+    auto make = [uid, nranks, call, target = c.get()] {
+      ncclComm& comm = *target;
       auto store = std::make_shared<rf::TcpStoreClient>(uid.host(), uid.port(), uid.token(), comm.options.timeout);
       comm.comm = std::make_unique<rf::Communicator>(std::move(store), comm.rank, nranks, rf::builtin_transports(), comm.options);
       rf::nccl::logger(comm.rank).info("nccl shim: {}: rank {} of {} joined through {}:{}", call, comm.rank, nranks, uid.host(), uid.port());
     };
     if (rf::nccl::in_group()) {
-      rf::nccl::enqueue(rf::nccl::PendingInit{call, c.get(), make});
+      rf::nccl::enqueue(rf::nccl::PendingInit{call, c.get(), c.get(), make});
     } else {
-      make(*c);
+      make();
     }
     *out = c.release();
     return ncclSuccess;

@@ -269,7 +269,7 @@ bool in_group() noexcept { return t_group.depth > 0; }
 void enqueue(PendingOp op) { t_group.ops.push_back(std::move(op)); }
 void enqueue(PendingInit init) { t_group.inits.push_back(std::move(init)); }
 bool init_pending(const ncclComm* comm) noexcept {
-  return std::any_of(t_group.inits.begin(), t_group.inits.end(), [comm](const PendingInit& i) { return i.comm == comm; });
+  return std::any_of(t_group.inits.begin(), t_group.inits.end(), [comm](const PendingInit& i) { return i.created == comm; });
 }
 void note_group_error(ncclResult_t code) noexcept {
   if (t_group.depth > 0 && t_group.error == ncclSuccess) t_group.error = code;
@@ -293,11 +293,11 @@ ncclResult_t group_end() noexcept {
       for (std::size_t i = 0; i < g.inits.size(); ++i)
         tasks.emplace_back([&, i] {
           PendingInit& p = g.inits[i];
-          init_results[i] = guarded(p.call, p.comm, [&] {
-            p.make(*p.comm);
+          init_results[i] = guarded(p.call, p.report, [&] {
+            p.make();
             return ncclSuccess;
           });
-          if (init_results[i] != ncclSuccess) p.comm->init_error = init_results[i];
+          if (init_results[i] != ncclSuccess && p.created != nullptr) p.created->init_error = init_results[i];
         });
       run_all(tasks);
     }

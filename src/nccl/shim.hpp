@@ -138,8 +138,9 @@ struct PendingOp {
 /// the communicator; it runs concurrently with the group's other creations at ncclGroupEnd.
 struct PendingInit {
   const char* call = "";
-  ncclComm* comm = nullptr;
-  std::function<void(ncclComm&)> make;  ///< fills comm.comm (and size/rank for splits) or throws
+  ncclComm* created = nullptr;  ///< the handle being filled in (null: a split without a color)
+  ncclComm* report = nullptr;   ///< where a failure is recorded (the handle, or a split's parent)
+  std::function<void()> make;   ///< fills `created` (comm, and rank/size for splits) or throws
 };
 
 /// True while this thread is inside ncclGroupStart/ncclGroupEnd.
