@@ -124,6 +124,8 @@ int run_nccl_perf(Collective c, const PerfArgs& args_in, const std::string& prog
   PerfArgs args = args_in;
   if (!args.memory_set) args.memory = MemoryMode::Device;
   const bool talk = launcher_rank == 0;
+  // Reasons to skip are printed by every rank: the launcher may stop the others as soon as the
+  // first one exits, before rank 0 has written its line.
   if (args.memory == MemoryMode::Alloc) {
     if (talk) std::fprintf(stderr, "%s: --backend nccl: -m alloc is not offered (use -m device, or -m user with the ringfence shim)\n", program.c_str());
     return 2;
@@ -133,15 +135,14 @@ int run_nccl_perf(Collective c, const PerfArgs& args_in, const std::string& prog
   if (device) {
     const std::string why = cuda.load();
     if (!why.empty()) {
-      if (talk)
-        std::printf("# %s --backend nccl: no CUDA device (%s); NCCL needs a GPU for device buffers: skipped (exit 77)\n",
+      std::printf("# %s --backend nccl: no CUDA device (%s); NCCL needs a GPU for device buffers: skipped (exit 77)\n",
                     program.c_str(), why.c_str());
       return 77;
     }
   }
   Nccl nccl;
   if (const std::string why = nccl.load(args.nccl_library); !why.empty()) {
-    if (talk) std::printf("# %s --backend nccl: %s: skipped (exit 77)\n", program.c_str(), why.c_str());
+    std::printf("# %s --backend nccl: %s: skipped (exit 77)\n", program.c_str(), why.c_str());
     return 77;
   }
 

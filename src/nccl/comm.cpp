@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
 #include <ringfence/transports/tcp.hpp>
@@ -467,12 +468,40 @@ extern "C" ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclRedOpDestroy, (ncclRedOp_t op, ncclComm_t comm));
 
 // ---------------------------------------------------------------------------------------------
-// Split
+// Split: Communicator::split, queued inside a group like the inits
 // ---------------------------------------------------------------------------------------------
 
 extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
-  (void)color, (void)key, (void)config;
-  if (newcomm != nullptr) *newcomm = nullptr;
-  return fail("ncclCommSplit", comm, ncclInvalidUsage, "not implemented yet (needs ringfence::Communicator::split)");
+  return guarded("ncclCommSplit", comm, [&] {
+    ncclComm& parent = rf::nccl::check_usable("ncclCommSplit", comm);
+    if (newcomm == nullptr) throw ShimError(ncclInvalidArgument, "newcomm is NULL");
+    *newcomm = nullptr;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+      throw ShimError(ncclInvalidArgument, fmt::format("rank {}: color {} is negative (use NCCL_SPLIT_NOCOLOR)", parent.rank, color));
+    check_config(config);
+    // Every rank takes part (the colours travel in a collective); NCCL_SPLIT_NOCOLOR gets NULL.
+    std::unique_ptr<ncclComm> child;
+    if (color != NCCL_SPLIT_NOCOLOR) {
+      child = std::make_unique<ncclComm>();
+      child->options = parent.options;
+      child->device = parent.device;
+      child->server = parent.server;  // the parent's store (if this process hosts it) serves the child
+    }
+    auto make = [&parent, target = child.get(), color, key] {
+      std::optional<rf::Communicator> made = rf::nccl::live("ncclCommSplit", parent).split(color, key, parent.options);
+      if (target == nullptr) return;
+      if (!made) throw ShimError(ncclInternalError, fmt::format("rank {}: split with color {} made no communicator", parent.rank, color));
+      target->comm = std::make_unique<rf::Communicator>(std::move(*made));
+      target->rank = target->comm->rank();
+      target->size = target->comm->size();
+    };
+    if (rf::nccl::in_group()) {  // rank and size are known once the group ends
+      rf::nccl::enqueue(rf::nccl::PendingInit{"ncclCommSplit", child.get(), &parent, make});
+    } else {
+      make();
+    }
+    *newcomm = child.release();
+    return ncclSuccess;
+  });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclCommSplit, (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config));

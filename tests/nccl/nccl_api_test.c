@@ -141,6 +141,7 @@ static double input(ncclRedOp_t op, ncclDataType_t t, int r, size_t i) {
       const double v = (double)((r * 7 + (int)(i % 11) * 3) % 11);
       return is_signed_type(t) ? v - 5.0 : v;
     }
+    case ncclAvg: return (double)((int)(i % 5) + r); /* the mean is a multiple of 1/2 for any rank count */
     default: return (double)((r + (int)(i % 7)) % 5);
   }
 }
@@ -155,7 +156,7 @@ static double reduced(ncclRedOp_t op, ncclDataType_t t, size_t i) {
     else acc += v;
   }
   if (op == ncclAvg) {
-    if (is_float_type(t)) return acc / g_size;  /* exact: the test runs with 2 or 4 ranks */
+    if (is_float_type(t)) return acc / g_size;  /* exact: see input() */
     return (double)((long long)acc / g_size);    /* integer division */
   }
   return acc;
@@ -611,6 +612,19 @@ static void test_local_communicators(void) {
       bad += ring_in[d][i] != ((d + kDev - 1) % kDev) * 1000 - i;
     }
   CHECK(bad == 0, "grouped collectives over ncclCommInitAll communicators: %ld wrong", bad);
+  /* One thread splits every rank in one group (keys reverse the order). */
+  ncclComm_t sub[kDev];
+  OK(ncclGroupStart());
+  for (int d = 0; d < kDev; ++d) OK(ncclCommSplit(comms[d], 0, kDev - d, &sub[d], NULL));
+  OK(ncclGroupEnd());
+  for (int d = 0; d < kDev; ++d) {
+    int v = -1;
+    OK(ncclCommUserRank(sub[d], &v));
+    CHECK(v == kDev - 1 - d, "grouped split of ncclCommInitAll comm %d: rank %d, want %d", d, v, kDev - 1 - d);
+    OK(ncclCommCuDevice(sub[d], &v));
+    CHECK(v == devlist[d], "split of comm %d reports device %d, want %d", d, v, devlist[d]);
+    OK(ncclCommDestroy(sub[d]));
+  }
   OK(ncclCommFinalize(comms[0]));
   FAILS(ncclInvalidUsage, ncclAllReduce(bufs[0], bufs[0], 1, ncclInt32, ncclSum, comms[0], NULL));
   OK(ncclCommDestroy(comms[0]));
@@ -648,6 +662,58 @@ static void test_local_communicators(void) {
   OK(ncclCommDestroy(pair[1]));
   OK(ncclCommDestroy(NULL));
   FAILS(ncclInvalidArgument, ncclCommFinalize(NULL));
+}
+
+/* ncclCommSplit: colours rank % 2 (the last of 3+ ranks passes NCCL_SPLIT_NOCOLOR), keys reverse
+ * the order; then a split queued in a group. */
+static void test_split(ncclComm_t comm) {
+  const int nocolor = g_size > 2 ? g_size - 1 : -1;
+  const int color = g_rank == nocolor ? NCCL_SPLIT_NOCOLOR : g_rank % 2;
+  ncclComm_t sub = NULL;
+  FAILS(ncclInvalidArgument, ncclCommSplit(comm, -7, 0, &sub, NULL));
+  FAILS(ncclInvalidArgument, ncclCommSplit(comm, 0, 0, NULL, NULL));
+  OK(ncclCommSplit(comm, color, -g_rank, &sub, NULL));
+  /* Members of my colour in new-rank order: keys -r descend with r, so the highest old rank first. */
+  int members[64], m = 0;
+  for (int r = g_size - 1; r >= 0; --r)
+    if (r != nocolor && r % 2 == g_rank % 2) members[m++] = r;
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    CHECK(sub == NULL, "NCCL_SPLIT_NOCOLOR returned a communicator");
+  } else if (sub != NULL) {
+    int n = 0, r = -1;
+    OK(ncclCommCount(sub, &n));
+    OK(ncclCommUserRank(sub, &r));
+    int want_rank = -1;
+    for (int i = 0; i < m; ++i)
+      if (members[i] == g_rank) want_rank = i;
+    CHECK(n == m && r == want_rank, "split: rank %d of %d, want %d of %d", r, n, want_rank, m);
+    int32_t old_ranks[64] = {0};
+    int32_t mine = g_rank;
+    OK(ncclAllGather(&mine, old_ranks, 1, ncclInt32, sub, NULL));
+    long bad = 0;
+    for (int i = 0; i < m; ++i) bad += old_ranks[i] != members[i];
+    CHECK(bad == 0 && n == m, "split: allgather of old ranks in new-rank order is wrong");
+    OK(ncclCommDestroy(sub));
+  } else {
+    CHECK(0, "split returned no communicator for colour %d", color);
+  }
+  /* A split queued in a group: known once the group ends. */
+  OK(ncclGroupStart());
+  OK(ncclCommSplit(comm, 3, g_rank, &sub, NULL));
+  ncclResult_t state = ncclSuccess;
+  int n = 0;
+  OK(ncclCommGetAsyncError(sub, &state));
+  CHECK(state == ncclInProgress, "a queued split reports %d, want ncclInProgress", (int)state);
+  FAILS(ncclInvalidUsage, ncclCommCount(sub, &n));
+  OK(ncclGroupEnd());
+  OK(ncclCommCount(sub, &n));
+  CHECK(n == g_size, "grouped split: %d ranks", n);
+  int64_t v = g_rank + 1;
+  OK(ncclAllReduce(&v, &v, 1, ncclInt64, ncclProd, sub, NULL));
+  int64_t want = 1;
+  for (int r = 1; r <= g_size; ++r) want *= r;
+  CHECK(v == want, "allreduce on the grouped split: %lld, want %lld", (long long)v, (long long)want);
+  OK(ncclCommDestroy(sub));
 }
 
 /* ncclCommShrink: every rank but the last makes a communicator without it. */
@@ -707,6 +773,7 @@ int main(int argc, char** argv) {
   test_memory(comm);
   test_errors(comm, device_pointer);
   test_local_communicators();
+  test_split(comm);
   test_shrink(comm);
 
   /* Everyone is done with the id file before rank 0 removes it. */
