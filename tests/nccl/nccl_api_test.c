@@ -736,6 +736,21 @@ static void test_shrink(ncclComm_t comm) {
   }
   OK(ncclAllReduce(exclude, exclude, 1, ncclInt32, ncclMax, comm, NULL)); /* the parent still works for everyone */
   CHECK(exclude[0] == g_size - 1, "parent allreduce after shrink: %d", exclude[0]);
+
+  /* NCCL_SHRINK_ABORT on a copy of the communicator: the copy is aborted, the shrunk one works. */
+  ncclComm_t copy = NULL;
+  MUST(ncclCommSplit(comm, 0, g_rank, &copy, NULL));
+  if (g_rank != g_size - 1) {
+    OK(ncclCommShrink(copy, exclude, 1, &small, NULL, NCCL_SHRINK_ABORT));
+    int32_t v = 2 * g_rank;
+    OK(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, small, NULL));
+    CHECK(v == (g_size - 1) * (g_size - 2), "allreduce after NCCL_SHRINK_ABORT: %d", v);
+    /* The copy is aborted: here (ncclInvalidUsage), or first by a peer's abort (ncclRemoteError). */
+    const ncclResult_t r = ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, copy, NULL);
+    CHECK(r == ncclInvalidUsage || r == ncclRemoteError, "allreduce on the aborted parent returned %d", (int)r);
+    OK(ncclCommDestroy(small));
+  }
+  OK(ncclCommDestroy(copy));
 }
 
 int main(int argc, char** argv) {
