@@ -779,6 +779,12 @@ int main(int argc, char** argv) {
   test_init_errors(&id);
   ncclComm_t comm = NULL;
   MUST(ncclCommInitRank(&comm, g_size, id, g_rank));
+  {
+    int joined = 1; /* every rank has read the id file once this allreduce completes */
+    MUST(ncclAllReduce(&joined, &joined, 1, ncclInt32, ncclSum, comm, NULL));
+    CHECK(joined == g_size, "join barrier: %d", joined);
+    if (g_rank == 0) unlink(g_id_path);
+  }
   test_queries(comm, expected_device());
   test_reductions(comm, 1031);
   test_data_movement(comm, 517);
@@ -791,11 +797,9 @@ int main(int argc, char** argv) {
   test_split(comm);
   test_shrink(comm);
 
-  /* Everyone is done with the id file before rank 0 removes it. */
   int one = 1;
   OK(ncclAllReduce(&one, &one, 1, ncclInt32, ncclSum, comm, NULL));
   CHECK(one == g_size, "final barrier: %d", one);
-  if (g_rank == 0) unlink(g_id_path);
   OK(ncclCommFinalize(comm));
   OK(ncclCommDestroy(comm));
 
