@@ -496,7 +496,7 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
       target->size = target->comm->size();
     };
     if (rf::nccl::in_group()) {  // rank and size are known once the group ends
-      rf::nccl::enqueue(rf::nccl::PendingInit{"ncclCommSplit", child.get(), &parent, make});
+      rf::nccl::enqueue(rf::nccl::PendingInit{"ncclCommSplit", child.get(), &parent, make, true});
     } else {
       make();
     }

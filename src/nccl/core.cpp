@@ -46,16 +46,28 @@ struct GroupState {
 };
 thread_local GroupState t_group;
 
+// What a task of ncclGroupEnd ended with: its code and the failure it recorded on its thread.
+struct Outcome {
+  ncclResult_t code = ncclSuccess;
+  std::string message;
+};
+
 // Runs `tasks` concurrently (one thread each) when there are several, inline when one.
-void run_all(std::vector<std::function<void()>>& tasks) {
+std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& tasks) {
+  std::vector<Outcome> out(tasks.size());
+  auto one = [&](std::size_t i) {
+    out[i].code = tasks[i]();
+    if (out[i].code != ncclSuccess) out[i].message = t_last_error;  // the worker's thread-local
+  };
   if (tasks.size() == 1) {
-    tasks[0]();
-    return;
+    one(0);
+    return out;
   }
   std::vector<std::thread> threads;
   threads.reserve(tasks.size());
-  for (auto& t : tasks) threads.emplace_back(t);
+  for (std::size_t i = 0; i < tasks.size(); ++i) threads.emplace_back(one, i);
   for (auto& t : threads) t.join();
+  return out;
 }
 
 // The queued operations of one communicator: collectives in issue order, then every transfer as
@@ -285,25 +297,29 @@ ncclResult_t group_end() noexcept {
   if (--t_group.depth > 0) return ncclSuccess;
   GroupState g = std::move(t_group);
   t_group = GroupState{};
-  return guarded("ncclGroupEnd", nullptr, [&] {
-    // 1. Communicator creations, side by side (ranks of one communicator in one thread).
-    std::vector<ncclResult_t> init_results(g.inits.size(), ncclSuccess);
-    if (!g.inits.empty()) {
-      std::vector<std::function<void()>> tasks;
-      for (std::size_t i = 0; i < g.inits.size(); ++i)
-        tasks.emplace_back([&, i] {
-          PendingInit& p = g.inits[i];
-          init_results[i] = guarded(p.call, p.report, [&] {
+  Outcome first;  // the first failure, reported to this thread's ncclGetLastError too
+  auto keep = [&first](const std::vector<Outcome>& outcomes) {
+    for (const Outcome& o : outcomes)
+      if (first.code == ncclSuccess && o.code != ncclSuccess) first = o;
+  };
+  const ncclResult_t r = guarded("ncclGroupEnd", nullptr, [&] {
+    // 1. Communicator creations, side by side (ranks of one communicator in one thread): first
+    //    the inits, then the splits (whose parents may be among those inits).
+    for (const bool splits : {false, true}) {
+      std::vector<std::function<ncclResult_t()>> tasks;
+      for (PendingInit& p : g.inits) {
+        if (p.from_parent != splits) continue;
+        tasks.emplace_back([&p] {
+          const ncclResult_t code = guarded(p.call, p.report, [&] {
             p.make();
             return ncclSuccess;
           });
-          if (init_results[i] != ncclSuccess && p.created != nullptr) p.created->init_error = init_results[i];
+          if (code != ncclSuccess && p.created != nullptr) p.created->init_error = code;
+          return code;
         });
-      run_all(tasks);
+      }
+      if (!tasks.empty()) keep(run_all(tasks));
     }
-    ncclResult_t result = ncclSuccess;
-    for (ncclResult_t r : init_results)
-      if (result == ncclSuccess) result = r;
     // 2. An argument error inside the group drops its operations (as NCCL does).
     if (g.error != ncclSuccess) {
       if (!g.ops.empty())
@@ -318,15 +334,13 @@ ncclResult_t group_end() noexcept {
       if (fresh) comms.push_back(op.comm);
       it->second.push_back(&op);
     }
-    std::vector<ncclResult_t> op_results(comms.size(), ncclSuccess);
-    std::vector<std::function<void()>> tasks;
-    for (std::size_t i = 0; i < comms.size(); ++i)
-      tasks.emplace_back([&, i] { op_results[i] = run_ops(*comms[i], by_comm[comms[i]]); });
-    if (!tasks.empty()) run_all(tasks);
-    for (ncclResult_t r : op_results)
-      if (result == ncclSuccess) result = r;
-    return result;
+    std::vector<std::function<ncclResult_t()>> tasks;
+    for (ncclComm* c : comms) tasks.emplace_back([c, &ops = by_comm.at(c)] { return run_ops(*c, ops); });
+    if (!tasks.empty()) keep(run_all(tasks));
+    return first.code;
   });
+  if (r != ncclSuccess && first.code != ncclSuccess && !first.message.empty()) t_last_error = first.message;
+  return r;
 }
 
 }  // namespace ringfence::nccl

@@ -141,6 +141,7 @@ struct PendingInit {
   ncclComm* created = nullptr;  ///< the handle being filled in (null: a split without a color)
   ncclComm* report = nullptr;   ///< where a failure is recorded (the handle, or a split's parent)
   std::function<void()> make;   ///< fills `created` (comm, and rank/size for splits) or throws
+  bool from_parent = false;     ///< a split: runs after the group's other creations (its parent may be one)
 };
 
 /// True while this thread is inside ncclGroupStart/ncclGroupEnd.
@@ -157,8 +158,8 @@ void note_group_error(ncclResult_t code) noexcept;
 
 /// ncclGroupStart: one level deeper.
 ncclResult_t group_start() noexcept;
-/// ncclGroupEnd: one level up; at the outermost level runs the queued creations (concurrently),
-/// then the queued operations (communicators concurrently; per communicator the collectives in
+/// ncclGroupEnd: one level up; at the outermost level runs the queued creations (concurrently;
+/// splits after the others, since their parents may be among them), then the queued operations (communicators concurrently; per communicator the collectives in
 /// issue order, then every send and recv as one ringfence group). Returns the first failure.
 ncclResult_t group_end() noexcept;
 

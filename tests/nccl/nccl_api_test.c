@@ -612,6 +612,12 @@ static void test_local_communicators(void) {
       bad += ring_in[d][i] != ((d + kDev - 1) % kDev) * 1000 - i;
     }
   CHECK(bad == 0, "grouped collectives over ncclCommInitAll communicators: %ld wrong", bad);
+  /* A failure found when the group runs (overlapping buffers, which ringfence checks) comes back
+   * from ncclGroupEnd and from this thread's ncclGetLastError, although worker threads ran it. */
+  OK(ncclGroupStart());
+  for (int d = 0; d < kDev; ++d) OK(ncclAllReduce(bufs[d], bufs[d] + 1, 16, ncclInt32, ncclSum, comms[d], NULL));
+  FAILS(ncclInvalidUsage, ncclGroupEnd());
+  CHECK(strstr(ncclGetLastError(NULL), "overlap") != NULL, "ncclGetLastError(NULL) after the group: '%s'", ncclGetLastError(NULL));
   /* One thread splits every rank in one group (keys reverse the order). */
   ncclComm_t sub[kDev];
   OK(ncclGroupStart());
@@ -660,6 +666,24 @@ static void test_local_communicators(void) {
   CHECK(bad == 0, "allreduce over a group-initialised pair: %ld wrong", bad);
   OK(ncclCommDestroy(pair[0]));
   OK(ncclCommDestroy(pair[1]));
+
+  /* Creation and split of both ranks in one group: the splits run after the inits. */
+  MUST(ncclGetUniqueId(&id));
+  ncclComm_t halves[2] = {NULL, NULL};
+  OK(ncclGroupStart());
+  OK(ncclCommInitRank(&pair[0], 2, id, 0));
+  OK(ncclCommInitRank(&pair[1], 2, id, 1));
+  OK(ncclCommSplit(pair[0], 0, 1, &halves[0], NULL));
+  OK(ncclCommSplit(pair[1], 0, 0, &halves[1], NULL));
+  OK(ncclGroupEnd());
+  int hr[2] = {-1, -1};
+  OK(ncclCommUserRank(halves[0], &hr[0]));
+  OK(ncclCommUserRank(halves[1], &hr[1]));
+  CHECK(hr[0] == 1 && hr[1] == 0, "init and split in one group: ranks %d, %d (want 1, 0)", hr[0], hr[1]);
+  for (int d = 0; d < 2; ++d) {
+    OK(ncclCommDestroy(halves[d]));
+    OK(ncclCommDestroy(pair[d]));
+  }
   OK(ncclCommDestroy(NULL));
   FAILS(ncclInvalidArgument, ncclCommFinalize(NULL));
 }
