@@ -4,6 +4,7 @@
 //   build/bin/ringfence-run -n 4 build/bin/all_reduce_perf -b 8 -e 64M -f 4 -d all -o all
 //   build/bin/ringfence-run -n 4 build/bin/reduce_scatter_perf -b 8 -e 64M -f 4 -d all -o all
 //   build/bin/ringfence-run -n 4 build/bin/broadcast_perf -b 8 -e 64M -f 4 -r 1
+//   build/bin/ringfence-run -n 4 build/bin/all_reduce_perf -b 8 -e 64M -f 4 --backend nccl   (NCCL, GPU)
 //
 // The table, flags and checks are shared with the mpi_*_perf programs (perf_common.hpp); this
 // file only wires a ringfence Communicator into the driver.
@@ -14,6 +15,9 @@
 #include <vector>
 
 #include "perf_common.hpp"
+#if RINGFENCE_PERF_WITH_NCCL
+#include "nccl_backend.hpp"
+#endif
 
 #ifndef RINGFENCE_PERF_COLLECTIVE
 #define RINGFENCE_PERF_COLLECTIVE AllReduce
@@ -64,6 +68,14 @@ int main(int argc, char** argv) {
   const bench::ParseOutcome parsed = bench::parse_args(argc, argv, program.c_str(), rank == 0);
   if (!parsed.args) return parsed.exit_code;
   try {
+    if (parsed.args->backend == "nccl") {
+#if RINGFENCE_PERF_WITH_NCCL
+      return bench::run_nccl_perf(kCollective, *parsed.args, program, rank);
+#else
+      if (rank == 0) std::printf("# %s --backend nccl: built without nccl.h: skipped (exit 77)\n", program.c_str());
+      return 77;
+#endif
+    }
     rf::Communicator comm = rf::Communicator::from_env();
     rank = comm.rank();
     bench::Backend backend;

@@ -186,6 +186,10 @@ int run(int argc, char** argv) {
     if (verbose && parsed.exit_code == 0) print_gloo_usage();  // after -h
     return parsed.exit_code;
   }
+  if (parsed.args->backend != "ringfence") {
+    if (verbose) std::fprintf(stderr, "%s: --backend %s: this program measures Gloo only\n", kProgram, parsed.args->backend.c_str());
+    return 2;
+  }
   if (g.store.empty()) {
     if (verbose) std::fprintf(stderr, "%s: no rendezvous directory: pass --store DIR (or set RINGFENCE_GLOO_STORE)\n", kProgram);
     return 2;

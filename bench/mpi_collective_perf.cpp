@@ -83,6 +83,10 @@ std::string library_name() {
 int run(int argc, char** argv, int rank, int size) {
   const bench::ParseOutcome parsed = bench::parse_args(argc, argv, kProgram, rank == 0);
   if (!parsed.args) return parsed.exit_code;
+  if (parsed.args->backend != "ringfence") {
+    if (rank == 0) std::fprintf(stderr, "%s: --backend %s: this program measures MPI only\n", kProgram, parsed.args->backend.c_str());
+    return 2;
+  }
   bench::Backend backend;
   backend.name = library_name();
   backend.rank = rank;

@@ -81,8 +81,12 @@ void print_usage(const char* program) {
       "                                         (default float)\n"
       "  -r,--root <root rank>                  broadcast and reduce (default 0)\n"
       "  -a,--average <0/1/2/3>                 time reported: rank 0/avg/min/max over ranks (default 3)\n"
-      "  -m,--memory <user/alloc>               buffers: page-aligned heap memory, or the\n"
-      "                                         communicator's allocator (default user)\n"
+      "  -m,--memory <user/alloc/device>        buffers: page-aligned heap memory, the\n"
+      "                                         communicator's allocator, or device memory\n"
+      "                                         (default user; device for --backend nccl)\n"
+      "  --backend <ringfence/nccl>             collectives of ringfence, or of the NCCL in\n"
+      "                                         --nccl-lib loaded with dlopen (default ringfence)\n"
+      "  --nccl-lib <path>                      NCCL library for --backend nccl (default libnccl.so.2)\n"
       "  -h,--help\n",
       program);
 }
@@ -90,6 +94,7 @@ void print_usage(const char* program) {
 }  // namespace
 
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose) {
+  constexpr int kBackendOption = 1000, kNcclLibOption = 1001;  // long options without a letter
   static const option kLong[] = {
       {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
       {"stepbytes", required_argument, nullptr, 'i'}, {"stepfactor", required_argument, nullptr, 'f'},
@@ -97,7 +102,8 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       {"check", required_argument, nullptr, 'c'},     {"op", required_argument, nullptr, 'o'},
       {"datatype", required_argument, nullptr, 'd'},  {"average", required_argument, nullptr, 'a'},
       {"memory", required_argument, nullptr, 'm'},    {"help", no_argument, nullptr, 'h'},
-      {"root", required_argument, nullptr, 'r'},
+      {"root", required_argument, nullptr, 'r'},      {"backend", required_argument, nullptr, kBackendOption},
+      {"nccl-lib", required_argument, nullptr, kNcclLibOption},
       {nullptr, 0, nullptr, 0}};
   PerfArgs args;
   ParseOutcome out;
@@ -162,7 +168,17 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       case 'm':
         if (v == "user") args.memory = MemoryMode::User;
         else if (v == "alloc") args.memory = MemoryMode::Alloc;
-        else return fail("-m", ::optarg, "user or alloc");
+        else if (v == "device") args.memory = MemoryMode::Device;
+        else return fail("-m", ::optarg, "user, alloc or device");
+        args.memory_set = true;
+        break;
+      case kBackendOption:
+        if (v == "ringfence" || v == "nccl") args.backend = std::string(v);
+        else return fail("--backend", ::optarg, "ringfence or nccl");
+        break;
+      case kNcclLibOption:
+        if (v.empty()) return fail("--nccl-lib", ::optarg, "a library path or name");
+        args.nccl_library = std::string(v);
         break;
       case 'h':
         if (verbose) print_usage(program);
@@ -344,17 +360,26 @@ std::string element_string(const void* buf, std::size_t i, DataType t) {
 
 // A benchmark buffer from the heap or the backend's allocator; pre-faulted so first-touch
 // page faults never land inside a timed loop.
+// With `-m device` the buffer lives in device memory and `host()` is a host copy that the driver
+// fills and checks; `upload()` / `download()` move the whole buffer between the two.
 class Buffer {
  public:
   Buffer(std::size_t bytes, MemoryMode mode, Backend& backend) : bytes_(std::max<std::size_t>(bytes, 1)), backend_(backend) {
-    if (mode == MemoryMode::Alloc) {
+    if (mode != MemoryMode::User) {
       ptr_ = backend.alloc(bytes_);
       from_backend_ = true;
     } else {
       ptr_ = std::aligned_alloc(kPageBytes, (bytes_ + kPageBytes - 1) / kPageBytes * kPageBytes);
     }
     if (ptr_ == nullptr) throw std::bad_alloc();
-    std::memset(ptr_, 0, bytes_);
+    if (mode == MemoryMode::Device) {
+      host_ = std::aligned_alloc(kPageBytes, (bytes_ + kPageBytes - 1) / kPageBytes * kPageBytes);
+      if (host_ == nullptr) throw std::bad_alloc();
+      std::memset(host_, 0, bytes_);
+      upload();
+    } else {
+      std::memset(ptr_, 0, bytes_);
+    }
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -367,15 +392,46 @@ class Buffer {
     } else {
       std::free(ptr_);
     }
+    std::free(host_);
   }
+  // What the collectives are given.
   void* get() const { return ptr_; }
+  // What the driver fills and checks (the same memory unless -m device).
+  void* host() const { return host_ != nullptr ? host_ : ptr_; }
+  // Copies the first `bytes` (all by default) between the host copy and the device buffer.
+  void upload(std::size_t bytes = SIZE_MAX) {
+    if (host_ != nullptr) backend_.upload(ptr_, host_, std::min(bytes, bytes_));
+  }
+  void download(std::size_t bytes = SIZE_MAX) {
+    if (host_ != nullptr) backend_.download(host_, ptr_, std::min(bytes, bytes_));
+  }
 
  private:
   std::size_t bytes_;
   Backend& backend_;
   void* ptr_ = nullptr;
+  void* host_ = nullptr;
   bool from_backend_ = false;
 };
+
+// The driver's own reductions (times, #wrong, the rank table) run on host memory.
+void host_allreduce(Backend& b, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
+  if (b.host_allreduce) b.host_allreduce(send, recv, count, type, op);
+  else b.allreduce(send, recv, count, type, op);
+}
+
+void synchronize(Backend& b) {
+  if (b.synchronize) b.synchronize();
+}
+
+const char* memory_name(MemoryMode m) {
+  switch (m) {
+    case MemoryMode::User: return "user";
+    case MemoryMode::Alloc: return "alloc";
+    case MemoryMode::Device: return "device";
+  }
+  return "?";
+}
 
 // ------------------------------------------------------------------------------------------
 // Table
@@ -386,13 +442,13 @@ double aggregate_time(Backend& b, double local_us, TimeAggregate how) {
   switch (how) {
     case TimeAggregate::Rank0:
       v = b.rank == 0 ? local_us : 0.0;
-      b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Sum);
+      host_allreduce(b, &v, &v, 1, DataType::Float64, ReduceOp::Sum);
       return v;
     case TimeAggregate::Avg:
-      b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Sum);
+      host_allreduce(b, &v, &v, 1, DataType::Float64, ReduceOp::Sum);
       return v / b.size;
-    case TimeAggregate::Min: b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Min); return v;
-    case TimeAggregate::Max: b.allreduce(&v, &v, 1, DataType::Float64, ReduceOp::Max); return v;
+    case TimeAggregate::Min: host_allreduce(b, &v, &v, 1, DataType::Float64, ReduceOp::Min); return v;
+    case TimeAggregate::Max: host_allreduce(b, &v, &v, 1, DataType::Float64, ReduceOp::Max); return v;
   }
   return v;
 }
@@ -417,8 +473,8 @@ void print_ranks(Backend& b) {
   char host[kHostBytes] = {};
   ::gethostname(host, sizeof host - 1);
   std::memcpy(&hosts[static_cast<std::size_t>(b.rank) * kHostBytes], host, kHostBytes);
-  b.allreduce(pids.data(), pids.data(), n, DataType::Int64, ReduceOp::Sum);
-  b.allreduce(hosts.data(), hosts.data(), hosts.size(), DataType::Uint8, ReduceOp::Max);
+  host_allreduce(b, pids.data(), pids.data(), n, DataType::Int64, ReduceOp::Sum);
+  host_allreduce(b, hosts.data(), hosts.data(), hosts.size(), DataType::Uint8, ReduceOp::Max);
   if (b.rank != 0) return;
   std::printf("# Using ranks\n");
   for (std::size_t r = 0; r < n; ++r) {
@@ -434,7 +490,7 @@ void print_header(Collective c, const PerfArgs& a, Backend& b) {
                 "validation: %d time: %s memory: %s\n",
                 b.name.c_str(), collective_name(c), b.size, a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes,
                 a.step_factor > 1 ? "factor" : "bytes", a.warmup, a.iters, a.check, aggregate_name(a.aggregate),
-                a.memory == MemoryMode::User ? "user" : "alloc");
+                memory_name(a.memory));
     for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
     std::printf("#\n");
   }
@@ -597,35 +653,48 @@ std::uint64_t verify(const Row& w, int rank, int n, const Placement& at, std::si
 
 // One measurement (out-of-place or in-place) of one row: warm-up, timed loop, then `check`
 // verified runs. Prints its four columns on rank 0.
-void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, void* send, void* recv, Totals& totals) {
+// With -m device the data is prepared and checked in the buffers' host copies (`host`) while the
+// collective runs on the device buffers (`at`); otherwise both are the same memory.
+void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buffer& send, Buffer& recv, Totals& totals) {
   const std::string unsupported = in_place && b.in_place_unsupported ? b.in_place_unsupported(w.c) : std::string();
   if (!unsupported.empty()) {
     if (b.rank == 0) std::printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
     return;
   }
-  const Placement at = place(w, b.rank, in_place, send, recv);
-  if (a.check != 0) prepare(w, b.rank, in_place, at, recv);  // time on realistic data, not on zeros
+  const Placement at = place(w, b.rank, in_place, send.get(), recv.get());
+  const Placement host = place(w, b.rank, in_place, send.host(), recv.host());
+  auto prepare_all = [&] {
+    prepare(w, b.rank, in_place, host, recv.host());
+    send.upload(w.count * w.elem);  // a row never touches more than its size column
+    recv.upload(w.count * w.elem);
+  };
+  if (a.check != 0) prepare_all();  // time on realistic data, not on zeros
   for (int i = 0; i < a.warmup; ++i) invoke(w, b, at);
+  synchronize(b);
   b.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.iters; ++i) invoke(w, b, at);
+  synchronize(b);
   const auto t1 = std::chrono::steady_clock::now();
   const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters;
   const double us = aggregate_time(b, local_us, a.aggregate);
 
   std::uint64_t wrong = 0;
   for (int c = 0; c < a.check; ++c) {
-    prepare(w, b.rank, in_place, at, recv);
+    prepare_all();
     invoke(w, b, at);
+    synchronize(b);
+    send.download(w.count * w.elem);
+    recv.download(w.count * w.elem);
     std::size_t first_bad = 0;
-    std::uint64_t local = verify(w, b.rank, b.size, at, first_bad);
+    std::uint64_t local = verify(w, b.rank, b.size, host, first_bad);
     if (local != 0) {
       std::fprintf(stderr, "# rank %d: %s %s %s count %zu %s: %llu wrong elements, first at %zu: got %s\n", b.rank,
                    collective_name(w.c), str(to_string(w.type)).c_str(), str(to_string(w.op)).c_str(), w.count,
                    in_place ? "in-place" : "out-of-place", static_cast<unsigned long long>(local), first_bad,
-                   element_string(at.dst, first_bad, w.type).c_str());
+                   element_string(host.dst, first_bad, w.type).c_str());
     }
-    b.allreduce(&local, &wrong, 1, DataType::Uint64, ReduceOp::Sum);
+    host_allreduce(b, &local, &wrong, 1, DataType::Uint64, ReduceOp::Sum);
     if (wrong != 0) break;  // like nccl-tests: the first failing check ends the loop
   }
 
@@ -694,6 +763,10 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
     if (b.rank == 0) std::fprintf(stderr, "# -m alloc is not supported by %s\n", b.name.c_str());
     return 2;
   }
+  if (a.memory == MemoryMode::Device && !(b.alloc && b.upload && b.download)) {
+    if (b.rank == 0) std::fprintf(stderr, "# -m device is not supported by %s\n", b.name.c_str());
+    return 2;
+  }
   if (!offered(c, b)) {
     if (b.rank == 0) std::fprintf(stderr, "# %s is not offered by %s\n", collective_name(c), b.name.c_str());
     return 2;
@@ -735,8 +808,8 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
           std::printf("%12zu  %12zu  %8s  %6s  %6i", count * elem, count, str(to_string(type)).c_str(),
                       has_op(c) ? str(to_string(op)).c_str() : "none",
                       c == Collective::Broadcast || c == Collective::Reduce ? a.root : -1);
-        measure(a, b, w, false, send.get(), recv.get(), totals);
-        measure(a, b, w, true, send.get(), recv.get(), totals);
+        measure(a, b, w, false, send, recv, totals);
+        measure(a, b, w, true, send, recv, totals);
         if (b.rank == 0) {
           std::printf("\n");
           std::fflush(stdout);

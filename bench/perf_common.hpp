@@ -21,6 +21,8 @@ namespace ringfence::bench {
 enum class MemoryMode {
   User,   ///< page-aligned heap memory owned by the benchmark (default)
   Alloc,  ///< `Backend::alloc` (ringfence: `Communicator::alloc`, the zero-copy path)
+  Device, ///< device memory from `Backend::alloc`, filled and checked through host copies
+          ///< (`Backend::upload` / `download`); the nccl backend's default
 };
 
 /// How per-rank times combine into the reported time (`-a`, nccl-tests numbering).
@@ -52,6 +54,9 @@ struct PerfArgs {
   std::vector<DataType> types{DataType::Float32};  ///< -d
   std::vector<ReduceOp> ops{ReduceOp::Sum};        ///< -o
   int root = 0;                                    ///< -r root of broadcast and reduce
+  bool memory_set = false;                         ///< -m was given (else the backend's default)
+  std::string backend = "ringfence";               ///< --backend ringfence|nccl (<collective>_perf only)
+  std::string nccl_library = "libnccl.so.2";       ///< --nccl-lib: the NCCL the nccl backend dlopens
 };
 
 /// Result of `parse_args`: the arguments, or the exit code to return at once (0 after `-h`,
@@ -61,7 +66,8 @@ struct ParseOutcome {
   int exit_code = 0;
 };
 
-/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -r -m -h`, plus their long forms).
+/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -r -m -h`, plus their long forms),
+/// and `--backend`, `--nccl-lib` (programs without backends refuse values other than the default).
 /// Sizes accept K/M/G (binary) suffixes. Prints help (stdout) or errors (stderr) only when
 /// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
@@ -98,6 +104,16 @@ struct Backend {
   std::function<void(void* ptr)> free;
   /// Extra header lines (without the leading '#'), printed by rank 0.
   std::vector<std::string> notes;
+  /// `-m device`: copy `bytes` from host memory to a buffer from `alloc` and back. Both unset =
+  /// `-m device` is refused.
+  std::function<void(void* device, const void* host, std::size_t bytes)> upload;
+  std::function<void(void* host, const void* device, std::size_t bytes)> download;
+  /// Waits until every collective issued so far has completed (stream-ordered backends: before
+  /// the clock stops and before results are read); unset = calls complete before returning.
+  std::function<void()> synchronize;
+  /// Allreduce of host memory for the driver's own numbers (times, #wrong, the rank table);
+  /// unset = `allreduce` (which must then accept host memory).
+  std::function<void(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op)> host_allreduce;
 };
 
 /// Runs the benchmark of `c` over every (type, op, size) of `args` and prints the nccl-tests

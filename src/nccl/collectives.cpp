@@ -1,0 +1,275 @@
+// NCCL shim: collectives, point-to-point and groups over a ringfence Communicator. Host buffers
+// and a NULL stream only (docs/nccl-compat.md): a call outside a group completes before it
+// returns; inside a group it is queued and runs at the outermost ncclGroupEnd.
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <ringfence/error.hpp>
+
+#include "shim.hpp"
+
+namespace rf = ringfence;
+using rf::nccl::ShimError;
+using rf::nccl::bytes_of;
+using rf::nccl::check_buffer;
+using rf::nccl::check_rank_arg;
+using rf::nccl::data_type;
+using rf::nccl::reduce_op;
+
+namespace {
+
+using Run = std::function<void(rf::Communicator&)>;
+
+// Checks the communicator and stream, lets `prepare` check the arguments and build the call,
+// then runs it now or queues it in this thread's group.
+ncclResult_t submit(const char* call, ncclComm_t comm, cudaStream_t stream, const std::function<Run(ncclComm&)>& prepare) {
+  const ncclResult_t r = rf::nccl::guarded(call, comm, [&] {
+    ncclComm& c = rf::nccl::check_usable(call, comm);
+    rf::nccl::check_stream(call, stream);
+    Run run = prepare(c);
+    if (rf::nccl::in_group()) {
+      rf::nccl::PendingOp op;
+      op.call = call;
+      op.comm = &c;
+      op.kind = rf::nccl::PendingOp::Kind::Collective;
+      op.run = std::move(run);
+      rf::nccl::enqueue(std::move(op));
+    } else {
+      run(rf::nccl::live(call, c));
+    }
+    return ncclSuccess;
+  });
+  if (r != ncclSuccess) rf::nccl::note_group_error(r);
+  return r;
+}
+
+ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size_t count, ncclDataType_t datatype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) {
+  const ncclResult_t r = rf::nccl::guarded(call, comm, [&] {
+    ncclComm& c = rf::nccl::check_usable(call, comm);
+    rf::nccl::check_stream(call, stream);
+    const rf::DataType t = data_type(call, datatype);
+    check_buffer(call, c, is_send ? "sendbuff" : "recvbuff", buf, bytes_of(call, "count", count, t));
+    check_rank_arg(call, c, "peer", peer);
+    if (rf::nccl::in_group()) {
+      rf::nccl::PendingOp op;
+      op.call = call;
+      op.comm = &c;
+      op.kind = is_send ? rf::nccl::PendingOp::Kind::Send : rf::nccl::PendingOp::Kind::Recv;
+      op.send = buf;
+      op.recv = buf;
+      op.count = count;
+      op.type = t;
+      op.peer = peer;
+      rf::nccl::enqueue(std::move(op));
+    } else if (is_send) {
+      rf::nccl::live(call, c).send(buf, count, t, peer);
+    } else {
+      rf::nccl::live(call, c).recv(buf, count, t, peer);
+    }
+    return ncclSuccess;
+  });
+  if (r != ncclSuccess) rf::nccl::note_group_error(r);
+  return r;
+}
+
+const std::byte* at(const void* base, std::size_t offset) { return static_cast<const std::byte*>(base) + offset; }
+std::byte* at(void* base, std::size_t offset) { return static_cast<std::byte*>(base) + offset; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+// ---------------------------------------------------------------------------------------------
+
+extern "C" ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclAllReduce";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const rf::ReduceOp o = reduce_op(call, op);
+    const std::size_t bytes = bytes_of(call, "count", count, t);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { rc.allreduce(sendbuff, recvbuff, count, t, o); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllReduce,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                                ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclBroadcast";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const std::size_t bytes = bytes_of(call, "count", count, t);
+    check_rank_arg(call, c, "root", root);
+    if (c.rank == root) check_buffer(call, c, "sendbuff", sendbuff, bytes);  // read on the root only
+    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { rc.broadcast(sendbuff, recvbuff, count, t, root); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBroadcast,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclBcast";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    check_rank_arg(call, c, "root", root);
+    check_buffer(call, c, "buff", buff, bytes_of(call, "count", count, t));
+    return [=](rf::Communicator& rc) { rc.broadcast(buff, buff, count, t, root); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBcast,
+                               (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                                   int root, ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclReduce";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const rf::ReduceOp o = reduce_op(call, op);
+    const std::size_t bytes = bytes_of(call, "count", count, t);
+    check_rank_arg(call, c, "root", root);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    if (c.rank == root) check_buffer(call, c, "recvbuff", recvbuff, bytes);  // written on the root only
+    return [=](rf::Communicator& rc) { rc.reduce(sendbuff, recvbuff, count, t, o, root); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduce,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                                int root, ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclAllGather";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const std::size_t bytes = bytes_of(call, "sendcount", sendcount, t);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    return [=](rf::Communicator& rc) { rc.allgather(sendbuff, recvbuff, sendcount, t); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllGather,
+                               (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm,
+                                cudaStream_t stream));
+
+extern "C" ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclReduceScatter";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const rf::ReduceOp o = reduce_op(call, op);
+    const std::size_t bytes = bytes_of(call, "recvcount", recvcount, t);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { rc.reduce_scatter(sendbuff, recvbuff, recvcount, t, o); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduceScatter,
+                               (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                                ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                                     cudaStream_t stream) {
+  static constexpr const char* call = "ncclAlltoAll";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const std::size_t bytes = bytes_of(call, "count", count, t) * static_cast<std::size_t>(c.size > 0 ? c.size : 1);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { rc.alltoall(sendbuff, recvbuff, count, t); };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAlltoAll,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                                cudaStream_t stream));
+
+// Gather and scatter: one ringfence group of transfers to or from the root (the root's own block
+// is copied by a transfer to itself, or left alone in place).
+extern "C" ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                   ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclGather";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const std::size_t bytes = bytes_of(call, "count", count, t);
+    check_rank_arg(call, c, "root", root);
+    check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    if (c.rank == root) check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    return [=](rf::Communicator& rc) {
+      const int n = rc.size(), me = rc.rank();
+      if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));
+      const bool in_place = me == root && sendbuff == at(recvbuff, static_cast<std::size_t>(root) * bytes);
+      rc.group_start();
+      if (!in_place) rc.send(sendbuff, count, t, root);
+      if (me == root)
+        for (int r = 0; r < n; ++r)
+          if (!(in_place && r == root)) rc.recv(at(recvbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
+      rc.group_end();
+    };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclGather,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                    ncclComm_t comm, cudaStream_t stream) {
+  static constexpr const char* call = "ncclScatter";
+  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+    const rf::DataType t = data_type(call, datatype);
+    const std::size_t bytes = bytes_of(call, "count", count, t);
+    check_rank_arg(call, c, "root", root);
+    if (c.rank == root) check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) {
+      const int n = rc.size(), me = rc.rank();
+      if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));
+      const bool in_place = me == root && recvbuff == at(sendbuff, static_cast<std::size_t>(root) * bytes);
+      rc.group_start();
+      if (me == root)
+        for (int r = 0; r < n; ++r)
+          if (!(in_place && r == root)) rc.send(at(sendbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
+      if (!in_place) rc.recv(recvbuff, count, t, root);
+      rc.group_end();
+    };
+  });
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclScatter,
+                               (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                ncclComm_t comm, cudaStream_t stream));
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point and groups
+// ---------------------------------------------------------------------------------------------
+
+extern "C" ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                 cudaStream_t stream) {
+  return point_to_point("ncclSend", true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclSend,
+                               (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                cudaStream_t stream));
+
+extern "C" ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point("ncclRecv", false, recvbuff, count, datatype, peer, comm, stream);
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclRecv,
+                               (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream));
+
+extern "C" ncclResult_t ncclGroupStart() { return rf::nccl::group_start(); }
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclGroupStart, ());
+
+extern "C" ncclResult_t ncclGroupEnd() { return rf::nccl::group_end(); }
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclGroupEnd, ());
+
+extern "C" ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  (void)simInfo;
+  return rf::nccl::fail("ncclGroupSimulateEnd", nullptr, ncclInvalidUsage,
+                        "not supported by the ringfence shim (the group stays open: end it with ncclGroupEnd)");
+}
+RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t * simInfo));

@@ -1,0 +1,94 @@
+// The CUDA runtime as the shim sees it: loaded lazily with dlopen (the shim links no CUDA
+// library), asked only whether a pointer is device memory and which device is current. Without
+// the library, a driver or a device every pointer is host memory and there is no device.
+#include <dlfcn.h>
+
+#include <mutex>
+#include <string>
+
+#include "cuda_runtime.hpp"
+
+namespace ringfence::nccl {
+namespace {
+
+// The CUDA runtime's functions we call, typed by the installed cuda_runtime.h.
+struct Runtime {
+  decltype(&::cudaGetDeviceCount) get_device_count = nullptr;
+  decltype(&::cudaGetDevice) get_device = nullptr;
+  decltype(&::cudaPointerGetAttributes) pointer_attributes = nullptr;
+  decltype(&::cudaGetErrorString) error_string = nullptr;
+  bool usable = false;   // loaded, and at least one device answered
+  std::string why_not;   // when not usable
+};
+
+template <class F>
+bool bind(void* handle, const char* name, F& out) {
+  out = reinterpret_cast<F>(::dlsym(handle, name));
+  return out != nullptr;
+}
+
+Runtime load() {
+  Runtime rt;
+  void* handle = nullptr;
+  std::string tried;
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) {
+    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr) break;
+    tried += std::string(tried.empty() ? "" : ", ") + name;
+  }
+  if (handle == nullptr) {
+    rt.why_not = "no CUDA runtime library (tried " + tried + ")";
+    return rt;
+  }
+  if (!bind(handle, "cudaGetDeviceCount", rt.get_device_count) || !bind(handle, "cudaGetDevice", rt.get_device) ||
+      !bind(handle, "cudaPointerGetAttributes", rt.pointer_attributes) ||
+      !bind(handle, "cudaGetErrorString", rt.error_string)) {
+    rt.why_not = "the CUDA runtime library lacks cudaGetDeviceCount, cudaGetDevice, cudaPointerGetAttributes or cudaGetErrorString";
+    return rt;
+  }
+  int count = 0;
+  const cudaError_t err = rt.get_device_count(&count);
+  if (err != cudaSuccess) {
+    rt.why_not = std::string("cudaGetDeviceCount failed: ") + rt.error_string(err);
+  } else if (count <= 0) {
+    rt.why_not = "cudaGetDeviceCount found no device";
+  } else {
+    rt.usable = true;
+  }
+  return rt;  // the library stays loaded (never dlclose'd) either way
+}
+
+const Runtime& runtime() {
+  static std::once_flag once;
+  static Runtime rt;
+  std::call_once(once, [] { rt = load(); });
+  return rt;
+}
+
+}  // namespace
+
+bool cuda_device_present() noexcept { return runtime().usable; }
+
+std::string cuda_absent_reason() { return runtime().why_not; }
+
+int current_device() noexcept {
+  const Runtime& rt = runtime();
+  if (!rt.usable) return -1;
+  int device = -1;
+  return rt.get_device(&device) == cudaSuccess ? device : -1;
+}
+
+PointerKind pointer_kind(const void* ptr, int* device) noexcept {
+  const Runtime& rt = runtime();
+  if (!rt.usable || ptr == nullptr) return PointerKind::Host;
+  cudaPointerAttributes attr{};
+  if (rt.pointer_attributes(&attr, ptr) != cudaSuccess) return PointerKind::Host;  // unknown to CUDA
+  if (device != nullptr) *device = attr.device;
+  switch (attr.type) {
+    case cudaMemoryTypeDevice: return PointerKind::Device;
+    case cudaMemoryTypeManaged: return PointerKind::Managed;
+    default: return PointerKind::Host;  // unregistered or page-locked host memory
+  }
+}
+
+}  // namespace ringfence::nccl
