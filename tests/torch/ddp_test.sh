@@ -45,7 +45,7 @@ same = all(torch.equal(a[k], b[k]) for k in a)
 if sys.argv[3] == "exact":
     print(f"ddp_test: parameters bit-identical: {same} (max relative difference {worst:.3e})")
     sys.exit(0 if same else 1)
-tol = 1e-9
+tol = 1e-12
 print(f"ddp_test: parameters max relative difference {worst:.3e} (tolerance {tol:.0e}; bit-identical: {same})")
 sys.exit(0 if worst <= tol else 1)
 PYEOF
