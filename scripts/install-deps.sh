@@ -11,7 +11,7 @@ packages=(
   iproute2 procps
   gnuplot-nox
   clang libclang-rt-14-dev
-  python3-torch
+  python3-torch libtorch-dev pybind11-dev
 )
 missing=()
 for p in "${packages[@]}"; do
