@@ -40,6 +40,7 @@
 //
 // Built twice: libringfence_fake_nvml and, with RINGFENCE_FAKE_NVML_NO_EVENTS, a variant that
 // exports no event symbols at all (a library too old or too stripped for Xid events).
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -104,8 +105,9 @@ State load() {
 }
 
 // Reference count of nvmlInit/nvmlShutdown pairs, as real NVML keeps one. Test support only:
-// the library proper has no global state.
-int g_init_count = 0;
+// the library proper has no global state. Atomic because, as with real NVML, any thread may
+// call any function: thread ranks in one process each init and shut down their own source.
+std::atomic<int> g_init_count{0};
 
 // Device handles are small integers disguised as pointers (index + 1).
 DeviceSt* handle_of(unsigned i) { return reinterpret_cast<DeviceSt*>(static_cast<std::uintptr_t>(i) + 1); }
@@ -209,8 +211,10 @@ int nvmlInit_v2() {
 }
 
 int nvmlShutdown() {
-  if (g_init_count == 0) return kUninitialized;
-  --g_init_count;
+  int n = g_init_count.load();
+  do {
+    if (n == 0) return kUninitialized;
+  } while (!g_init_count.compare_exchange_weak(n, n - 1));
   return kSuccess;
 }
 
