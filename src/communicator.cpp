@@ -1529,6 +1529,12 @@ struct Communicator::Impl : LaneState {
     if (group_depth == 0) run_group(call);
   }
 
+  // An error class as the abort word carries it, in words for a message.
+  static std::string class_of(ErrorCode code) {
+    if (code == ErrorCode::Transient) return "transient: chunks kept failing their checksum";
+    return std::string(to_string(code));
+  }
+
   [[noreturn]] void raise(const char* call, const detail::Failure& f) {
     if (f.aborted_by_peer && f.peer == rank) {
       // A local abort (abort(), or the heartbeat found a peer gone): the reason was recorded.
@@ -1558,8 +1564,8 @@ struct Communicator::Impl : LaneState {
       why = f.status.code() == ErrorCode::Aborted
                 ? fmt::format("rank {} aborted the communicator (abort())", f.peer)
             : f.blamed >= 0 ? fmt::format("rank {} failed ({}, blaming rank {}) and aborted the collective", f.peer,
-                                          to_string(f.status.code()), f.blamed)
-                            : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, to_string(f.status.code()));
+                                          class_of(f.status.code()), f.blamed)
+                            : fmt::format("rank {} failed ({}) and aborted the collective", f.peer, class_of(f.status.code()));
     } else switch (f.status.code()) {
       case ErrorCode::Timeout:
         why = fmt::format("timed out after {} ms waiting for {} from rank {}{}", engine.timeout / std::chrono::milliseconds(1), f.what,
