@@ -860,8 +860,7 @@ struct Communicator::Impl : LaneState {
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
 
-    // A transport may want larger chunks (tcp: each chunk costs a hand-off to the receiving
-    // thread). Every rank sees the same links' preferences (a job spread over hosts gives every
+    // A transport may want larger chunks (tcp: each chunk costs a wake-up and a signal round). Every rank sees the same links' preferences (a job spread over hosts gives every
     // rank a network link); the fingerprint checks it.
     if (min_chunk > engine.slot_bytes) engine.slot_bytes = (min_chunk + 63) / 64 * 64;
     oneshot_copy.resize(engine.slot_bytes);

@@ -37,8 +37,10 @@ struct TcpOptions {
   std::size_t stripe_min_bytes = 128 * 1024;
   /// Pipeline chunk the tcp transport asks for (`Reachability::min_chunk_bytes`), used instead of
   /// `CommOptions::chunk_bytes` when larger as soon as a link of the communicator is tcp: every
-  /// chunk costs a hand-off to the receiving progress thread (measured on loopback, 2 ranks,
-  /// 1-64 MiB, best of 2: 0.97-1.39 GB/s with 1 MiB against 0.62-1.05 with 256 KiB).
+  /// chunk costs a wake-up and a signal round on the socket (measured on loopback, 2 ranks,
+  /// 1-64 MiB, best of 2, when the progress thread still handed every chunk over: 0.97-1.39
+  /// GB/s with 1 MiB against 0.62-1.05 with 256 KiB; not re-measured since the waiting thread
+  /// reads its own link).
   /// Env: RINGFENCE_TCP_CHUNK_BYTES.
   std::size_t chunk_bytes = 1024 * 1024;
   /// SO_SNDBUF / SO_RCVBUF of every socket (the kernel may cap it).
