@@ -102,6 +102,7 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
       "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
       "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA", "RINGFENCE_TCP_SOCKETS", "RINGFENCE_SOCKET_IFNAME", "RINGFENCE_TCP_CHUNK_BYTES",
+      "RINGFENCE_IB_HCA", "RINGFENCE_IB_GID_INDEX", "RINGFENCE_IB_TIMEOUT", "RINGFENCE_IB_RETRY_CNT", "RINGFENCE_IB_SL", "RINGFENCE_IB_TC",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
       "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
       "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
@@ -182,6 +183,19 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.tcp.sockets = static_cast<int>(parse_integer("RINGFENCE_TCP_SOCKETS", *v, 1, 8));
   if (auto v = env.get("RINGFENCE_SOCKET_IFNAME")) o.tcp.interfaces = *v;
   if (auto v = env.get("RINGFENCE_TCP_CHUNK_BYTES")) o.tcp.chunk_bytes = parse_bytes(*v, "RINGFENCE_TCP_CHUNK_BYTES");
+  // The HCA list is kept as text and parsed by the ibverbs transport (the core does not depend
+  // on a transport), but an empty one is refused here, naming the variable.
+  if (auto v = env.get("RINGFENCE_IB_HCA")) {
+    if (v->empty()) bad_value("RINGFENCE_IB_HCA", *v, "a device list such as mlx5_0:1,mlx5_1 or ^mlx5_2");
+    o.ib.hca = *v;
+  }
+  if (auto v = env.get("RINGFENCE_IB_GID_INDEX"))
+    o.ib.gid_index = static_cast<int>(parse_integer("RINGFENCE_IB_GID_INDEX", *v, 0, 255));
+  if (auto v = env.get("RINGFENCE_IB_TIMEOUT")) o.ib.timeout = static_cast<int>(parse_integer("RINGFENCE_IB_TIMEOUT", *v, 1, 31));
+  if (auto v = env.get("RINGFENCE_IB_RETRY_CNT"))
+    o.ib.retry_count = static_cast<int>(parse_integer("RINGFENCE_IB_RETRY_CNT", *v, 0, 7));
+  if (auto v = env.get("RINGFENCE_IB_SL")) o.ib.service_level = static_cast<int>(parse_integer("RINGFENCE_IB_SL", *v, 0, 15));
+  if (auto v = env.get("RINGFENCE_IB_TC")) o.ib.traffic_class = static_cast<int>(parse_integer("RINGFENCE_IB_TC", *v, 0, 255));
   if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
   if (auto v = env.get("RINGFENCE_CHECK_CALLS")) o.check_calls = parse_bool("RINGFENCE_CHECK_CALLS", *v);

@@ -23,6 +23,10 @@
 /// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
 /// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 1M |
 /// | RINGFENCE_SOCKET_IFNAME | interfaces tcp listens on: prefixes, `^` excludes, `=` exact (NCCL_SOCKET_IFNAME syntax) | first non-loopback |
+/// | RINGFENCE_IB_HCA | InfiniBand devices/ports for the ibverbs transport: `name[:port]` prefixes, `^` excludes, `=` exact (NCCL_IB_HCA syntax) | all, first active port |
+/// | RINGFENCE_IB_GID_INDEX | GID index (RoCE, routed IB), 0..255 | 0 |
+/// | RINGFENCE_IB_TIMEOUT, RINGFENCE_IB_RETRY_CNT | ACK timeout exponent (1..31, 4.096 us x 2^n) and retries (0..7) | 20, 7 |
+/// | RINGFENCE_IB_SL, RINGFENCE_IB_TC | service level (0..15), traffic class (0..255) | 0, 0 |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |

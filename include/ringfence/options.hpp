@@ -50,6 +50,34 @@ struct TcpOptions {
   std::string interfaces;
 };
 
+/// Options of the InfiniBand verbs transport (see transports/ibverbs/README.md). Read by the
+/// transport when it is created; the transport is only built when libibverbs headers are found.
+struct IbverbsOptions {
+  /// Devices and ports to use, NCCL_IB_HCA syntax: comma list of `name[:port]` prefixes
+  /// ("mlx5_0:1,mlx5_1"), `^` in front excludes them, `=` in front matches names exactly
+  /// (`^=mlx5_2` also works). Empty = every device; the first ACTIVE port that passes is used.
+  /// Parsed by `transports::ibverbs::parse_hca_filter` when the transport is created.
+  /// Env: RINGFENCE_IB_HCA.
+  std::string hca;
+  /// GID table index for RoCE (and for routed IB). Env: RINGFENCE_IB_GID_INDEX (0..255).
+  int gid_index = 0;
+  /// Local ACK timeout exponent: 4.096 us x 2^timeout per try (20 = ~4.3 s, NCCL's default).
+  /// Env: RINGFENCE_IB_TIMEOUT (1..31).
+  int timeout = 20;
+  /// Transport retries before a write completes with RETRY_EXC_ERR (0..7).
+  /// Env: RINGFENCE_IB_RETRY_CNT.
+  int retry_count = 7;
+  /// Service level of the queue pairs (0..15). Env: RINGFENCE_IB_SL.
+  int service_level = 0;
+  /// Traffic class (RoCE DSCP << 2) of the queue pairs (0..255). Env: RINGFENCE_IB_TC.
+  int traffic_class = 0;
+  /// Registered bounce buffer per link for writes whose source is not registered with this
+  /// transport (the engine's staging slots): such writes are copied into it (bytes).
+  std::size_t staging_bytes = 4 * 1024 * 1024;
+  /// Library to dlopen (tests and unusual installs only).
+  std::string library = "libibverbs.so.1";
+};
+
 /// Allreduce algorithm (see docs/tuning.md).
 enum class Algorithm : std::uint8_t {
   Auto,  ///< the tuner picks by message size, rank count and plan
@@ -120,6 +148,9 @@ struct CommOptions {
   ShmOptions shm;
   /// TCP transport options. Env: RINGFENCE_TCP_SOCKETS, RINGFENCE_SOCKET_IFNAME.
   TcpOptions tcp;
+  /// InfiniBand verbs transport options. Env: RINGFENCE_IB_HCA, RINGFENCE_IB_GID_INDEX,
+  /// RINGFENCE_IB_TIMEOUT, RINGFENCE_IB_RETRY_CNT, RINGFENCE_IB_SL, RINGFENCE_IB_TC.
+  IbverbsOptions ib;
   /// End-to-end integrity: every chunk carries a CRC32C that the receiver verifies; a corrupted
   /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
   /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.

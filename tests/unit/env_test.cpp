@@ -72,6 +72,28 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(CommOptions::from_env(env({}), base).slots == 7);
 }
 
+TEST_CASE("ibverbs variables land in CommOptions::ib", "[env][ibverbs]") {
+  const CommOptions d;
+  REQUIRE(d.ib.hca.empty());
+  REQUIRE(d.ib.gid_index == 0);
+  REQUIRE(d.ib.timeout == 20);
+  REQUIRE(d.ib.retry_count == 7);
+  const CommOptions o = CommOptions::from_env(env({{"RINGFENCE_IB_HCA", "^=mlx5_2:1,mlx4"},
+                                                   {"RINGFENCE_IB_GID_INDEX", "3"},
+                                                   {"RINGFENCE_IB_TIMEOUT", "18"},
+                                                   {"RINGFENCE_IB_RETRY_CNT", "5"},
+                                                   {"RINGFENCE_IB_SL", "2"},
+                                                   {"RINGFENCE_IB_TC", "106"}}));
+  REQUIRE(o.ib.hca == "^=mlx5_2:1,mlx4");
+  REQUIRE(o.ib.gid_index == 3);
+  REQUIRE(o.ib.timeout == 18);
+  REQUIRE(o.ib.retry_count == 5);
+  REQUIRE(o.ib.service_level == 2);
+  REQUIRE(o.ib.traffic_class == 106);
+  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}, {"RINGFENCE_IB_HCAS", "mlx5"}})) ==
+          std::vector<std::string>{"RINGFENCE_IB_HCAS"});
+}
+
 TEST_CASE("bad values are errors naming the variable", "[env]") {
   struct Case {
     const char* name;
@@ -81,7 +103,9 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_CHUNK_BYTES", "1X"}, {"RINGFENCE_CHUNK_BYTES", "0"}, {"RINGFENCE_SLOTS", "65"},
                         {"RINGFENCE_LOG", "loud"},       {"RINGFENCE_TRANSPORTS", ","},  {"RINGFENCE_SHM_CMA", "maybe"},
                         {"RINGFENCE_CHANNELS", "17"},    {"RINGFENCE_TCP_SOCKETS", "0"}, {"RINGFENCE_TCP_SOCKETS", "9"},
-                        {"RINGFENCE_HEALTH_GPU", "x"}};
+                        {"RINGFENCE_HEALTH_GPU", "x"},   {"RINGFENCE_IB_HCA", ""},       {"RINGFENCE_IB_GID_INDEX", "256"},
+                        {"RINGFENCE_IB_TIMEOUT", "0"},   {"RINGFENCE_IB_TIMEOUT", "32"}, {"RINGFENCE_IB_RETRY_CNT", "8"},
+                        {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     const std::string msg = error_of([&] { (void)CommOptions::from_env(env({{c.name, c.value}})); });
