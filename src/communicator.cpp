@@ -1016,7 +1016,7 @@ struct Communicator::Impl : LaneState {
     d.ctx = this;
     d.key_of = [](const detail::P2PDirect& d, void* ptr, std::size_t bytes, detail::Channel& ch) noexcept -> std::span<const std::byte> {
       auto& self = *static_cast<Impl*>(d.ctx);
-      if (!self.is_allocated(ptr, bytes) && bytes < d.user_min_bytes) return {};
+      if (!self.is_allocated(ptr, bytes) && bytes < d.user_min_bytes && !ch.transport->cheap_user_writes()) return {};
       try {
         return self.output_key(ptr, bytes, ch.transport);
       } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
@@ -1342,14 +1342,21 @@ struct Communicator::Impl : LaneState {
   // the call, and run the fence agreement when it is due.
   void begin_collective(const char* call, detail::CallFingerprint fp) {
     check_usable(call);
-    if (peers_left.load(std::memory_order_acquire) > 0)
+    if (peers_left.load(std::memory_order_acquire) > 0) {
+      // Point-to-point between the others could go on; a collective never can again. Name every
+      // rank that left: one that failed on the first leaver and closed in turn may be seen too.
+      std::vector<int> left_ranks;
       for (int r = 0; r < size; ++r)
-        if (r != rank && peer_left[static_cast<std::size_t>(r)].load(std::memory_order_acquire)) {
-          // Point-to-point between the others could go on; a collective never can again.
-          const std::string why = fmt::format("rank {} closed its communicator; a collective needs every rank", r);
-          record_failure(Status(ErrorCode::PeerUnreachable), why);
-          throw PeerUnreachableError(fmt::format("rank {}: {}: {}", rank, call, why));
-        }
+        if (r != rank && peer_left[static_cast<std::size_t>(r)].load(std::memory_order_acquire)) left_ranks.push_back(r);
+      if (!left_ranks.empty()) {
+        const std::string why =
+            left_ranks.size() == 1
+                ? fmt::format("rank {} closed its communicator; a collective needs every rank", left_ranks[0])
+                : fmt::format("ranks {} closed their communicators; a collective needs every rank", fmt::join(left_ranks, ", "));
+        record_failure(Status(ErrorCode::PeerUnreachable), why);
+        throw PeerUnreachableError(fmt::format("rank {}: {}: {}", rank, call, why));
+      }
+    }
     ++seq;
     if (options.check_calls && size > 1) check_call(call, fp);
     if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
@@ -1780,7 +1787,7 @@ detail::DirectWrite Communicator::Impl::direct_write_for(LaneState& lane, const 
     // options); each decides for its own output whether the left neighbour writes into it.
     direct.enabled = true;
     direct.call = static_cast<std::uint32_t>(seq);
-    if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes)
+    if (is_allocated(recv, bytes) || bytes >= options.direct_write_user_min_bytes || lane.left->transport->cheap_user_writes())
       direct.own_key = output_key(recv, bytes, lane.left->transport);
     direct.resolve = &Impl::resolve_remote;
     direct.ctx = this;
