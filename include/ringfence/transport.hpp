@@ -244,6 +244,11 @@ class Transport {
   virtual void* allocate(std::size_t bytes, MemoryKind kind) { (void)bytes; (void)kind; return nullptr; }
   /// Frees memory from `allocate`; false when `ptr` is not this transport's.
   virtual bool deallocate(void* ptr) noexcept { (void)ptr; return false; }
+  /// True when a peer's write into a registered plain user buffer costs no more than a write
+  /// into staging memory (the receiver places the bytes itself: tcp reads its socket straight
+  /// into the buffer), so the engine lets peers write final values into user buffers without
+  /// `CommOptions::direct_write_user_min_bytes`. Default: false (shm needs cross-memory attach).
+  virtual bool cheap_user_writes() const noexcept { return false; }
   /// Registers `bytes` at `ptr` so peers can address it. The region must outlive its use.
   virtual MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) = 0;
   /// Imports a peer's region from its key. Throws `InvalidUsage` on a malformed key.

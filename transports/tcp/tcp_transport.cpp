@@ -492,6 +492,9 @@ class TcpTransport final : public Transport {
   }
 
   std::string_view name() const noexcept override { return kName; }
+  // The receiving side reads each payload from its socket into the registered region, so a
+  // user buffer is as cheap a destination as staging and saves the copy out of it.
+  bool cheap_user_writes() const noexcept override { return true; }
 
   Reachability can_reach(const PeerInfo&, const PeerInfo&) const override {
     Reachability r;
