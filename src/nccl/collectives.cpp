@@ -43,7 +43,7 @@ ncclResult_t submit(const char* call, ncclComm_t comm, cudaStream_t stream, cons
   return r;
 }
 
-ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size_t count, ncclDataType_t datatype, int peer,
+ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size_t count, const ncclDataType_t& datatype, int peer,
                             ncclComm_t comm, cudaStream_t stream) {
   const ncclResult_t r = rf::nccl::guarded(call, comm, [&] {
     ncclComm& c = rf::nccl::check_usable(call, comm);

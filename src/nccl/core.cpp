@@ -1,5 +1,6 @@
 // NCCL shim internals: error mapping and bookkeeping, argument checks, and the per-thread group
 // queue with its execution at the outermost ncclGroupEnd. See shim.hpp and docs/nccl-compat.md.
+#include <cstring>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -201,8 +202,13 @@ Communicator& live(const char* call, ncclComm& comm) {
   throw ShimError(ncclInvalidUsage, fmt::format("rank {}: the communicator is not initialised", comm.rank));
 }
 
-DataType data_type(const char* call, ncclDataType_t type) {
+DataType data_type(const char* call, const ncclDataType_t& datatype) {
   (void)call;
+  // A C caller may pass any int; in C++ a value outside the enum's range is undefined behaviour
+  // to load as ncclDataType_t (UBSan: "load of value 99"), so read the bytes as an int.
+  int type = 0;
+  static_assert(sizeof type == sizeof datatype);
+  std::memcpy(&type, &datatype, sizeof type);
   switch (type) {
     case ncclInt8: return DataType::Int8;
     case ncclUint8: return DataType::Uint8;
@@ -216,10 +222,10 @@ DataType data_type(const char* call, ncclDataType_t type) {
     case ncclBfloat16: return DataType::BFloat16;
     case ncclFloat8e4m3:
     case ncclFloat8e5m2:
-      throw ShimError(ncclInvalidUsage, fmt::format("datatype {} (float8) is not supported by the ringfence shim", static_cast<int>(type)));
-    case ncclNumTypes: break;
+      throw ShimError(ncclInvalidUsage, fmt::format("datatype {} (float8) is not supported by the ringfence shim", type));
+    default: break;
   }
-  throw ShimError(ncclInvalidArgument, fmt::format("invalid datatype {}", static_cast<int>(type)));
+  throw ShimError(ncclInvalidArgument, fmt::format("invalid datatype {}", type));
 }
 
 ReduceOp reduce_op(const char* call, ncclRedOp_t op) {

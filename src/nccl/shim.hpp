@@ -103,8 +103,9 @@ ncclComm& check_comm(const char* call, ncclComm_t comm);
 ncclComm& check_usable(const char* call, ncclComm_t comm);
 
 /// ringfence type of an NCCL type; ShimError: ncclInvalidArgument for values outside the
-/// enum, ncclInvalidUsage for the float8 types (not supported by this build).
-DataType data_type(const char* call, ncclDataType_t type);
+/// enum, ncclInvalidUsage for the float8 types (not supported by this build). Taken by
+/// reference and read as an int: a C caller's out-of-range value must not be loaded as the enum.
+DataType data_type(const char* call, const ncclDataType_t& datatype);
 /// ringfence operator of a built-in NCCL operator; ShimError(ncclInvalidArgument) for any other
 /// value (this build creates no custom operators).
 ReduceOp reduce_op(const char* call, ncclRedOp_t op);

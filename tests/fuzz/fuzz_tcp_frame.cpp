@@ -48,7 +48,13 @@ thread_local std::size_t allocations = 0;
 }  // namespace
 
 #ifdef RF_FUZZ_ASAN
+#if __has_include(<sanitizer/allocator_interface.h>)
 #include <sanitizer/allocator_interface.h>
+#else
+// GCC ships no allocator_interface.h, but its libasan exports the hook installer.
+extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*, std::size_t),
+                                                         void (*free_hook)(const volatile void*));
+#endif
 namespace {
 void on_malloc(const volatile void*, std::size_t) {
   if (counting) ++allocations;

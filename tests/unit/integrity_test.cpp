@@ -465,6 +465,8 @@ TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmit
   }
 }
 
+// Left out of the tsan test preset (docs/sanitizers.md): under TSan every shm link runs below 1 %
+// of the expected 10 GB/s, slower than the throttled one.
 TEST_CASE("a throttled link is judged slow against its transport's expected bandwidth: suspect, then fenced",
           "[integrity][health][bandwidth]") {
   const int n = 4;
