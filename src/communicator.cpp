@@ -909,11 +909,14 @@ struct Communicator::Impl : LaneState {
     int hosts = 0;  // distinct host ids
     for (int r = 0; r < size; ++r)
       hosts += std::find(host_of.begin(), host_of.begin() + r, host_of[static_cast<std::size_t>(r)]) == host_of.begin() + r;
-    // The tuner's model: across hosts the slowest hop is a network link (tcp's figures).
+    // The tuner's model: across hosts, or with no shared-memory transport selected, the slowest
+    // hop is a network link (tcp's figures). Both are the same on every rank (host ids are
+    // global; the transport selection is in the protocol fingerprint).
     tuner_model = TunerModel{options.tuner_alpha_us, options.tuner_gbps};
-    if (hosts > 1) {
+    if (hosts > 1 || network_only()) {
       tuner_model.alpha_us = std::max(tuner_model.alpha_us, kInterHostAlphaUs);
       tuner_model.gbps = std::min(tuner_model.gbps, kInterHostGbps);
+      tuner_model.network = true;
     }
     set_ring(home_ring);
     start_lane_workers();
@@ -964,13 +967,18 @@ struct Communicator::Impl : LaneState {
     return false;
   }
 
+  // True when no selected transport shares memory: every link is a network link.
+  bool network_only() const noexcept {
+    return std::none_of(transports.begin(), transports.end(), [](const auto& t) { return t->name() == "shm"; });
+  }
+
   std::string protocol_fingerprint() const {
     return fmt::format(
         "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={} "
-        "algo={} tuner={}/{} channels={}/{} check_calls={} heartbeat={}",
+        "algo={} tuner={}/{}{} channels={}/{} check_calls={} heartbeat={}",
         engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
         agreement_enabled(), options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us,
-        options.tuner_gbps, planned_lanes, options.channel_min_bytes, options.check_calls,
+        options.tuner_gbps, network_only() ? "/network" : "", planned_lanes, options.channel_min_bytes, options.check_calls,
         options.effective_heartbeat().count() > 0);  // the user threshold may differ per rank
   }
 

@@ -16,10 +16,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <memory>
 #include <ringfence/transport.hpp>
 #include <span>
 
 namespace ringfence::transport_util {
+
+/// A connection that was complete when `Transport::connect` returned (shm, ibverbs): the first
+/// `try_finish` hands the link over; a second one is `InvalidUsage`.
+class ReadyPendingLink final : public PendingLink {
+ public:
+  /// Wraps the connected `link`.
+  explicit ReadyPendingLink(std::unique_ptr<Link> link) noexcept : link_(std::move(link)) {}
+  /// Ok with the link the first time, InvalidUsage after.
+  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
+    if (!link_) return Status(ErrorCode::InvalidUsage);
+    out = std::move(link_);
+    return Status::ok();
+  }
+
+ private:
+  std::unique_ptr<Link> link_;
+};
 
 /// futex(2) on a 32-bit word (shared, not private).
 inline long futex(std::atomic<std::uint32_t>* addr, int op, std::uint32_t val, const timespec* ts) noexcept {

@@ -68,3 +68,22 @@ TEST_CASE("tuner: one-shot for tiny messages, tree and direct for medium ones, t
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, 4096, true, false) == Algorithm::Ring);
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, std::size_t{1} << 30, true, true) == Algorithm::Direct);
 }
+
+TEST_CASE("tuner: on a network one-shot costs the wire's volume, so two ranks take it up to its cap", "[tuner]") {
+  TunerModel tcp{25.0, 1.25};
+  tcp.network = true;
+  TunerModel shm_like{25.0, 1.25};  // same figures, shared-memory cost model
+  // Two ranks: one-shot puts the same bytes on the wire as the ring in one hop instead of two.
+  for (std::size_t b : {std::size_t{8}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    INFO("bytes=" << b);
+    REQUIRE(predict_oneshot_us(tcp, 2, b) < predict_ring_us(tcp, 2, b));
+    REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, b, true, true) == Algorithm::OneShot);
+  }
+  REQUIRE(choose_allreduce(shm_like, Algorithm::Auto, 2, std::size_t{1} << 20, true, true) == Algorithm::Ring);
+  // A fence still rules it out; more ranks send (n-1) copies, so the ring wins bulk again.
+  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, std::size_t{1} << 20, true, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 4, std::size_t{16} << 20, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 4, 8, true, true) == Algorithm::OneShot);
+  // The network term is exactly (n-1) messages: 3 ranks, 1 MB at 1.25 GB/s = 800 us each.
+  REQUIRE(predict_oneshot_us(tcp, 3, 1000000) == Approx(25.0 * 1.5 + 2 * 800.0));
+}

@@ -552,19 +552,6 @@ class IbListen final : public ListenHandle {
   std::vector<QpSet> qps_;  // indexed by peer rank; taken by connect()
 };
 
-class IbPending final : public PendingLink {
- public:
-  explicit IbPending(std::unique_ptr<Link> link) : link_(std::move(link)) {}
-  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
-    if (!link_) return Status(ErrorCode::InvalidUsage);
-    out = std::move(link_);
-    return Status::ok();
-  }
-
- private:
-  std::unique_ptr<Link> link_;
-};
-
 class IbTransport final : public Transport {
  public:
   explicit IbTransport(const TransportContext& context) : self_(context.self), size_(context.size) {
@@ -669,7 +656,7 @@ class IbTransport final : public Transport {
     QpTransition rts = rts_transition(params, listen->info().psn);
     if (const int rc = dev_->verbs->modify_qp(qp.qp, &rts.attr, rts.mask); rc != 0)
       throw IbvError(fmt::format("rank {}: ibv_modify_qp RTR->RTS towards rank {} failed: {}", self_.rank, peer.rank, std::strerror(rc)), rc);
-    return std::make_unique<IbPending>(std::make_unique<IbLink>(dev_, std::move(qp), peer.rank));
+    return std::make_unique<transport_util::ReadyPendingLink>(std::make_unique<IbLink>(dev_, std::move(qp), peer.rank));
   }
 
  private:

@@ -224,19 +224,6 @@ class ShmLink final : public Link {
   transport_util::CompletionQueue<> queue_;
 };
 
-class ShmPending final : public PendingLink {
- public:
-  explicit ShmPending(std::unique_ptr<Link> link) : link_(std::move(link)) {}
-  Status try_finish(std::unique_ptr<Link>& out) noexcept override {
-    if (!link_) return Status(ErrorCode::InvalidUsage);
-    out = std::move(link_);
-    return Status::ok();
-  }
-
- private:
-  std::unique_ptr<Link> link_;
-};
-
 class ShmListen final : public ListenHandle {
  public:
   explicit ShmListen(Bytes address) : address_(std::move(address)) {}
@@ -381,7 +368,7 @@ class ShmTransport final : public Transport {
       if (fd < 0 && errno == ESRCH)
         throw PeerUnreachableError(fmt::format("rank {}: shm peer rank {} (pid {}) has exited", self_.rank, peer.rank, remote.pid));
     }
-    return std::make_unique<ShmPending>(std::make_unique<ShmLink>(peer.rank, remote.pid, fd, options_));
+    return std::make_unique<transport_util::ReadyPendingLink>(std::make_unique<ShmLink>(peer.rank, remote.pid, fd, options_));
   }
 
  private:
