@@ -916,7 +916,6 @@ struct Communicator::Impl : LaneState {
     if (hosts > 1 || network_only()) {
       tuner_model.alpha_us = std::max(tuner_model.alpha_us, kInterHostAlphaUs);
       tuner_model.gbps = std::min(tuner_model.gbps, kInterHostGbps);
-      tuner_model.network = true;
     }
     set_ring(home_ring);
     start_lane_workers();

@@ -13,9 +13,6 @@ namespace ringfence {
 struct TunerModel {
   double alpha_us = 6.0;  ///< one chunk hop: signal, wake-up, pipeline bubble (microseconds)
   double gbps = 2.0;      ///< bytes a link moves per nanosecond (GB/s)
-  /// The slowest hop is a network link (tcp): the bytes each rank puts on the wire bound every
-  /// algorithm, and one-shot's local reduction (memory speed) hides behind them.
-  bool network = false;
 };
 
 /// ceil(log2(n)) for n >= 1: the depth of the binary trees.
@@ -61,14 +58,11 @@ constexpr double predict_direct_us(const TunerModel& m, int n, std::size_t bytes
 }
 
 /// Predicted one-shot allreduce time: one hop, but every rank sends the whole message to each
-/// of its n-1 peers and reduces n inputs. (The communicator runs it only up to one chunk.) On
-/// shared memory the copies and the reduction cost alike, 2(n-1) times the message; on a
-/// network the wire carries (n-1) messages per rank (at two ranks the ring's volume too) and the
-/// reduction overlaps it.
+/// of its n-1 peers and reduces n inputs. (The communicator runs it only up to one chunk.)
 constexpr double predict_oneshot_us(const TunerModel& m, int n, std::size_t bytes) noexcept {
   if (n <= 1) return 0.0;
   const double s = static_cast<double>(bytes) / (m.gbps * 1e3);
-  return m.alpha_us * n / 2.0 + (m.network ? 1.0 : 2.0) * (n - 1) * s;
+  return m.alpha_us * n / 2.0 + 2.0 * (n - 1) * s;
 }
 
 /// The algorithm for an allreduce of `bytes` on `n` ranks. A `requested` algorithm other than

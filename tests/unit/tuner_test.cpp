@@ -69,21 +69,17 @@ TEST_CASE("tuner: one-shot for tiny messages, tree and direct for medium ones, t
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, std::size_t{1} << 30, true, true) == Algorithm::Direct);
 }
 
-TEST_CASE("tuner: on a network one-shot costs the wire's volume, so two ranks take it up to its cap", "[tuner]") {
-  TunerModel tcp{25.0, 1.25};
-  tcp.network = true;
-  TunerModel shm_like{25.0, 1.25};  // same figures, shared-memory cost model
-  // Two ranks: one-shot puts the same bytes on the wire as the ring in one hop instead of two.
-  for (std::size_t b : {std::size_t{8}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
-    INFO("bytes=" << b);
-    REQUIRE(predict_oneshot_us(tcp, 2, b) < predict_ring_us(tcp, 2, b));
-    REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, b, true, true) == Algorithm::OneShot);
-  }
-  REQUIRE(choose_allreduce(shm_like, Algorithm::Auto, 2, std::size_t{1} << 20, true, true) == Algorithm::Ring);
-  // A fence still rules it out; more ranks send (n-1) copies, so the ring wins bulk again.
-  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, std::size_t{1} << 20, true, false) == Algorithm::Ring);
-  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 4, std::size_t{16} << 20, true, true) == Algorithm::Ring);
-  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 4, 8, true, true) == Algorithm::OneShot);
-  // The network term is exactly (n-1) messages: 3 ranks, 1 MB at 1.25 GB/s = 800 us each.
-  REQUIRE(predict_oneshot_us(tcp, 3, 1000000) == Approx(25.0 * 1.5 + 2 * 800.0));
+TEST_CASE("tuner: network figures move the two-rank one-shot crossover up, not to bulk sizes", "[tuner]") {
+  const TunerModel shm{};           // the defaults: shared memory
+  const TunerModel tcp{25.0, 1.25};  // across hosts or tcp only (the communicator's network figures)
+  auto crossover = [](const TunerModel& m) {
+    std::size_t b = 8;
+    while (choose_allreduce(m, Algorithm::Auto, 2, b, true, true) != Algorithm::Ring) b *= 2;
+    return b;
+  };
+  // One-shot wins while its extra volume (2S vs S) costs less than the hop it saves: S/beta < alpha.
+  REQUIRE(crossover(shm) == 16384);  // 8 KiB < 6 us * 2 GB/s = 12 KB < 16 KiB
+  REQUIRE(crossover(tcp) == 32768);  // 16 KiB < 25 us * 1.25 GB/s = 31.25 KB < 32 KiB
+  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, std::size_t{1} << 20, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, 8, true, false) == Algorithm::Ring);  // a fence rules it out
 }
