@@ -860,8 +860,9 @@ struct Communicator::Impl : LaneState {
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
 
-    // A transport may want larger chunks (tcp: each chunk costs a wake-up and a signal round). Every rank sees the same links' preferences (a job spread over hosts gives every
-    // rank a network link); the fingerprint checks it.
+    // A transport may want larger chunks (tcp: each chunk costs a wake-up and a signal round).
+    // Every rank sees the same links' preferences (a job spread over hosts gives every rank a
+    // network link); the fingerprint checks it.
     if (min_chunk > engine.slot_bytes) engine.slot_bytes = (min_chunk + 63) / 64 * 64;
     oneshot_copy.resize(engine.slot_bytes);
 
@@ -1544,7 +1545,9 @@ struct Communicator::Impl : LaneState {
 
   // An error class as the abort word carries it, in words for a message.
   static std::string class_of(ErrorCode code) {
-    if (code == ErrorCode::Transient) return "transient: chunks kept failing their checksum";
+    // Transient is what the engine's checksums and a transport's exhausted retries (ibverbs
+    // retry-exceeded) both end in: say what it means without naming one cause.
+    if (code == ErrorCode::Transient) return "transient: a link kept failing (checksums or retries exhausted)";
     return std::string(to_string(code));
   }
 
