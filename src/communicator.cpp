@@ -1,6 +1,7 @@
 // Communicator: setup (control plane: may block, allocate, throw) and the API boundary that
 // validates arguments, runs the executor (which returns Status) and turns failures into
 // exceptions naming the rank, peer and link.
+#include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -1689,7 +1690,17 @@ Communicator Communicator::from_launch(const LaunchInfo& launch, const Transport
   std::shared_ptr<TcpStoreServer> server;
   if (launch.host_store) {
     const Logger log(options.log_level, launch.rank);
-    server = std::make_shared<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
+    try {
+      server = std::make_shared<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
+    } catch (const SystemError& e) {
+      if (e.native() != EADDRINUSE) throw;
+      // The port came from the launcher's variables (MASTER_PORT+1 under torchrun, a hash of the
+      // job id under mpirun / srun): say how to pick another one.
+      throw SystemError(fmt::format("rank {}: cannot host the bootstrap store: {} (launcher {}: set "
+                                    "RINGFENCE_STORE_ADDR=host:port to a free port on rank 0's host)",
+                                    launch.rank, e.what(), to_string(launch.launcher)),
+                        e.native());
+    }
   }
   auto store = std::make_shared<TcpStoreClient>(launch.store_host, launch.store_port, launch.token, options.timeout);
   Communicator comm(std::move(store), launch.rank, launch.size, registry, std::move(options));

@@ -353,7 +353,9 @@ LaunchInfo detect_launch(const Environment& env) {
     job_id += ":" + *master + ":" + *port_s;
   } else if (single_node && !job_id.empty()) {
     info.store_host = "127.0.0.1";
-    info.store_port = static_cast<std::uint16_t>(20000 + fnv1a(job_id, 14695981039346656037ull) % 20000);
+    // Below Linux's default ephemeral range (32768-60999), so an outgoing connection's local port
+    // cannot already hold it.
+    info.store_port = static_cast<std::uint16_t>(20000 + fnv1a(job_id, 14695981039346656037ull) % 12000);
     info.host_store = info.rank == 0;
   } else {
     throw InvalidUsage(fmt::format(

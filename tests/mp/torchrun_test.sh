@@ -4,6 +4,5 @@
 # hosts its store on MASTER_PORT + 1. Skipped (77) where torchrun is not installed.
 #   torchrun_test.sh PROGRAM NPROC
 command -v torchrun >/dev/null 2>&1 || { echo "torchrun not installed (apt-get install python3-torch): skipped"; exit 77; }
-# torch 1.13 on Python 3.11 (Debian 12) cannot parse --redirects/--tee 0, its default (an enum
-# iteration change in 3.11 makes the value None); 2 (stderr only) avoids the crash.
-exec timeout 240 torchrun --standalone --nproc_per_node="$2" --redirects 2 --tee 2 --no_python "$1"
+# tests/support/torchrun.sh picks the rendezvous port (see there why not --standalone).
+exec "$(dirname "$0")/../support/torchrun.sh" "$2" --no_python "$1"

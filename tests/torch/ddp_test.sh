@@ -24,7 +24,7 @@ steps=${DDP_TEST_STEPS:-20}
 # run LABEL BACKEND [VAR=VALUE ...]: one torchrun job; its output in $tmp/LABEL.log
 run() {
   label=$1; backend=$2; shift 2
-  if ! env "$@" timeout 240 torchrun --standalone --nproc_per_node="$n" --redirects 2 --tee 2 \
+  if ! env "$@" "$repo/tests/support/torchrun.sh" "$n" \
       "$repo/examples/torch_ddp.py" --backend "$backend" --steps "$steps" --out "$tmp/$label.pt" >"$tmp/$label.log" 2>&1; then
     cat "$tmp/$label.log"
     echo "ddp_test: run '$label' failed"

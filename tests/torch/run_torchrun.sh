@@ -7,5 +7,5 @@ pydir=$1; n=$2; shift 2
 command -v torchrun >/dev/null 2>&1 || { echo "torchrun not installed (apt-get install python3-torch): skipped"; exit 77; }
 ls "$pydir"/ringfence_torch/_C*.so >/dev/null 2>&1 || { echo "ringfence_torch not built in $pydir (torch or pybind11-dev missing at configure time): skipped"; exit 77; }
 export RINGFENCE_TORCH_PATH="$pydir" OMP_NUM_THREADS=1
-# torch 1.13 on Python 3.11 crashes on its default --redirects/--tee 0 (docs/launching.md).
-exec timeout 240 torchrun --standalone --nproc_per_node="$n" --redirects 2 --tee 2 "$@"
+# tests/support/torchrun.sh picks the rendezvous port (see there why not --standalone).
+exec "$(dirname "$0")/../support/torchrun.sh" "$n" "$@"

@@ -3,6 +3,11 @@
 // the call fingerprints naming both ranks, abort() ends in-flight work in bounded time from
 // another thread, the heartbeat reports a peer that closed its communicator, and per-call
 // deadlines apply.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -400,4 +405,36 @@ TEST_CASE("set_timeout: a per-call deadline overrides the communicator's", "[fai
   });
   REQUIRE(err.empty());
   REQUIRE(ok == 1);
+}
+
+TEST_CASE("a store port already in use fails rank 0 with a hint, not a hang", "[failure][launch]") {
+  // Occupy a port the way another process would, then ask from_launch to host the store there.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  LaunchInfo launch;
+  launch.launcher = Launcher::Torchrun;
+  launch.rank = 0;
+  launch.size = 2;
+  launch.store_host = "127.0.0.1";
+  launch.store_port = ntohs(addr.sin_port);
+  launch.host_store = true;
+  std::string msg;
+  try {
+    (void)Communicator::from_launch(launch, builtin_transports(), options(std::chrono::milliseconds(2000)));
+    msg = "no error";
+  } catch (const SystemError& e) {
+    msg = e.what();
+  }
+  ::close(fd);
+  INFO(msg);
+  REQUIRE(msg.find("rank 0: cannot host the bootstrap store") != std::string::npos);
+  REQUIRE(msg.find(fmt::format(":{}", launch.store_port)) != std::string::npos);
+  REQUIRE(msg.find("RINGFENCE_STORE_ADDR") != std::string::npos);
 }
