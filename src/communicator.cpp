@@ -24,6 +24,7 @@
 #include <ringfence/tuner.hpp>
 #include <thread>
 
+#include "device_staging.hpp"
 #include "engine.hpp"
 #include "health_monitor.hpp"
 #include <ringfence/health/topology.hpp>
@@ -277,6 +278,7 @@ struct Communicator::Impl : LaneState {
   // already ran on the caller's thread.
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
+    std::function<void()> gate = std::exchange(next_gate, {});  // a stream-ordered call's input gate
     RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
     if (!async) {
       drain();
@@ -287,13 +289,57 @@ struct Communicator::Impl : LaneState {
     auto state = std::make_shared<Work::State>();
     std::lock_guard lock(queue_mutex);
     if (!worker.joinable()) worker = std::thread([this] { work_loop(); });
-    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run)] {
+    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run), gate = std::move(gate)] {
+                         if (gate) gate();
                          apply_timeout(t);
                          run();
                        }),
                        state);
     queue_cv.notify_all();
     return Work(std::move(state));
+  }
+
+  // Stream-ordered calls (device_staging.hpp): the stager, made at the first one, and the gate
+  // the next queued call runs first.
+  std::unique_ptr<detail::DeviceStager> stager;
+  std::function<void()> next_gate;
+
+  // Runs one stream-ordered call: `queue(in, out)` issues the asynchronous host collective
+  // from staging `in` to staging `out`. Argument checks already ran.
+  template <class Queue>
+  void staged(const char* call, CudaStream stream, const void* src, std::size_t in_bytes, void* dst, std::size_t out_bytes,
+              Queue queue) {
+    check_usable(call);
+    if (!stager) stager = std::make_unique<detail::DeviceStager>(rank, call, options.cuda_runtime, options.device_staging_slots);
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(call_timeout.count() > 0 ? call_timeout : options.timeout);
+    stager->run(call, stream.handle, src, in_bytes, dst, out_bytes, wait,
+                [&](std::byte* in, std::byte* out, detail::DeviceStager::Gate gate) {
+                  // Waits for the input copy in short slices, so abort() and failures end it
+                  // at once. A gate that times out breaks the communicator like a failed
+                  // collective: this rank skipped a call its peers are in.
+                  next_gate = [this, gate = std::move(gate), wait, call] {
+                    const auto deadline = std::chrono::steady_clock::now() + wait;
+                    while (!gate(std::chrono::milliseconds(20))) {
+                      check_usable(call);
+                      if (std::chrono::steady_clock::now() < deadline) continue;
+                      const std::string msg = fmt::format(
+                          "rank {}: {} on a CUDA stream: the copy of the input to host staging did not finish within {} ms (is "
+                          "the stream blocked by earlier work?)",
+                          rank, call, wait.count());
+                      record_failure(Status(ErrorCode::Timeout), msg);
+                      abort_peers(ErrorCode::Timeout, rank);
+                      throw TimeoutError(msg);
+                    }
+                  };
+                  try {
+                    Work w = queue(in, out);
+                    next_gate = {};
+                    return w;
+                  } catch (...) {
+                    next_gate = {};
+                    throw;
+                  }
+                });
   }
 
   // The deadline of the call about to run on every lane: set_timeout()'s value or the default.
@@ -1981,6 +2027,96 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type) {
   live(__func__)->alltoall(false, send, recv, count, type);
+}
+
+// Stream-ordered calls: the same argument checks as the host calls (on the user's pointers),
+// then Impl::staged with the host collective on staging memory.
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "allreduce";
+  m->check_type(call, type);
+  m->check_op(call, op);
+  const std::size_t bytes = m->bytes_of(call, "count", count, type);
+  m->check_pointer(call, "sendbuff", send, bytes);
+  m->check_pointer(call, "recvbuff", recv, bytes);
+  m->check_overlap(call, send, bytes, recv, bytes, recv);
+  m->staged(call, stream, send, bytes, recv, bytes,
+            [&](std::byte* in, std::byte* out) { return m->allreduce(true, in, out, count, type, op); });
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op,
+                                  CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "reduce_scatter";
+  m->check_type(call, type);
+  m->check_op(call, op);
+  const std::size_t recv_bytes = m->bytes_of(call, "recvcount", recvcount, type);
+  const std::size_t send_bytes = m->bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(m->size));
+  m->check_pointer(call, "sendbuff", send, send_bytes);
+  m->check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(m->rank) * recv_bytes : nullptr;
+  m->check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
+  m->staged(call, stream, send, send_bytes, recv, recv_bytes,
+            [&](std::byte* in, std::byte* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type, CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "allgather";
+  m->check_type(call, type);
+  const std::size_t send_bytes = m->bytes_of(call, "sendcount", sendcount, type);
+  const std::size_t recv_bytes = m->bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(m->size));
+  m->check_pointer(call, "sendbuff", send, send_bytes);
+  m->check_pointer(call, "recvbuff", recv, recv_bytes);
+  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(m->rank) * send_bytes : nullptr;
+  m->check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
+  m->staged(call, stream, send, send_bytes, recv, recv_bytes,
+            [&](std::byte* in, std::byte* out) { return m->allgather(true, in, out, sendcount, type); });
+}
+void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root, CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "broadcast";
+  m->check_type(call, type);
+  m->check_root(call, root);
+  const std::size_t bytes = m->bytes_of(call, "count", count, type);
+  const bool is_root = m->rank == root;
+  if (is_root) m->check_pointer(call, "sendbuff (on the root)", send, bytes);
+  m->check_pointer(call, "recvbuff", recv, bytes);
+  if (is_root) m->check_overlap(call, send, bytes, recv, bytes, recv);
+  // The root's input goes through staging; the others send nothing (their staged input is unused).
+  m->staged(call, stream, send, is_root ? bytes : 0, recv, bytes,
+            [&](std::byte* in, std::byte* out) { return m->broadcast(true, in, out, count, type, root); });
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
+                          CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "reduce";
+  m->check_type(call, type);
+  m->check_op(call, op);
+  m->check_root(call, root);
+  const std::size_t bytes = m->bytes_of(call, "count", count, type);
+  const bool is_root = m->rank == root;
+  m->check_pointer(call, "sendbuff", send, bytes);
+  if (is_root) {
+    m->check_pointer(call, "recvbuff (on the root)", recv, bytes);
+    m->check_overlap(call, send, bytes, recv, bytes, recv);
+  }
+  m->staged(call, stream, send, bytes, recv, is_root ? bytes : 0, [&](std::byte* in, std::byte* out) {
+    return m->reduce(true, in, is_root ? out : nullptr, count, type, op, root);
+  });
+}
+void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream) {
+  Impl* m = live(__func__);
+  const char* call = "alltoall";
+  m->check_type(call, type);
+  const std::size_t bytes = m->bytes_of(call, "count", count, type, static_cast<std::size_t>(m->size));
+  m->check_pointer(call, "sendbuff", send, bytes);
+  m->check_pointer(call, "recvbuff", recv, bytes);
+  m->check_overlap(call, send, bytes, recv, bytes, nullptr);
+  m->staged(call, stream, send, bytes, recv, bytes,
+            [&](std::byte* in, std::byte* out) { return m->alltoall(true, in, out, count, type); });
+}
+std::size_t Communicator::device_staging_bytes() const {
+  const Impl* m = live(__func__);
+  return m->stager ? m->stager->staging_bytes() : 0;
 }
 Work Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
   return live(__func__)->allreduce(true, send, recv, count, type, op);

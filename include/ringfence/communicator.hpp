@@ -208,6 +208,29 @@ class Communicator {
   Work alltoall_async(const void* send, void* recv, std::size_t count, DataType type);
   /// See `barrier`.
   Work barrier_async();
+  /// Stream-ordered collectives on CUDA memory, like NCCL's (docs/device.md): the call checks
+  /// its arguments, enqueues its work on `stream` and returns at once; later work on `stream`
+  /// sees the result. Buffers may be device, managed or host memory (anything
+  /// `cudaMemcpyAsync` with `cudaMemcpyDefault` accepts). Host-staged: the input is copied to
+  /// pinned host memory on `stream`, the host collective runs on the progress thread in issue
+  /// order with the other asynchronous calls, and the result is copied back on `stream`.
+  /// Throws `CudaError` naming the rank when no CUDA runtime, driver or device is usable or a
+  /// CUDA call fails, and like the blocking call for bad arguments. A failure after the call
+  /// returned is reported by `async_error()` and the next call; the output is then undefined.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CudaStream stream);
+  /// Stream-ordered `reduce_scatter` (see the stream-ordered `allreduce`).
+  void reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op, CudaStream stream);
+  /// Stream-ordered `allgather` (see the stream-ordered `allreduce`).
+  void allgather(const void* send, void* recv, std::size_t sendcount, DataType type, CudaStream stream);
+  /// Stream-ordered `broadcast` (see the stream-ordered `allreduce`); `send` is read on the root only.
+  void broadcast(const void* send, void* recv, std::size_t count, DataType type, int root, CudaStream stream);
+  /// Stream-ordered `reduce` (see the stream-ordered `allreduce`); `recv` is written on the root only.
+  void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root, CudaStream stream);
+  /// Stream-ordered `alltoall` (see the stream-ordered `allreduce`).
+  void alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream);
+  /// Pinned host staging bytes the stream-ordered calls hold (0 before the first one).
+  std::size_t device_staging_bytes() const;
+
   /// Waits for every queued asynchronous call (rethrowing nothing: use each `Work`).
   void synchronize();
 

@@ -35,6 +35,8 @@
 /// | RINGFENCE_HEALTH_PROMETHEUS | Prometheus text file per rank (`{rank}` in the path) | none |
 /// | RINGFENCE_HEALTH_CONFIG | file of health thresholds and timings (`key = value`, see health/config.hpp) | none |
 /// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |
+/// | RINGFENCE_CUDART | CUDA runtime library for the stream-ordered calls | libcudart.so.13, .12, .11.0, .so |
+/// | RINGFENCE_DEVICE_STAGING_SLOTS | stream-ordered calls in flight per communicator (pinned staging buffers) | 8 |
 /// | RINGFENCE_NVML_LIBRARY | NVML library to dlopen | libnvidia-ml.so.1 |
 /// | RINGFENCE_HEALTH_WINDOW_MS | sliding window of counter deltas | 60000 |
 /// | RINGFENCE_HEALTH_INTERVAL_MS | background sampling period of the counter sources (0 = off) | 1000 |

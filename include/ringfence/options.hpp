@@ -110,6 +110,13 @@ struct CommOptions {
   /// segment) instead of through staging slots plus a copy. SIZE_MAX disables it. Must match
   /// on every rank. Env: RINGFENCE_DIRECT_WRITE_MIN_BYTES=<bytes>|off.
   std::size_t direct_write_min_bytes = 256 * 1024;
+  /// CUDA runtime library the stream-ordered calls load (`CudaStream` overloads); empty tries
+  /// libcudart.so.13, .12, .11.0, libcudart.so. Env: RINGFENCE_CUDART.
+  std::string cuda_runtime;
+  /// Pinned host staging buffers of the stream-ordered calls: at most this many calls in flight
+  /// per communicator (a further call waits for one to finish, up to `timeout`).
+  /// Env: RINGFENCE_DEVICE_STAGING_SLOTS.
+  std::size_t device_staging_slots = 8;
   /// The same for plain user buffers, written by cross-memory attach (process_vm_writev).
   /// Off by default: on the development machines it measured no faster than staging (see
   /// docs/architecture.md). Applies only at or above `direct_write_min_bytes`.

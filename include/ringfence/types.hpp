@@ -41,6 +41,12 @@ enum class MemoryKind : std::uint8_t {
   Device,    ///< CUDA device memory
 };
 
+/// A CUDA stream (`cudaStream_t`) handed over without CUDA headers: `CudaStream{stream}`.
+/// The null handle is the legacy default stream.
+struct CudaStream {
+  void* handle = nullptr;  ///< the cudaStream_t value
+};
+
 /// Size in bytes of one element of `type`. Returns 0 for an out-of-range value.
 RINGFENCE_HOST_DEVICE constexpr std::size_t size_of(DataType type) noexcept {
   switch (type) {

@@ -1,0 +1,68 @@
+#include "cuda_api.hpp"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+namespace ringfence::detail {
+namespace {
+
+template <class F>
+bool bind(void* handle, const char* name, F& out) {
+  out = reinterpret_cast<F>(::dlsym(handle, name));
+  return out != nullptr;
+}
+
+}  // namespace
+
+std::string CudaApi::describe(const char* call, int err) const {
+  const char* text = error_string != nullptr ? error_string(err) : nullptr;
+  return fmt::format("{} failed: {} (code {})", call, text != nullptr ? text : "unknown error", err);
+}
+
+CudaApi load_cuda_api(const std::string& path) {
+  CudaApi api;
+  void* handle = nullptr;
+  std::string tried;
+  auto attempt = [&](const char* name) {
+    if (handle != nullptr) return;
+    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr) {
+      api.library = name;
+    } else {
+      tried += fmt::format("{}{}", tried.empty() ? "" : ", ", name);
+    }
+  };
+  if (!path.empty()) {
+    attempt(path.c_str());
+  } else {
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) attempt(name);
+  }
+  if (handle == nullptr) {
+    api.why_not = fmt::format("no CUDA runtime library (tried {})", tried);
+    return api;
+  }
+  // cudaMemcpyAsync and cudaLaunchHostFunc are the default-stream-semantics entry points (not
+  // the _ptsz ones), as a program compiled without --default-stream per-thread calls them.
+  if (!bind(handle, "cudaGetDeviceCount", api.get_device_count) || !bind(handle, "cudaGetDevice", api.get_device) ||
+      !bind(handle, "cudaPointerGetAttributes", api.pointer_attributes) ||
+      !bind(handle, "cudaGetErrorString", api.error_string) || !bind(handle, "cudaMemcpyAsync", api.memcpy_async) ||
+      !bind(handle, "cudaLaunchHostFunc", api.launch_host_func) || !bind(handle, "cudaHostAlloc", api.host_alloc) ||
+      !bind(handle, "cudaFreeHost", api.free_host)) {
+    api.why_not = fmt::format("{} lacks one of cudaGetDeviceCount, cudaGetDevice, cudaPointerGetAttributes, cudaGetErrorString, "
+                              "cudaMemcpyAsync, cudaLaunchHostFunc, cudaHostAlloc, cudaFreeHost",
+                              api.library);
+    return api;
+  }
+  int count = 0;
+  const int err = api.get_device_count(&count);
+  if (err != kCudaSuccess) {
+    api.why_not = fmt::format("{} (from {}; is an NVIDIA driver installed?)", api.describe("cudaGetDeviceCount", err), api.library);
+  } else if (count <= 0) {
+    api.why_not = fmt::format("cudaGetDeviceCount found no device (from {})", api.library);
+  } else {
+    api.usable = true;
+  }
+  return api;  // the library stays loaded (never dlclose'd): streams may still call into it
+}
+
+}  // namespace ringfence::detail

@@ -1,0 +1,49 @@
+#pragma once
+// The CUDA runtime functions the host-staged device path calls, loaded with dlopen (ringfence
+// links no CUDA library and includes no CUDA header: the declarations below are our own, like
+// the NVML source's; tests/build_checks/cuda_api_check.cpp compares them with the installed
+// cuda_runtime_api.h when one exists). Loaded per user (a DeviceStager), never unloaded.
+#include <cstddef>
+#include <string>
+
+namespace ringfence::detail {
+
+/// cudaPointerAttributes (CUDA >= 11 layout).
+struct CudaPointerAttributes {
+  int type = 0;                   ///< cudaMemoryType
+  int device = 0;                 ///< owning device
+  void* device_pointer = nullptr; ///< device address
+  void* host_pointer = nullptr;   ///< host address
+};
+
+inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaMemcpyDefault = 4;      ///< cudaMemcpyDefault: direction from the pointers
+inline constexpr unsigned kCudaHostAllocPortable = 1;
+inline constexpr int kCudaMemoryTypeDevice = 2;   ///< cudaMemoryTypeDevice
+inline constexpr int kCudaMemoryTypeManaged = 3;  ///< cudaMemoryTypeManaged
+
+/// The loaded functions. `usable` is false when the library, a symbol, a driver or a device is
+/// missing; `why_not` then says which.
+struct CudaApi {
+  using HostFn = void (*)(void*);
+  int (*get_device_count)(int*) = nullptr;
+  int (*get_device)(int*) = nullptr;
+  int (*pointer_attributes)(CudaPointerAttributes*, const void*) = nullptr;
+  const char* (*error_string)(int) = nullptr;
+  int (*memcpy_async)(void*, const void*, std::size_t, int, void*) = nullptr;
+  int (*launch_host_func)(void*, HostFn, void*) = nullptr;
+  int (*host_alloc)(void**, std::size_t, unsigned) = nullptr;
+  int (*free_host)(void*) = nullptr;
+  bool usable = false;
+  std::string why_not;
+  std::string library;  ///< the file dlopen found
+
+  /// "cudaFoo failed: <error string> (code N)".
+  std::string describe(const char* call, int err) const;
+};
+
+/// Loads the CUDA runtime: `path` when not empty, else libcudart.so.13, .12, .11.0, then
+/// libcudart.so (found through the usual loader search, LD_LIBRARY_PATH included). Never throws.
+CudaApi load_cuda_api(const std::string& path);
+
+}  // namespace ringfence::detail

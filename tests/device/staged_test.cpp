@@ -1,0 +1,254 @@
+// The stream-ordered calls (src/device_staging.cpp) on thread ranks over the fake CUDA runtime
+// of fake_cudart_streams.cpp, whose streams are threads: a call returns before its stream ran,
+// the result lands only when the stream reaches it, several calls may be in flight, and a
+// stream that never gets there, abort(), or a missing runtime end in clear errors, never a hang.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ringfence/ringfence.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/thread_ranks.hpp"
+#include "support/verifiable.hpp"
+
+extern "C" {
+int cudaMalloc(void**, std::size_t);
+int cudaFree(void*);
+int cudaMemcpy(void*, const void*, std::size_t, int);
+int cudaStreamCreate(void**);
+int cudaStreamDestroy(void*);
+int cudaStreamSynchronize(void*);
+void fake_cuda_hold(void*, int);
+int fake_cuda_pinned_live();
+}
+
+using namespace ringfence;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+CommOptions options(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  CommOptions o;
+  o.host_id = "thread-host";
+  o.timeout = timeout;
+  o.chunk_bytes = 4096;
+  o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
+  return o;
+}
+
+// Device buffer of `bytes` on the fake (host memory the fake calls device memory).
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { T_CHECK(cudaMalloc(&p, bytes) == 0); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct Stream {
+  void* s = nullptr;
+  Stream() { T_CHECK(cudaStreamCreate(&s) == 0); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CudaStream handle() const { return CudaStream{s}; }
+};
+
+}  // namespace
+
+TEST_CASE("a stream-ordered allreduce returns before its stream runs and lands when it does", "[device]") {
+  const int n = 3;
+  const std::size_t count = 10007;
+  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+    const std::size_t bytes = count * sizeof(float);
+    std::vector<float> host(count), back(count, -1.0f);
+    test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+    DeviceBuffer send(bytes), recv(bytes);
+    T_CHECK(cudaMemcpy(send.p, host.data(), bytes, 1) == 0);
+    std::vector<float> sentinel(count, -7.0f);
+    T_CHECK(cudaMemcpy(recv.p, sentinel.data(), bytes, 1) == 0);
+    Stream stream;
+    fake_cuda_hold(stream.s, 1);
+    comm.allreduce(send.p, recv.p, count, DataType::Float32, ReduceOp::Sum, stream.handle());
+    // The stream is held: nothing was copied, the output is untouched.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    T_CHECK(std::memcmp(recv.p, sentinel.data(), bytes) == 0);
+    fake_cuda_hold(stream.s, 0);
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+    T_CHECK(test::count_wrong(DataType::Float32, ReduceOp::Sum, n, recv.p, count) == 0);
+    T_CHECK(comm.async_error().is_ok());
+    T_CHECK(comm.device_staging_bytes() >= 2 * bytes);
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("stream-ordered collectives are exact for every dtype and op, in place too", "[device]") {
+  const int n = 3;
+  const std::size_t count = 1001;
+  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+    Stream stream;
+    DeviceBuffer send(count * 8), recv(count * 8);
+    std::vector<std::byte> host(count * 8);
+    for (int t = 0; t < kNumDataTypes; ++t)
+      for (int o = 0; o < kNumReduceOps; ++o)
+        for (bool in_place : {false, true}) {
+          const auto type = static_cast<DataType>(t);
+          const auto op = static_cast<ReduceOp>(o);
+          test::fill_input(type, op, comm.rank(), n, host.data(), count);
+          T_CHECK(cudaMemcpy(send.p, host.data(), count * size_of(type), 1) == 0);
+          void* out = in_place ? send.p : recv.p;
+          comm.allreduce(send.p, out, count, type, op, stream.handle());
+          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+          if (test::count_wrong(type, op, n, out, count) != 0)
+            throw std::runtime_error(fmt::format("allreduce {} {}{} wrong", to_string(type), to_string(op), in_place ? " in place" : ""));
+        }
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("many stream-ordered calls in flight on one stream reuse a bounded staging pool", "[device]") {
+  const int n = 2;
+  const std::size_t count = 4096, calls = 24;
+  CommOptions o = options();
+  o.device_staging_slots = 3;
+  const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+    Stream stream;
+    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+    std::vector<std::int32_t> host(count);
+    for (std::size_t c = 0; c < calls; ++c) {
+      bufs.push_back(std::make_unique<DeviceBuffer>(count * 4));
+      for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<std::int32_t>(c * 1000 + i + static_cast<std::size_t>(comm.rank()));
+      T_CHECK(cudaMemcpy(bufs.back()->p, host.data(), count * 4, 1) == 0);
+    }
+    fake_cuda_hold(stream.s, 1);
+    // Three calls fit the pool while the stream is held; the fourth would wait for a slot.
+    for (std::size_t c = 0; c < 3; ++c) comm.allreduce(bufs[c]->p, bufs[c]->p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+    fake_cuda_hold(stream.s, 0);
+    for (std::size_t c = 3; c < calls; ++c)
+      comm.allreduce(bufs[c]->p, bufs[c]->p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+    for (std::size_t c = 0; c < calls; ++c) {
+      const auto* p = static_cast<const std::int32_t*>(bufs[c]->p);
+      for (std::size_t i = 0; i < count; ++i)
+        if (p[i] != static_cast<std::int32_t>(2 * (c * 1000 + i) + 1)) throw std::runtime_error(fmt::format("call {} element {} wrong", c, i));
+    }
+    T_CHECK(comm.device_staging_bytes() <= 3 * (2 * count * 4 + 256));
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("a stream that never reaches a call's input copy times out instead of hanging", "[device][failure]") {
+  const int n = 2;
+  std::vector<std::string> seen(n);
+  const auto start = Clock::now();
+  const std::string err = test::run_ranks(n, options(std::chrono::milliseconds(500)), [&](Communicator& comm) {
+    Stream stream;
+    DeviceBuffer buf(4096);
+    if (comm.rank() == 1) fake_cuda_hold(stream.s, 1);  // rank 1's stream is stuck behind "earlier work"
+    comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+    for (int i = 0; i < 400 && comm.async_error().is_ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen[static_cast<std::size_t>(comm.rank())] = std::string(to_string(comm.async_error().code()));
+    try {
+      comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+      seen[static_cast<std::size_t>(comm.rank())] += " / next call accepted";
+    } catch (const Error& e) {
+      seen[static_cast<std::size_t>(comm.rank())] += std::string(" / ") + e.what();
+    }
+    fake_cuda_hold(stream.s, 0);
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+  });
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO(seen[0] << "\n" << seen[1]);
+  REQUIRE(err == "");
+  REQUIRE(secs < 5.0);
+  REQUIRE(seen[1].find("timeout") == 0);
+  REQUIRE(seen[1].find("rank 1: allreduce on a CUDA stream: the copy of the input to host staging did not finish") != std::string::npos);
+  REQUIRE(seen[0].find("next call accepted") == std::string::npos);  // rank 0 failed too, and says so
+  REQUIRE(seen[0].find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("abort() ends a call waiting for its stream at once", "[device][failure]") {
+  const std::string err = test::run_ranks(1, options(std::chrono::seconds(30)), [&](Communicator& comm) {
+    Stream stream;
+    DeviceBuffer buf(4096);
+    fake_cuda_hold(stream.s, 1);
+    comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+    const auto t0 = Clock::now();
+    comm.abort();
+    while (comm.async_error().is_ok() && Clock::now() - t0 < std::chrono::seconds(5)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    T_CHECK(comm.async_error().code() == ErrorCode::Aborted);
+    fake_cuda_hold(stream.s, 0);
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);  // the stream's host functions return: no hang
+    T_CHECK(Clock::now() - t0 < std::chrono::seconds(2));
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("stream-ordered calls without a usable CUDA runtime fail with CudaError naming the rank", "[device]") {
+  CommOptions o = options();
+  o.cuda_runtime = "/nonexistent/libcudart.so.13";
+  std::string msg;
+  const std::string err = test::run_ranks(1, o, [&](Communicator& comm) {
+    std::vector<float> buf(16);
+    try {
+      comm.allreduce(buf.data(), buf.data(), 16, DataType::Float32, ReduceOp::Sum, CudaStream{});
+      msg = "no error";
+    } catch (const CudaError& e) {
+      msg = e.what();
+    }
+  });
+  REQUIRE(err == "");
+  REQUIRE(msg.find("rank 0: allreduce on a CUDA stream: no usable CUDA runtime: no CUDA runtime library (tried /nonexistent/libcudart.so.13)") ==
+          0);
+
+  // A runtime without a driver, as on the CI machines.
+  ::setenv("FAKE_CUDA_DEVICES", "driver", 1);
+  const std::string err2 = test::run_ranks(1, options(), [&](Communicator& comm) {
+    std::vector<float> buf(16);
+    try {
+      comm.allgather(buf.data(), buf.data(), 16, DataType::Float32, CudaStream{});
+      msg = "no error";
+    } catch (const CudaError& e) {
+      msg = e.what();
+    }
+  });
+  ::unsetenv("FAKE_CUDA_DEVICES");
+  REQUIRE(err2 == "");
+  REQUIRE(msg.find("rank 0: allgather on a CUDA stream: no usable CUDA runtime: cudaGetDeviceCount failed: CUDA driver version is "
+                   "insufficient") == 0);
+  REQUIRE(msg.find("(code 35)") != std::string::npos);
+}
+
+TEST_CASE("stream-ordered calls check their arguments like the host calls", "[device]") {
+  std::vector<std::string> msgs;
+  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+    if (comm.rank() != 1) {
+      comm.barrier();
+      return;
+    }
+    std::vector<float> buf(64);
+    auto expect = [&](auto call) {
+      try {
+        call();
+        msgs.push_back("no error");
+      } catch (const InvalidUsage& e) {
+        msgs.push_back(e.what());
+      }
+    };
+    expect([&] { comm.allreduce(buf.data(), nullptr, 16, DataType::Float32, ReduceOp::Sum, CudaStream{}); });
+    expect([&] { comm.broadcast(buf.data(), buf.data(), 16, DataType::Float32, 2, CudaStream{}); });
+    expect([&] { comm.alltoall(buf.data(), buf.data() + 1, 8, DataType::Float32, CudaStream{}); });
+    expect([&] { comm.reduce(buf.data(), buf.data(), 4, DataType::Float32, static_cast<ReduceOp>(9), 0, CudaStream{}); });
+    comm.barrier();
+  });
+  REQUIRE(err == "");
+  REQUIRE(msgs.size() == 4);
+  CHECK(msgs[0] == "rank 1: allreduce: recvbuff is null with 64 bytes to move");
+  CHECK(msgs[1] == "rank 1: broadcast: root 2 is out of range [0, 2)");
+  CHECK(msgs[2].find("rank 1: alltoall: sendbuff") == 0);
+  CHECK(msgs[3].find("rank 1: reduce:") == 0);
+  CHECK(fake_cuda_pinned_live() >= 0);
+}
