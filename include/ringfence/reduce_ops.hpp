@@ -137,6 +137,68 @@ RINGFENCE_HOST_DEVICE inline void reduce_loop(T* dst, const T* a, const T* b, st
   }
 }
 
+/// How `reduce_vec16` splits `n` elements of `elem` bytes at `dst`, `a`, `b`: a scalar head up
+/// to the first 16-byte boundary, `packs` 16-byte packs, then a scalar tail from `tail`. When
+/// the three pointers are not equally misaligned everything is scalar (`packs` = 0).
+struct Vec16Split {
+  std::size_t head = 0;   ///< scalar elements before the first pack
+  std::size_t packs = 0;  ///< 16-byte packs after the head
+  std::size_t tail = 0;   ///< first element after the packs
+};
+
+/// See `Vec16Split`.
+RINGFENCE_HOST_DEVICE constexpr Vec16Split vec16_split(std::uintptr_t dst, std::uintptr_t a, std::uintptr_t b, std::size_t n,
+                                                       std::size_t elem) noexcept {
+  Vec16Split s;
+  const std::uintptr_t mis = dst % 16;
+  if (elem == 0 || 16 % elem != 0 || a % 16 != mis || b % 16 != mis || mis % elem != 0) {
+    s.head = n;
+    s.tail = n;
+    return s;
+  }
+  const std::size_t to_boundary = static_cast<std::size_t>((16 - mis) % 16) / elem;
+  s.head = to_boundary < n ? to_boundary : n;
+  s.packs = (n - s.head) / (16 / elem);
+  s.tail = s.head + s.packs * (16 / elem);
+  return s;
+}
+
+/// One thread's share of a vectorised element-wise combine (`dst[i] = op(a[i], b[i])`),
+/// thread `tid` of `threads`: the GPU kernels (reduce_kernels.cuh) run it with
+/// tid = blockIdx.x * blockDim.x + threadIdx.x; the CPU tests run every tid in turn. 16-byte
+/// loads and stores on the device; `dst` may equal `a` or `b` exactly.
+template <class T, class Op>
+RINGFENCE_HOST_DEVICE inline void reduce_vec16(T* dst, const T* a, const T* b, std::size_t n, Op op, std::size_t tid,
+                                               std::size_t threads) noexcept {
+  constexpr std::size_t kLanes = 16 / sizeof(T);
+  struct alignas(16) Pack {
+    T v[kLanes];
+  };
+  const Vec16Split s = vec16_split(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(a),
+                                   reinterpret_cast<std::uintptr_t>(b), n, sizeof(T));
+  for (std::size_t i = tid; i < s.head; i += threads) dst[i] = op(a[i], b[i]);
+  for (std::size_t p = tid; p < s.packs; p += threads) {
+    const std::size_t at = s.head + p * kLanes;
+    Pack x, y, r;
+#ifdef __CUDA_ARCH__
+    x = *reinterpret_cast<const Pack*>(a + at);
+    y = *reinterpret_cast<const Pack*>(b + at);
+#else
+    for (std::size_t k = 0; k < kLanes; ++k) {
+      x.v[k] = a[at + k];
+      y.v[k] = b[at + k];
+    }
+#endif
+    for (std::size_t k = 0; k < kLanes; ++k) r.v[k] = op(x.v[k], y.v[k]);
+#ifdef __CUDA_ARCH__
+    *reinterpret_cast<Pack*>(dst + at) = r;
+#else
+    for (std::size_t k = 0; k < kLanes; ++k) dst[at + k] = r.v[k];
+#endif
+  }
+  for (std::size_t i = s.tail + tid; i < n; i += threads) dst[i] = op(a[i], b[i]);
+}
+
 /// Type-erased element-wise combine: `dst = a op b` over `n` elements. Never throws.
 using CombineFn = void (*)(void* dst, const void* a, const void* b, std::size_t n, int divisor) noexcept;
 

@@ -14,7 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 g++ -std=c++20 -O3 -march=x86-64-v3 -ffp-contract=off -I"$repo/include" -c "$repo/src/reduce.cpp" -o "$tmp/reduce.o"
 g++ -std=c++20 -O2 -I"$repo/include" -c "$repo/src/types.cpp" -o "$tmp/types.o"
 "$nvcc" -std=c++20 -O2 -gencode arch=compute_90,code=[sm_90,compute_90] --expt-relaxed-constexpr -I"$repo/include" \
-  -c "$repo/tests/gpu/reduce_functors_gpu_test.cu" -o "$tmp/test.o"
-"$nvcc" -gencode arch=compute_90,code=[sm_90,compute_90] "$tmp/test.o" "$tmp/reduce.o" "$tmp/types.o" -cudart static \
+  -I"$repo/src/cuda" -c "$repo/tests/gpu/reduce_functors_gpu_test.cu" -o "$tmp/test.o"
+"$nvcc" -std=c++20 -O2 -gencode arch=compute_90,code=[sm_90,compute_90] --expt-relaxed-constexpr -I"$repo/include" \
+  -c "$repo/src/cuda/reduce_kernels.cu" -o "$tmp/kernels.o"
+"$nvcc" -gencode arch=compute_90,code=[sm_90,compute_90] "$tmp/test.o" "$tmp/kernels.o" "$tmp/reduce.o" "$tmp/types.o" -cudart static \
   -o "$out/reduce_functors_gpu_test"
 echo "built $out/reduce_functors_gpu_test"

@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <ringfence/reduce_ops.hpp>
+
+#include "reduce_kernels.cuh"
 #include <vector>
 
 namespace rf = ringfence;
@@ -45,9 +48,15 @@ bool is_nan(T v) {
     }                                                                                           \
   } while (0)
 
+// Elements [off, n) of `got` against `want` (NaN equals NaN); prints the first few.
+template <class T>
+std::size_t mismatches(const char* name, const std::vector<T>& got, const std::vector<T>& want, const std::vector<T>& a,
+                       const std::vector<T>& b, std::size_t off);
+
 // Runs `op` on the GPU over (a, b) and compares with the host kernel `host`. Returns mismatches.
 template <class T, class Op>
-std::size_t compare(const char* name, const std::vector<T>& a, const std::vector<T>& b, Op op, rf::CombineFn host, int divisor) {
+std::size_t compare(const char* name, const std::vector<T>& a, const std::vector<T>& b, Op op, rf::CombineFn host, int divisor,
+                    rf::DataType type, rf::ReduceOp rop, bool finish) {
   const std::size_t n = a.size();
   std::vector<T> want(n), got(n);
   host(want.data(), a.data(), b.data(), n, divisor);
@@ -57,14 +66,36 @@ std::size_t compare(const char* name, const std::vector<T>& a, const std::vector
   CHECK_CUDA(cudaMalloc(&dd, n * sizeof(T)));
   CHECK_CUDA(cudaMemcpy(da, a.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(db, b.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  apply<<<256, 256>>>(dd, da, db, n, op);
-  CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaMemcpy(got.data(), dd, n * sizeof(T), cudaMemcpyDeviceToHost));
+  // Three device paths, each compared with the host: the plain functor kernel, and the
+  // vectorised kernels of reduce_kernels.cuh aligned (offset 0) and misaligned (offset 1
+  // element: scalar head and tail around the 16-byte packs).
+  std::size_t bad = 0;
+  for (int path = 0; path < 3; ++path) {
+    const std::size_t off = path == 2 ? 1 : 0;
+    CHECK_CUDA(cudaMemset(dd, 0, n * sizeof(T)));
+    if (path == 0) {
+      apply<<<256, 256>>>(dd, da, db, n, op);
+      CHECK_CUDA(cudaGetLastError());
+    } else {
+      CHECK_CUDA(rf::cuda::launch_combine(type, rop, finish, divisor, dd + off, da + off, db + off, n - off, nullptr));
+    }
+    CHECK_CUDA(cudaMemcpy(got.data(), dd, n * sizeof(T), cudaMemcpyDeviceToHost));
+    const std::string label = std::string(name) + (path == 0 ? "" : path == 1 ? " vec16" : " vec16+1");
+    bad += mismatches(label.c_str(), got, want, a, b, off);
+  }
   CHECK_CUDA(cudaFree(da));
   CHECK_CUDA(cudaFree(db));
   CHECK_CUDA(cudaFree(dd));
+  std::printf("%-22s %zu elements x 3 device paths, %zu mismatches\n", name, n, bad);
+  return bad;
+}
+
+template <class T>
+std::size_t mismatches(const char* name, const std::vector<T>& got, const std::vector<T>& want, const std::vector<T>& a,
+                       const std::vector<T>& b, std::size_t off) {
+  const std::size_t n = got.size();
   std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = off; i < n; ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
     if (is_nan(got[i]) && is_nan(want[i])) continue;
     if (bad++ < 3) {
@@ -77,7 +108,6 @@ std::size_t compare(const char* name, const std::vector<T>& a, const std::vector
                   static_cast<unsigned long long>(y), static_cast<unsigned long long>(g), static_cast<unsigned long long>(w));
     }
   }
-  std::printf("%-22s %zu elements, %zu mismatches\n", name, n, bad);
   return bad;
 }
 
@@ -100,11 +130,11 @@ std::size_t run_type(std::mt19937_64& rng) {
   const std::string t(rf::to_string(D));
   std::size_t bad = 0;
   const int divisor = 7;
-  bad += compare((t + "/sum").c_str(), a, b, rf::SumOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Sum).combine, divisor);
-  bad += compare((t + "/prod").c_str(), a, b, rf::ProdOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Prod).combine, divisor);
-  bad += compare((t + "/min").c_str(), a, b, rf::MinOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Min).combine, divisor);
-  bad += compare((t + "/max").c_str(), a, b, rf::MaxOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Max).combine, divisor);
-  bad += compare((t + "/avg-final").c_str(), a, b, rf::SumDivOp<T>{divisor}, rf::host_reducer(D, rf::ReduceOp::Avg).finish, divisor);
+  bad += compare((t + "/sum").c_str(), a, b, rf::SumOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Sum).combine, divisor, D, rf::ReduceOp::Sum, false);
+  bad += compare((t + "/prod").c_str(), a, b, rf::ProdOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Prod).combine, divisor, D, rf::ReduceOp::Prod, false);
+  bad += compare((t + "/min").c_str(), a, b, rf::MinOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Min).combine, divisor, D, rf::ReduceOp::Min, false);
+  bad += compare((t + "/max").c_str(), a, b, rf::MaxOp<T>{}, rf::host_reducer(D, rf::ReduceOp::Max).combine, divisor, D, rf::ReduceOp::Max, false);
+  bad += compare((t + "/avg-final").c_str(), a, b, rf::SumDivOp<T>{divisor}, rf::host_reducer(D, rf::ReduceOp::Avg).finish, divisor, D, rf::ReduceOp::Avg, true);
   return bad;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/verifiable.hpp"
 
 using namespace ringfence;
 
@@ -273,4 +274,61 @@ TEST_CASE("invalid enumerators give an empty reducer", "[reduce]") {
   REQUIRE(parse_data_type("bf16") == DataType::BFloat16);
   REQUIRE(parse_reduce_op("avg") == ReduceOp::Avg);
   REQUIRE_FALSE(parse_reduce_op("mean").has_value());
+}
+
+TEST_CASE("vec16_split: scalar head to the 16-byte boundary, packs, scalar tail", "[reduce][vec16]") {
+  // Equally misaligned floats: 2 head elements (8 -> 16), then packs of 4.
+  const auto s = vec16_split(0x1008, 0x2008, 0x3008, 19, 4);
+  CHECK(s.head == 2);
+  CHECK(s.packs == 4);
+  CHECK(s.tail == 18);
+  // Aligned: no head.
+  const auto t = vec16_split(0x1000, 0x2000, 0x3000, 8, 8);
+  CHECK((t.head == 0 && t.packs == 4 && t.tail == 8));
+  // Differently misaligned: all scalar.
+  const auto u = vec16_split(0x1000, 0x2004, 0x3000, 100, 4);
+  CHECK((u.head == 100 && u.packs == 0 && u.tail == 100));
+  // Fewer elements than the head: head = n, no packs.
+  const auto v = vec16_split(0x1001, 0x2001, 0x3001, 3, 1);
+  CHECK((v.head == 3 && v.packs == 0 && v.tail == 3));
+  // Misaligned by less than an element: all scalar.
+  const auto w = vec16_split(0x1002, 0x2002, 0x3002, 64, 4);
+  CHECK((w.head == 64 && w.packs == 0));
+}
+
+namespace {
+// Runs reduce_vec16 as a grid of `threads` (every tid in turn) and compares with reduce_loop.
+template <class T, class Op>
+std::size_t vec16_mismatches(Op op, std::size_t n, std::size_t off_d, std::size_t off_a, std::size_t off_b, std::size_t threads,
+                             bool in_place) {
+  std::vector<T> a(n + 8), b(n + 8), d(n + 8), want(n + 8);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = ringfence::test::from_integer<T>(static_cast<long long>((i * 5 + 3) % 11));
+    b[i] = ringfence::test::from_integer<T>(static_cast<long long>((i * 3 + 1) % 7));
+  }
+  T* dst = in_place ? a.data() + off_a : d.data() + off_d;
+  std::vector<T> a0 = a;
+  reduce_loop(want.data(), a0.data() + off_a, b.data() + off_b, n, op);
+  for (std::size_t tid = 0; tid < threads; ++tid) reduce_vec16(dst, a.data() + off_a, b.data() + off_b, n, op, tid, threads);
+  return static_cast<std::size_t>(std::memcmp(dst, want.data(), n * sizeof(T)) != 0);
+}
+}  // namespace
+
+TEST_CASE("reduce_vec16 as a grid of threads equals the scalar loop at every alignment", "[reduce][vec16]") {
+  std::size_t bad = 0, runs = 0;
+  for (std::size_t n : {0u, 1u, 7u, 15u, 16u, 17u, 33u, 1001u})
+    for (std::size_t off_d = 0; off_d < 3; ++off_d)
+      for (std::size_t off_a = 0; off_a < 3; ++off_a)
+        for (std::size_t threads : {1u, 3u, 64u})
+          for (bool in_place : {false, true}) {
+            bad += vec16_mismatches<std::int8_t>(SumOp<std::int8_t>{}, n, off_d, off_a, off_a, threads, in_place);
+            bad += vec16_mismatches<Half>(MaxOp<Half>{}, n, off_d, off_a, off_d, threads, in_place);
+            bad += vec16_mismatches<BFloat16>(SumOp<BFloat16>{}, n, off_a, off_a, off_a, threads, in_place);
+            bad += vec16_mismatches<float>(ProdOp<float>{}, n, off_d, off_a, off_a, threads, in_place);
+            bad += vec16_mismatches<double>(SumDivOp<double>{3}, n, off_a, off_a, off_a, threads, in_place);
+            bad += vec16_mismatches<std::uint64_t>(MinOp<std::uint64_t>{}, n, off_d, off_d, off_d, threads, in_place);
+            runs += 6;
+          }
+  INFO(runs << " runs");
+  REQUIRE(bad == 0);
 }
