@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_rt.hpp"
 #include "perf_common.hpp"
 #if RINGFENCE_PERF_WITH_NCCL
 #include "nccl_backend.hpp"
@@ -115,7 +116,56 @@ int main(int argc, char** argv) {
     backend.alloc = [&comm](std::size_t bytes) { return comm.alloc(bytes); };
     backend.free = [&comm](void* ptr) { comm.free(ptr); };
     backend.notes = describe(comm);
-    return bench::run_perf(kCollective, *parsed.args, backend);
+    // -m device: CUDA buffers and the stream-ordered calls (host-staged, docs/device.md) on one
+    // stream per rank; ranks share GPUs round-robin. Skipped (77) without a usable runtime.
+    rf::tools::CudaRt cuda;
+    void* stream = nullptr;
+    if (parsed.args->memory == bench::MemoryMode::Device) {
+      if (const std::string why = cuda.load(comm.options().cuda_runtime); !why.empty()) {
+        if (rank == 0) std::printf("# %s -m device: %s: skipped (exit 77)\n", program.c_str(), why.c_str());
+        return 77;
+      }
+      cuda.check(cuda.set_device(comm.rank() % cuda.devices), "cudaSetDevice");
+      cuda.check(cuda.stream_create(&stream), "cudaStreamCreate");
+      const rf::CudaStream s{stream};
+      backend.host_allreduce = backend.allreduce;
+      backend.allreduce = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op) {
+        comm.allreduce(send, recv, count, type, op, s);
+      };
+      backend.reduce_scatter = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op) {
+        comm.reduce_scatter(send, recv, count, type, op, s);
+      };
+      backend.all_gather = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type) {
+        comm.allgather(send, recv, count, type, s);
+      };
+      backend.broadcast = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type, int root) {
+        comm.broadcast(send, recv, count, type, root, s);
+      };
+      backend.reduce = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type, rf::ReduceOp op, int root) {
+        comm.reduce(send, recv, count, type, op, root, s);
+      };
+      backend.all_to_all = [&comm, s](const void* send, void* recv, std::size_t count, rf::DataType type) {
+        comm.alltoall(send, recv, count, type, s);
+      };
+      backend.send_recv = nullptr;  // send/recv take host memory only
+      backend.synchronize = [&cuda, stream] { cuda.check(cuda.stream_sync(stream), "cudaStreamSynchronize"); };
+      backend.alloc = [&cuda](std::size_t bytes) {
+        void* p = nullptr;
+        cuda.check(cuda.malloc_(&p, bytes), "cudaMalloc");
+        return p;
+      };
+      backend.free = [&cuda](void* p) { cuda.check(cuda.free_(p), "cudaFree"); };
+      backend.upload = [&cuda](void* dev, const void* host, std::size_t bytes) {
+        cuda.check(cuda.memcpy_(dev, host, bytes, rf::tools::CudaRt::kHostToDevice), "cudaMemcpy");
+      };
+      backend.download = [&cuda](void* host, const void* dev, std::size_t bytes) {
+        cuda.check(cuda.memcpy_(host, dev, bytes, rf::tools::CudaRt::kDeviceToHost), "cudaMemcpy");
+      };
+      backend.notes.push_back("device memory: stream-ordered calls, host-staged (docs/device.md)");
+    }
+    const int rc = bench::run_perf(kCollective, *parsed.args, backend);
+    if (stream != nullptr) cuda.check(cuda.stream_destroy(stream), "cudaStreamDestroy");
+    return rc;
   } catch (const rf::Error& e) {
     std::fprintf(stderr, "%s: rank %d: ringfence error (%s): %s\n", program.c_str(), rank,
                  std::string(rf::to_string(e.code())).c_str(), e.what());

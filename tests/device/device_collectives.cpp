@@ -6,7 +6,6 @@
 // machine (tests/gpu), the fake with threads for streams in CI (tests/device). Exits 77 when no
 // CUDA runtime, driver or device is usable.
 //   device_collectives [COUNT]   elements per rank and call (default 4099: not a multiple of anything)
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -17,82 +16,27 @@
 #include <string>
 #include <vector>
 
+#include "cuda_rt.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
 
 namespace {
-
-// The CUDA runtime calls this test makes itself (allocation, streams, copies).
-struct Cuda {
-  int (*get_device_count)(int*) = nullptr;
-  int (*set_device)(int) = nullptr;
-  int (*malloc_)(void**, std::size_t) = nullptr;
-  int (*free_)(void*) = nullptr;
-  int (*memcpy_)(void*, const void*, std::size_t, int) = nullptr;
-  int (*stream_create)(void**) = nullptr;
-  int (*stream_destroy)(void*) = nullptr;
-  int (*stream_sync)(void*) = nullptr;
-  const char* (*error_string)(int) = nullptr;
-  std::string why_not;
-};
-
-template <class F>
-void bind(void* h, const char* name, F& f) {
-  f = reinterpret_cast<F>(::dlsym(h, name));
-}
-
-Cuda load(const std::string& path) {
-  Cuda c;
-  void* h = nullptr;
-  if (!path.empty()) h = ::dlopen(path.c_str(), RTLD_NOW);
-  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"})
-    if (h == nullptr && path.empty()) h = ::dlopen(name, RTLD_NOW);
-  if (h == nullptr) {
-    c.why_not = "no CUDA runtime library";
-    return c;
-  }
-  bind(h, "cudaGetDeviceCount", c.get_device_count);
-  bind(h, "cudaSetDevice", c.set_device);
-  bind(h, "cudaMalloc", c.malloc_);
-  bind(h, "cudaFree", c.free_);
-  bind(h, "cudaMemcpy", c.memcpy_);
-  bind(h, "cudaStreamCreate", c.stream_create);
-  bind(h, "cudaStreamDestroy", c.stream_destroy);
-  bind(h, "cudaStreamSynchronize", c.stream_sync);
-  bind(h, "cudaGetErrorString", c.error_string);
-  int n = 0;
-  if (!c.get_device_count || !c.set_device || !c.malloc_ || !c.free_ || !c.memcpy_ || !c.stream_create || !c.stream_destroy ||
-      !c.stream_sync || !c.error_string) {
-    c.why_not = "the CUDA runtime library lacks a function this test needs";
-  } else if (const int err = c.get_device_count(&n); err != 0) {
-    c.why_not = fmt::format("cudaGetDeviceCount: {}", c.error_string(err));
-  } else if (n <= 0) {
-    c.why_not = "no CUDA device";
-  }
-  return c;
-}
-
-void check(const Cuda& c, int err, const char* what) {
-  if (err != 0) throw std::runtime_error(fmt::format("{} failed: {}", what, c.error_string(err)));
-}
-
-constexpr int kToDevice = 1, kToHost = 2;  // cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
-
+using Cuda = tools::CudaRt;
+void check(const Cuda& c, int err, const char* what) { c.check(err, what); }
+constexpr int kToDevice = Cuda::kHostToDevice, kToHost = Cuda::kDeviceToHost;
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 4099;
   Communicator comm = Communicator::from_env();
   const int rank = comm.rank(), n = comm.size();
-  const Cuda cuda = load(comm.options().cuda_runtime);
-  if (!cuda.why_not.empty()) {
-    std::printf("rank %d: skipped: %s\n", rank, cuda.why_not.c_str());
+  Cuda cuda;
+  if (const std::string why = cuda.load(comm.options().cuda_runtime); !why.empty()) {
+    std::printf("rank %d: skipped: %s\n", rank, why.c_str());
     return 77;
   }
-  int devices = 0;
-  check(cuda, cuda.get_device_count(&devices), "cudaGetDeviceCount");
-  check(cuda, cuda.set_device(rank % devices), "cudaSetDevice");  // ranks share GPUs when n > devices
+  check(cuda, cuda.set_device(rank % cuda.devices), "cudaSetDevice");  // ranks share GPUs when n > devices
   void* stream = nullptr;
   check(cuda, cuda.stream_create(&stream), "cudaStreamCreate");
   const std::size_t max_bytes = count * 8 * static_cast<std::size_t>(n);

@@ -201,3 +201,7 @@ FAKE_EXPORT void fake_cuda_hold(void* stream, int hold) {
 }
 FAKE_EXPORT int fake_cuda_pinned_live() { return state().pinned.load(); }
 FAKE_EXPORT void fake_cuda_set_copy_delay_us(unsigned us) { state().delay_us = us; }
+FAKE_EXPORT int cudaDeviceSynchronize() {
+  resolve(nullptr)->sync();
+  return 0;
+}
