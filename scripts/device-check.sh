@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# One command that proves the GPU path on a GPU machine (docs/device.md, tests/gpu/README.md):
+#   scripts/device-check.sh OUT_DIR                 build for sm_90 here (CMake, nvcc, fmt, Catch2), then check
+#   scripts/device-check.sh OUT_DIR --prebuilt DIR  use binaries bundled by --bundle (machines without the
+#                                                   build dependencies, e.g. the device machines of this project)
+#   scripts/device-check.sh --bundle DIR            build here and bundle the binaries + libfmt into DIR
+# The check, each step logged to OUT_DIR and summarised in OUT_DIR/summary.md:
+#   1. the GPUs (nvidia-smi -L, topology);
+#   2. every GPU test: reduce kernels bit-exact against the host kernels (every dtype x op,
+#      aligned and misaligned), stream-ordered device collectives on 2 and 4 ranks (ranks share
+#      the GPUs round-robin), exact;
+#   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
+#   4. all_reduce_perf -m device for 2 and 4 ranks, next to the device-to-device and pinned
+#      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
+#      nccl) on the same GPUs when there are at least 2.
+# Testing the script itself without a GPU (CTest device_check_script_fake_cuda): DEVICE_CHECK_CUDART
+# names the CUDA runtime to use (the fake of tests/device), DEVICE_CHECK_MAX_BYTES caps the sizes.
+# Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
+# --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bins=(ringfence-run device_collectives reduce_functors_gpu_test all_reduce_perf device_memcpy_bw)
+
+build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
+  local b=$1
+  cmake -S "$repo" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGFENCE_WITH_CUDA=ON -DRINGFENCE_WITH_TORCH=OFF \
+    -DRINGFENCE_WITH_MPI=OFF -DRINGFENCE_BUILD_TESTS=ON -DRINGFENCE_BUILD_BENCH=ON >"$b.configure.log" 2>&1 ||
+    { tail -30 "$b.configure.log"; return 1; }
+  cmake --build "$b" --target "${bins[@]}" >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
+}
+
+if [ "${1:-}" = "--bundle" ]; then
+  dir=${2:?usage: device-check.sh --bundle DIR}
+  mkdir -p "$dir"
+  build "$dir.build" || exit 1
+  for b in "${bins[@]}"; do cp "$dir.build/bin/$b" "$dir/"; done
+  # The one shared library the binaries need beyond libc/libstdc++ (ringfence links statically).
+  fmt=$(ldd "$dir/ringfence-run" | awk '/libfmt/ {print $3}')
+  [ -n "$fmt" ] && cp -L "$fmt" "$dir/"
+  echo "bundled into $dir: $(ls "$dir" | tr '\n' ' ')"
+  exit 0
+fi
+
+out=${1:?usage: device-check.sh OUT_DIR [--prebuilt DIR] | --bundle DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+start=$(date +%s)
+summary=$out/summary.md
+fails=0
+status() {  # status NAME RC LOG: one summary row
+  local verdict
+  case $2 in 0) verdict=passed ;; 77) verdict=skipped ;; 124) verdict="TIMED OUT" ;; *) verdict="FAILED (exit $2)" ;; esac
+  [ "$2" -ne 0 ] && [ "$2" -ne 77 ] && fails=$((fails + 1))
+  echo "| $1 | $verdict | $(basename "$3") |" >>"$summary"
+  echo "device-check: $1: $verdict ($(($(date +%s) - start)) s)"
+}
+
+if [ "${2:-}" = "--prebuilt" ]; then
+  bin=$(cd "${3:?--prebuilt needs a directory}" && pwd)
+  export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  echo "device-check: building for sm_90 into $out/build"
+  build "$out/build" || { echo "device-check: build failed (logs in $out)"; exit 1; }
+  bin=$out/build/bin
+fi
+# The CUDA runtime: from the toolkit when the loader does not find one by itself.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -e "$d/libcudart.so.13" ] || [ -e "$d/libcudart.so.12" ] || continue
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  break
+done
+if [ -n "${DEVICE_CHECK_CUDART:-}" ]; then
+  export RINGFENCE_CUDART=$DEVICE_CHECK_CUDART
+else
+  unset RINGFENCE_CUDART  # never the fake of tests/device by accident
+fi
+max=${DEVICE_CHECK_MAX_BYTES:-256M}
+export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-60000}
+
+{
+  echo "# device-check $(date -u +%FT%TZ)"
+  echo
+  echo "commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo
+  echo "| check | result | log |"
+  echo "|---|---|---|"
+} >"$summary"
+
+# 1. The GPUs.
+{ nvidia-smi -L; nvidia-smi topo -m; nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv; } \
+  >"$out/gpus.txt" 2>&1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+echo "device-check: $gpus GPU(s)"
+
+# 2. Every GPU test (the ctest label gpu: these three).
+if [ -x "$bin/reduce_functors_gpu_test" ]; then
+  timeout 120 "$bin/reduce_functors_gpu_test" >"$out/gpu_reduce_kernels.log" 2>&1
+else
+  echo "reduce_functors_gpu_test was not built (no nvcc at configure time)" >"$out/gpu_reduce_kernels.log"
+  false || (exit 77)
+fi
+status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $? "$out/gpu_reduce_kernels.log"
+for n in 2 4; do
+  timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
+  status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
+done
+
+# 3. compute-sanitizer memcheck on one small device collective (every rank process).
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  timeout 150 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+    "$bin/ringfence-run" -n 2 --timeout 140 "$bin/device_collectives" 257 >"$out/memcheck.log" 2>&1
+  rc=$?
+  grep -q "ERROR SUMMARY: 0 errors" "$out/memcheck.log" || [ $rc -ne 0 ] || rc=1
+  status "compute-sanitizer memcheck, 2 ranks, 257 elements" $rc "$out/memcheck.log"
+else
+  echo "compute-sanitizer not found" >"$out/memcheck.log"
+  status "compute-sanitizer memcheck (not installed)" 77 "$out/memcheck.log"
+fi
+
+# 4. Bandwidths: copies, ringfence's device allreduce at 2 and 4 ranks, NCCL on >= 2 GPUs.
+timeout 60 "$bin/device_memcpy_bw" 256 20 ${RINGFENCE_CUDART:+"$RINGFENCE_CUDART"} >"$out/memcpy_bw.txt" 2>&1
+status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
+for n in 2 4; do
+  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 -n 10 -w 2 \
+    >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
+  status "all_reduce_perf -m device, $n ranks" $? "$out/all_reduce_perf_${n}ranks.txt"
+done
+if [ "$gpus" -ge 2 ]; then
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  [ -n "$nccl" ] && [ -e "$nccl" ] || nccl=libnccl.so.2
+  n=$gpus
+  [ "$n" -gt 4 ] && n=4
+  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --backend nccl --nccl-lib "$nccl" -b 1M -e "$max" -f 4 \
+    -n 10 -w 2 >"$out/nccl_all_reduce_perf_${n}ranks.txt" 2>&1
+  status "NCCL ncclAllReduce, $n ranks on $n GPUs" $? "$out/nccl_all_reduce_perf_${n}ranks.txt"
+else
+  echo "one GPU: NCCL needs one GPU per rank, so its allreduce is not run" >"$out/nccl_all_reduce_perf.txt"
+  echo "| NCCL ncclAllReduce | not run: $gpus GPU (NCCL needs one GPU per rank) | nccl_all_reduce_perf.txt |" >>"$summary"
+fi
+
+# The table: busbw per size for each run, and the copy bandwidths.
+{
+  echo
+  echo '```'
+  cat "$out/memcpy_bw.txt"
+  echo '```'
+  echo
+  printf '| size (B) |'
+  for f in "$out"/all_reduce_perf_*ranks.txt "$out"/nccl_all_reduce_perf_*ranks.txt; do
+    [ -e "$f" ] && printf ' %s busbw GB/s (out-of-place) |' "$(basename "$f" .txt)"
+  done
+  echo
+  printf '|---|'
+  for f in "$out"/all_reduce_perf_*ranks.txt "$out"/nccl_all_reduce_perf_*ranks.txt; do [ -e "$f" ] && printf -- '---|'; done
+  echo
+  for size in 1048576 4194304 16777216 67108864 268435456; do
+    printf '| %s |' "$size"
+    for f in "$out"/all_reduce_perf_*ranks.txt "$out"/nccl_all_reduce_perf_*ranks.txt; do
+      [ -e "$f" ] || continue
+      v=$(sed 's/^\[[0-9]*\] //' "$f" | awk -v s="$size" '$1 == s {print $8; exit}')
+      printf ' %s |' "${v:--}"
+    done
+    echo
+  done
+  echo
+  echo "total $(($(date +%s) - start)) s"
+} >>"$summary"
+cat "$summary"
+[ "$fails" -eq 0 ]
