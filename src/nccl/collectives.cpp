@@ -1,6 +1,9 @@
-// NCCL shim: collectives, point-to-point and groups over a ringfence Communicator. Host buffers
-// and a NULL stream only (docs/nccl-compat.md): a call outside a group completes before it
-// returns; inside a group it is queued and runs at the outermost ncclGroupEnd.
+// NCCL shim: collectives, point-to-point and groups over a ringfence Communicator
+// (docs/nccl-compat.md). Host buffers with a NULL stream complete before the call returns;
+// device or managed buffers, or any non-NULL stream, take ringfence's stream-ordered calls
+// (docs/device.md). Send/recv (and ncclGather/ncclScatter, built from them) take host memory
+// with a NULL stream only. Inside a group a call is queued and runs at the outermost
+// ncclGroupEnd.
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -20,13 +23,19 @@ namespace {
 
 using Run = std::function<void(rf::Communicator&)>;
 
-// Checks the communicator and stream, lets `prepare` check the arguments and build the call,
-// then runs it now or queues it in this thread's group.
-ncclResult_t submit(const char* call, ncclComm_t comm, cudaStream_t stream, const std::function<Run(ncclComm&)>& prepare) {
+// How a collective runs: on host memory with a NULL stream synchronously (the documented
+// extension), else stream-ordered on `stream` (device or managed buffers, or any stream).
+struct Mode {
+  bool staged = false;
+  rf::CudaStream stream;
+};
+
+// Checks the communicator, lets `prepare` check the arguments (it returns whether a buffer is
+// CUDA memory) and build the call, then runs it now or queues it in this thread's group.
+ncclResult_t submit(const char* call, ncclComm_t comm, cudaStream_t stream, const std::function<Run(ncclComm&, const Mode&)>& prepare) {
   const ncclResult_t r = rf::nccl::guarded(call, comm, [&] {
     ncclComm& c = rf::nccl::check_usable(call, comm);
-    rf::nccl::check_stream(call, stream);
-    Run run = prepare(c);
+    Run run = prepare(c, Mode{stream != nullptr, rf::CudaStream{stream}});
     if (rf::nccl::in_group()) {
       rf::nccl::PendingOp op;
       op.call = call;
@@ -49,7 +58,7 @@ ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size
     ncclComm& c = rf::nccl::check_usable(call, comm);
     rf::nccl::check_stream(call, stream);
     const rf::DataType t = data_type(call, datatype);
-    check_buffer(call, c, is_send ? "sendbuff" : "recvbuff", buf, bytes_of(call, "count", count, t));
+    rf::nccl::check_host_buffer(call, c, is_send ? "sendbuff" : "recvbuff", buf, bytes_of(call, "count", count, t));
     check_rank_arg(call, c, "peer", peer);
     if (rf::nccl::in_group()) {
       rf::nccl::PendingOp op;
@@ -85,13 +94,13 @@ std::byte* at(void* base, std::size_t offset) { return static_cast<std::byte*>(b
 extern "C" ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                                       ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclAllReduce";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const rf::ReduceOp o = reduce_op(call, op);
     const std::size_t bytes = bytes_of(call, "count", count, t);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes);
-    check_buffer(call, c, "recvbuff", recvbuff, bytes);
-    return [=](rf::Communicator& rc) { rc.allreduce(sendbuff, recvbuff, count, t, o); };
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { m.staged ? rc.allreduce(sendbuff, recvbuff, count, t, o, m.stream) : rc.allreduce(sendbuff, recvbuff, count, t, o); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllReduce,
@@ -101,13 +110,13 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllReduce,
 extern "C" ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                                       ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclBroadcast";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    if (c.rank == root) check_buffer(call, c, "sendbuff", sendbuff, bytes);  // read on the root only
-    check_buffer(call, c, "recvbuff", recvbuff, bytes);
-    return [=](rf::Communicator& rc) { rc.broadcast(sendbuff, recvbuff, count, t, root); };
+    if (c.rank == root) m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);  // read on the root only
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { m.staged ? rc.broadcast(sendbuff, recvbuff, count, t, root, m.stream) : rc.broadcast(sendbuff, recvbuff, count, t, root); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBroadcast,
@@ -116,11 +125,11 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBroadcast,
 
 extern "C" ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclBcast";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     check_rank_arg(call, c, "root", root);
-    check_buffer(call, c, "buff", buff, bytes_of(call, "count", count, t));
-    return [=](rf::Communicator& rc) { rc.broadcast(buff, buff, count, t, root); };
+    m.staged |= check_buffer(call, c, "buff", buff, bytes_of(call, "count", count, t));
+    return [=](rf::Communicator& rc) { m.staged ? rc.broadcast(buff, buff, count, t, root, m.stream) : rc.broadcast(buff, buff, count, t, root); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBcast,
@@ -129,14 +138,14 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclBcast,
 extern "C" ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                                    int root, ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclReduce";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const rf::ReduceOp o = reduce_op(call, op);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes);
-    if (c.rank == root) check_buffer(call, c, "recvbuff", recvbuff, bytes);  // written on the root only
-    return [=](rf::Communicator& rc) { rc.reduce(sendbuff, recvbuff, count, t, o, root); };
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    if (c.rank == root) m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);  // written on the root only
+    return [=](rf::Communicator& rc) { m.staged ? rc.reduce(sendbuff, recvbuff, count, t, o, root, m.stream) : rc.reduce(sendbuff, recvbuff, count, t, o, root); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduce,
@@ -146,12 +155,12 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduce,
 extern "C" ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                                       ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclAllGather";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "sendcount", sendcount, t);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes);
-    check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
-    return [=](rf::Communicator& rc) { rc.allgather(sendbuff, recvbuff, sendcount, t); };
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    return [=](rf::Communicator& rc) { m.staged ? rc.allgather(sendbuff, recvbuff, sendcount, t, m.stream) : rc.allgather(sendbuff, recvbuff, sendcount, t); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllGather,
@@ -161,13 +170,13 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAllGather,
 extern "C" ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclReduceScatter";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const rf::ReduceOp o = reduce_op(call, op);
     const std::size_t bytes = bytes_of(call, "recvcount", recvcount, t);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
-    check_buffer(call, c, "recvbuff", recvbuff, bytes);
-    return [=](rf::Communicator& rc) { rc.reduce_scatter(sendbuff, recvbuff, recvcount, t, o); };
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { m.staged ? rc.reduce_scatter(sendbuff, recvbuff, recvcount, t, o, m.stream) : rc.reduce_scatter(sendbuff, recvbuff, recvcount, t, o); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduceScatter,
@@ -177,12 +186,12 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclReduceScatter,
 extern "C" ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                                      cudaStream_t stream) {
   static constexpr const char* call = "ncclAlltoAll";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t) * static_cast<std::size_t>(c.size > 0 ? c.size : 1);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes);
-    check_buffer(call, c, "recvbuff", recvbuff, bytes);
-    return [=](rf::Communicator& rc) { rc.alltoall(sendbuff, recvbuff, count, t); };
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    return [=](rf::Communicator& rc) { m.staged ? rc.alltoall(sendbuff, recvbuff, count, t, m.stream) : rc.alltoall(sendbuff, recvbuff, count, t); };
   });
 }
 RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAlltoAll,
@@ -194,12 +203,13 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAlltoAll,
 extern "C" ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                                    ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclGather";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
+    rf::nccl::check_stream(call, static_cast<cudaStream_t>(m.stream.handle));  // built from send/recv: host memory only
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    check_buffer(call, c, "sendbuff", sendbuff, bytes);
-    if (c.rank == root) check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    rf::nccl::check_host_buffer(call, c, "sendbuff", sendbuff, bytes);
+    if (c.rank == root) rf::nccl::check_host_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
     return [=](rf::Communicator& rc) {
       const int n = rc.size(), me = rc.rank();
       if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));
@@ -220,12 +230,13 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclGather,
 extern "C" ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                                     ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclScatter";
-  return submit(call, comm, stream, [&](ncclComm& c) -> Run {
+  return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
+    rf::nccl::check_stream(call, static_cast<cudaStream_t>(m.stream.handle));  // built from send/recv: host memory only
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    if (c.rank == root) check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
-    check_buffer(call, c, "recvbuff", recvbuff, bytes);
+    if (c.rank == root) rf::nccl::check_host_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    rf::nccl::check_host_buffer(call, c, "recvbuff", recvbuff, bytes);
     return [=](rf::Communicator& rc) {
       const int n = rc.size(), me = rc.rank();
       if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));

@@ -251,27 +251,30 @@ std::size_t bytes_of(const char* call, const char* what, std::size_t count, Data
   return count * elem;
 }
 
-void check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes) {
+bool check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes) {
   (void)call;
   if (ptr == nullptr) {
     if (bytes > 0) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: {} is NULL with {} bytes to move", comm.rank, what, bytes));
-    return;
+    return false;
   }
+  return pointer_kind(ptr) != PointerKind::Host;
+}
+
+void check_host_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes) {
   int device = -1;
-  if (pointer_kind(ptr, &device) == PointerKind::Device)
+  if (check_buffer(call, comm, what, ptr, bytes) && pointer_kind(ptr, &device) == PointerKind::Device)
     throw ShimError(ncclInvalidUsage,
-                    fmt::format("rank {}: {} {} is CUDA device memory (device {}); this build of the ringfence shim moves host "
-                                "memory only (the GPU path is issue #7)",
-                                comm.rank, what, ptr, device));
+                    fmt::format("rank {}: {} {} is CUDA device memory (device {}); {} takes host memory only in this build "
+                                "(collectives take device memory: docs/device.md)",
+                                comm.rank, what, ptr, device, call));
 }
 
 void check_stream(const char* call, cudaStream_t stream) {
-  (void)call;
   if (stream != nullptr)
     throw ShimError(ncclInvalidUsage,
-                    fmt::format("stream {} is not NULL; this build of the ringfence shim runs host-memory operations "
-                                "synchronously and accepts only a NULL stream (the GPU path is issue #7)",
-                                static_cast<const void*>(stream)));
+                    fmt::format("stream {} is not NULL; {} takes host memory with a NULL stream only in this build (collectives "
+                                "are stream-ordered: docs/device.md)",
+                                static_cast<const void*>(stream), call));
 }
 
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value) {

@@ -111,10 +111,14 @@ DataType data_type(const char* call, const ncclDataType_t& datatype);
 ReduceOp reduce_op(const char* call, ncclRedOp_t op);
 /// `count * size_of(type)`; ShimError(ncclInvalidArgument) when it overflows.
 std::size_t bytes_of(const char* call, const char* what, std::size_t count, DataType type);
-/// Checks a buffer argument: null with `bytes > 0` is ncclInvalidArgument; CUDA device memory
-/// (asked of the CUDA runtime when one is loaded) is ncclInvalidUsage: the GPU path is not built.
-void check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
-/// A non-null stream is ncclInvalidUsage (host buffers complete before the call returns).
+/// Checks a collective's buffer argument: null with `bytes > 0` is ncclInvalidArgument. Returns
+/// true for CUDA device or managed memory (asked of the CUDA runtime when one is loaded): the
+/// call then takes the stream-ordered path (docs/device.md).
+bool check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
+/// `check_buffer` for calls that take host memory only (send/recv, ncclCommRegister): CUDA
+/// device memory is ncclInvalidUsage naming the argument.
+void check_host_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
+/// For calls that take host memory only: a non-null stream is ncclInvalidUsage.
 void check_stream(const char* call, cudaStream_t stream);
 /// Checks `root`/`peer` against the communicator size (skipped while the size is unknown).
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value);

@@ -21,12 +21,15 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
+
+constexpr int kInvalidHandle = 400;  // cudaErrorInvalidResourceHandle
 
 struct Stream {
   std::mutex m;
@@ -76,6 +79,7 @@ struct State {
   std::atomic<int> pinned{0};
   std::atomic<unsigned> delay_us{500};
   Stream* null_stream = nullptr;
+  std::set<void*> streams;  // live cudaStreamCreate handles
 };
 
 State& state() {
@@ -83,10 +87,11 @@ State& state() {
   return s;
 }
 
+// The stream of `handle`, or nullptr for a handle cudaStreamCreate did not return.
 Stream* resolve(void* handle) {
-  if (handle != nullptr) return static_cast<Stream*>(handle);
   State& s = state();
   std::lock_guard l(s.m);
+  if (handle != nullptr) return s.streams.count(handle) != 0 ? static_cast<Stream*>(handle) : nullptr;
   if (s.null_stream == nullptr) s.null_stream = new Stream;  // lives as long as the process
   return s.null_stream;
 }
@@ -122,7 +127,10 @@ FAKE_EXPORT int cudaGetDevice(int* device) {
 }
 FAKE_EXPORT int cudaSetDevice(int) { return 0; }
 FAKE_EXPORT const char* cudaGetErrorString(int err) {
-  return err == 0 ? "no error (fake)" : err == 35 ? "CUDA driver version is insufficient for CUDA runtime version (fake)" : "error (fake)";
+  return err == 0                ? "no error (fake)"
+         : err == 35             ? "CUDA driver version is insufficient for CUDA runtime version (fake)"
+         : err == kInvalidHandle ? "invalid resource handle (fake)"
+                                 : "error (fake)";
 }
 FAKE_EXPORT int cudaPointerGetAttributes(FakeAttributes* a, const void* p) {
   std::memset(a, 0, sizeof *a);
@@ -164,15 +172,27 @@ FAKE_EXPORT int cudaFreeHost(void* p) {
 }
 FAKE_EXPORT int cudaStreamCreate(void** stream) {
   *stream = new Stream;
+  State& s = state();
+  std::lock_guard l(s.m);
+  s.streams.insert(*stream);
   return 0;
 }
 FAKE_EXPORT int cudaStreamDestroy(void* stream) {
-  static_cast<Stream*>(stream)->sync();
-  delete static_cast<Stream*>(stream);
+  Stream* st = resolve(stream);
+  if (st == nullptr || stream == nullptr) return kInvalidHandle;
+  st->sync();
+  {
+    State& s = state();
+    std::lock_guard l(s.m);
+    s.streams.erase(stream);
+  }
+  delete st;
   return 0;
 }
 FAKE_EXPORT int cudaStreamSynchronize(void* stream) {
-  resolve(stream)->sync();
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  st->sync();
   return 0;
 }
 FAKE_EXPORT int cudaMemcpy(void* dst, const void* src, std::size_t n, int) {
@@ -181,20 +201,25 @@ FAKE_EXPORT int cudaMemcpy(void* dst, const void* src, std::size_t n, int) {
   return 0;
 }
 FAKE_EXPORT int cudaMemcpyAsync(void* dst, const void* src, std::size_t n, int, void* stream) {
-  resolve(stream)->push([=] {
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  st->push([=] {
     std::this_thread::sleep_for(std::chrono::microseconds(state().delay_us.load()));
     if (n > 0) std::memmove(dst, src, n);
   });
   return 0;
 }
 FAKE_EXPORT int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
-  resolve(stream)->push([=] { fn(arg); });
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  st->push([=] { fn(arg); });
   return 0;
 }
 
 // Test hooks.
 FAKE_EXPORT void fake_cuda_hold(void* stream, int hold) {
   Stream* s = resolve(stream);
+  if (s == nullptr) return;
   std::lock_guard l(s->m);
   s->hold = hold != 0;
   s->cv.notify_all();

@@ -523,7 +523,15 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
   FAILS(ncclInvalidArgument, ncclAllReduce(buf, buf, 16, (ncclDataType_t)99, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclAllReduce(buf, buf, 16, ncclInt32, (ncclRedOp_t)77, comm, NULL));
   FAILS(ncclInvalidUsage, ncclAllReduce(buf, buf, 16, ncclFloat8e4m3, ncclSum, comm, NULL));
-  FAILS(ncclInvalidUsage, ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, (cudaStream_t)0x1));
+  /* A non-NULL stream makes a collective stream-ordered (docs/device.md): without a usable CUDA
+   * runtime (CPU machines) or with a bogus stream (GPU machines) the CUDA call fails. */
+  FAILS(ncclUnhandledCudaError, ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, (cudaStream_t)0x1));
+  {
+    const char* last = ncclGetLastError(comm);
+    CHECK(strstr(last, "CUDA") != NULL, "stream-ordered failure '%s' does not name CUDA", last);
+  }
+  /* Send/recv take host memory with a NULL stream only. */
+  FAILS(ncclInvalidUsage, ncclSend(buf, 16, ncclInt32, 0, comm, (cudaStream_t)0x1));
   FAILS(ncclInvalidArgument, ncclBroadcast(buf, buf, 16, ncclInt32, g_size, comm, NULL));
   {
     const char* last = ncclGetLastError(comm);
@@ -545,12 +553,11 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
   OK(ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclAllReduce(NULL, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclGroupEnd());
-  /* Device memory (reported by the CUDA runtime) is refused. */
+  /* Device memory (reported by the CUDA runtime) is refused where host memory is required
+   * (collectives take it: test_device_buffers). */
   if (device_pointer != NULL) {
-    FAILS(ncclInvalidUsage, ncclAllReduce(device_pointer, buf, 16, ncclInt32, ncclSum, comm, NULL));
-    FAILS(ncclInvalidUsage, ncclAllReduce(buf, device_pointer, 16, ncclInt32, ncclSum, comm, NULL));
     FAILS(ncclInvalidUsage, ncclSend(device_pointer, 16, ncclInt32, 0, comm, NULL));
-    FAILS(ncclInvalidUsage, ncclBcast(device_pointer, 16, ncclInt32, 0, comm, NULL));
+    FAILS(ncclInvalidUsage, ncclRecv(device_pointer, 16, ncclInt32, 0, comm, NULL));
     void* handle = NULL;
     FAILS(ncclInvalidUsage, ncclCommRegister(comm, device_pointer, 64, &handle));
     const char* last = ncclGetLastError(comm);
@@ -777,13 +784,129 @@ static void test_shrink(ncclComm_t comm) {
   OK(ncclCommDestroy(copy));
 }
 
+/* Collectives on CUDA device buffers with a stream (the stream-ordered path, docs/device.md):
+ * exact results after cudaStreamSynchronize. Needs a CUDA runtime with devices: in CI the fake
+ * of tests/device, whose streams are threads (LD_LIBRARY_PATH). The runtime's functions are
+ * looked up with dlsym so the program links no CUDA library. */
+typedef int (*cuda_malloc_fn)(void**, size_t);
+typedef int (*cuda_free_fn)(void*);
+typedef int (*cuda_memcpy_fn)(void*, const void*, size_t, int);
+typedef int (*cuda_stream_create_fn)(void**);
+typedef int (*cuda_stream_fn)(void*);
+static void* cuda_sym(void* h, const char* name) {
+  void* f = dlsym(h, name);
+  if (f == NULL) {
+    fprintf(stderr, "nccl_api_test: the CUDA runtime lacks %s\n", name);
+    exit(1);
+  }
+  return f;
+}
+static void test_device_buffers(ncclComm_t comm) {
+  void* h = dlopen("libcudart.so.13", RTLD_NOW);
+  CHECK(h != NULL, "--device-buffers: cannot load libcudart.so.13: %s", dlerror());
+  if (h == NULL) return;
+  cuda_malloc_fn cmalloc;
+  cuda_free_fn cfree;
+  cuda_memcpy_fn cmemcpy;
+  cuda_stream_create_fn screate;
+  cuda_stream_fn ssync, sdestroy;
+  void* f;
+  f = cuda_sym(h, "cudaMalloc"); memcpy(&cmalloc, &f, sizeof f);
+  f = cuda_sym(h, "cudaFree"); memcpy(&cfree, &f, sizeof f);
+  f = cuda_sym(h, "cudaMemcpy"); memcpy(&cmemcpy, &f, sizeof f);
+  f = cuda_sym(h, "cudaStreamCreate"); memcpy(&screate, &f, sizeof f);
+  f = cuda_sym(h, "cudaStreamSynchronize"); memcpy(&ssync, &f, sizeof f);
+  f = cuda_sym(h, "cudaStreamDestroy"); memcpy(&sdestroy, &f, sizeof f);
+  enum { N = 1000, H2D = 1, D2H = 2 };
+  const int n = g_size, r = g_rank;
+  void* stream = NULL;
+  CHECK(screate(&stream) == 0, "cudaStreamCreate");
+  int32_t* host = malloc(sizeof(int32_t) * N * (size_t)n);
+  int32_t* back = malloc(sizeof(int32_t) * N * (size_t)n);
+  void *dsend = NULL, *drecv = NULL;
+  CHECK(cmalloc(&dsend, sizeof(int32_t) * N * (size_t)n) == 0 && cmalloc(&drecv, sizeof(int32_t) * N * (size_t)n) == 0, "cudaMalloc");
+  cudaStream_t s = (cudaStream_t)stream;
+  long bad;
+  /* allreduce, in a group with a second one on the same stream */
+  for (int i = 0; i < N; ++i) host[i] = i + r;
+  cmemcpy(dsend, host, sizeof(int32_t) * N, H2D);
+  OK(ncclGroupStart());
+  OK(ncclAllReduce(dsend, drecv, N, ncclInt32, ncclSum, comm, s));
+  OK(ncclAllReduce(dsend, dsend, N, ncclInt32, ncclMax, comm, s));
+  OK(ncclGroupEnd());
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  cmemcpy(back, drecv, sizeof(int32_t) * N, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += back[i] != n * i + n * (n - 1) / 2;
+  CHECK(bad == 0, "device allreduce sum: %ld wrong", bad);
+  cmemcpy(back, dsend, sizeof(int32_t) * N, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += back[i] != i + n - 1;
+  CHECK(bad == 0, "device allreduce max in place: %ld wrong", bad);
+  /* broadcast from the last rank, on the default (NULL) stream */
+  for (int i = 0; i < N; ++i) host[i] = 7 * i + r;
+  cmemcpy(dsend, host, sizeof(int32_t) * N, H2D);
+  OK(ncclBroadcast(dsend, drecv, N, ncclInt32, n - 1, comm, NULL));
+  CHECK(ssync(NULL) == 0, "cudaStreamSynchronize(NULL)");
+  cmemcpy(back, drecv, sizeof(int32_t) * N, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += back[i] != 7 * i + n - 1;
+  CHECK(bad == 0, "device broadcast: %ld wrong", bad);
+  /* reduce to rank 0 */
+  for (int i = 0; i < N; ++i) host[i] = i % 5 + r;
+  cmemcpy(dsend, host, sizeof(int32_t) * N, H2D);
+  OK(ncclReduce(dsend, drecv, N, ncclInt32, ncclSum, 0, comm, s));
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  if (r == 0) {
+    cmemcpy(back, drecv, sizeof(int32_t) * N, D2H);
+    bad = 0;
+    for (int i = 0; i < N; ++i) bad += back[i] != n * (i % 5) + n * (n - 1) / 2;
+    CHECK(bad == 0, "device reduce: %ld wrong", bad);
+  }
+  /* allgather, then reduce-scatter of the gathered vector, then alltoall */
+  for (int i = 0; i < N; ++i) host[i] = 1000 * r + i;
+  cmemcpy(dsend, host, sizeof(int32_t) * N, H2D);
+  OK(ncclAllGather(dsend, drecv, N, ncclInt32, comm, s));
+  OK(ncclReduceScatter(drecv, dsend, N, ncclInt32, ncclSum, comm, s));
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  cmemcpy(back, drecv, sizeof(int32_t) * N * (size_t)n, D2H);
+  bad = 0;
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < N; ++i) bad += back[q * N + i] != 1000 * q + i;
+  CHECK(bad == 0, "device allgather: %ld wrong", bad);
+  cmemcpy(back, dsend, sizeof(int32_t) * N, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += back[i] != n * (1000 * r + i);
+  CHECK(bad == 0, "device reduce_scatter: %ld wrong", bad);
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < N; ++i) host[q * N + i] = 10000 * r + 100 * q + i % 100;
+  cmemcpy(dsend, host, sizeof(int32_t) * N * (size_t)n, H2D);
+  OK(ncclAlltoAll(dsend, drecv, N, ncclInt32, comm, s));
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  cmemcpy(back, drecv, sizeof(int32_t) * N * (size_t)n, D2H);
+  bad = 0;
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < N; ++i) bad += back[q * N + i] != 10000 * q + 100 * r + i % 100;
+  CHECK(bad == 0, "device alltoall: %ld wrong", bad);
+  /* send/recv refuse device memory */
+  FAILS(ncclInvalidUsage, ncclSend(dsend, N, ncclInt32, (r + 1) % n, comm, NULL));
+  cfree(dsend);
+  cfree(drecv);
+  sdestroy(stream);
+  free(host);
+  free(back);
+}
+
 int main(int argc, char** argv) {
   void* device_pointer = NULL;
+  int device_buffers = 0;
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--device-pointer") == 0 && i + 1 < argc) {
       device_pointer = (void*)(uintptr_t)strtoull(argv[++i], NULL, 0);
+    } else if (strcmp(argv[i], "--device-buffers") == 0) {
+      device_buffers = 1;
     } else {
-      fprintf(stderr, "usage: %s [--device-pointer ADDR]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--device-pointer ADDR] [--device-buffers]\n", argv[0]);
       return 2;
     }
   }
@@ -817,6 +940,7 @@ int main(int argc, char** argv) {
   test_groups(comm);
   test_memory(comm);
   test_errors(comm, device_pointer);
+  if (device_buffers) test_device_buffers(comm);
   test_local_communicators();
   test_split(comm);
   test_shrink(comm);
