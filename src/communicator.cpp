@@ -319,7 +319,17 @@ struct Communicator::Impl : LaneState {
                   // collective: this rank skipped a call its peers are in.
                   next_gate = [this, gate = std::move(gate), wait, call] {
                     const auto deadline = std::chrono::steady_clock::now() + wait;
-                    while (!gate(std::chrono::milliseconds(20))) {
+                    auto ready = [&] {
+                      try {
+                        return gate(std::chrono::milliseconds(20));
+                      } catch (const CudaError& e) {
+                        const std::string msg = fmt::format("rank {}: {} on a CUDA stream: {}", rank, call, e.what());
+                        record_failure(Status(ErrorCode::Cuda, e.native()), msg);
+                        abort_peers(ErrorCode::Cuda, rank);
+                        throw CudaError(msg, e.native());
+                      }
+                    };
+                    while (!ready()) {
                       check_usable(call);
                       if (std::chrono::steady_clock::now() < deadline) continue;
                       const std::string msg = fmt::format(

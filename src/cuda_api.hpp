@@ -17,6 +17,8 @@ struct CudaPointerAttributes {
 };
 
 inline constexpr int kCudaSuccess = 0;
+inline constexpr int kCudaErrorNotReady = 600;    ///< cudaErrorNotReady (cudaEventQuery: not yet)
+inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDefault = 4;      ///< cudaMemcpyDefault: direction from the pointers
 inline constexpr unsigned kCudaHostAllocPortable = 1;
 inline constexpr int kCudaMemoryTypeDevice = 2;   ///< cudaMemoryTypeDevice
@@ -34,6 +36,10 @@ struct CudaApi {
   int (*launch_host_func)(void*, HostFn, void*) = nullptr;
   int (*host_alloc)(void**, std::size_t, unsigned) = nullptr;
   int (*free_host)(void*) = nullptr;
+  int (*event_create)(void**, unsigned) = nullptr;  ///< cudaEventCreateWithFlags
+  int (*event_record)(void*, void*) = nullptr;      ///< cudaEventRecord(event, stream)
+  int (*event_query)(void*) = nullptr;              ///< cudaEventQuery
+  int (*event_destroy)(void*) = nullptr;            ///< cudaEventDestroy
   bool usable = false;
   std::string why_not;
   std::string library;  ///< the file dlopen found

@@ -1,20 +1,21 @@
 #pragma once
 // Host-staged, stream-ordered collectives on CUDA memory (docs/device.md). Per call, on the
-// user's stream: copy the input to pinned host staging, a host function that opens the call's
-// gate, a host function that waits for the host collective, the copy of the result back, and
-// a host function that frees the staging slot. The host collective itself is queued on the
-// communicator's progress thread in issue order and waits at the gate first, so it never reads
-// staging memory before the input copy landed, and the user's stream never copies a result
-// before it is complete.
+// user's stream: copy the input to a pinned host staging slot, record the slot's "input" event,
+// a host function that waits for the host collective, copy the result back, record the slot's
+// "released" event. The host collective is queued on the communicator's progress thread in
+// issue order and first polls the input event (its gate), so it never reads staging memory
+// before the input copy landed; the user's stream never copies a result before it is complete.
+//
+// Only one host function per call, and it waits only for the host collective, which depends on
+// no host function: the CUDA runtime may run the host functions of every stream of a process on
+// one thread (several ranks in one process then still progress), and a host function never
+// calls CUDA.
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <functional>
-#include <memory>
-#include <mutex>
+#include <list>
 #include <ringfence/communicator.hpp>
 #include <string>
-#include <vector>
 
 #include "cuda_api.hpp"
 
@@ -22,7 +23,8 @@ namespace ringfence::detail {
 
 class DeviceStager {
  public:
-  /// The input gate: true once the input copy landed, waiting at most the given time.
+  /// The input gate: true once the input copy landed, waiting at most the given time. Throws
+  /// `CudaError` when the event cannot be queried.
   using Gate = std::function<bool(std::chrono::milliseconds)>;
   /// Queues the host collective from `in` to `out` (staging memory), which must wait for
   /// `gate` first on the progress thread, and returns its Work. May throw (the call then did
@@ -32,22 +34,23 @@ class DeviceStager {
   /// Loads the CUDA runtime (`cudart_path`, or the default names). Throws `CudaError` naming
   /// `rank` and `call` when no runtime, driver or device is usable.
   DeviceStager(int rank, const char* call, const std::string& cudart_path, std::size_t max_slots);
-  /// Waits up to `drain_bound` for the streams to pass every call's last host function, then
-  /// frees the staging memory no stream can still touch (the rest is left allocated).
+  /// Waits up to `drain_bound` for the streams to release every slot, then frees the staging
+  /// memory and events no stream can still touch (the rest is left allocated).
   ~DeviceStager();
   DeviceStager(const DeviceStager&) = delete;
   DeviceStager& operator=(const DeviceStager&) = delete;
 
   /// Enqueues one staged call on `stream` (see the file comment). `in_bytes` from `src` go to
   /// staging, `out_bytes` come back to `dst` (either may be 0). Throws `CudaError` when a CUDA
-  /// call fails, `TimeoutError` when no staging slot frees up within `input_wait`, and
+  /// call fails, `TimeoutError` when no staging slot frees up within `slot_wait`, and
   /// whatever `issue` throws.
   void run(const char* call, void* stream, const void* src, std::size_t in_bytes, void* dst, std::size_t out_bytes,
-           std::chrono::milliseconds input_wait, const Issue& issue);
+           std::chrono::milliseconds slot_wait, const Issue& issue);
 
   /// Pinned staging bytes allocated now (all slots).
   std::size_t staging_bytes() const;
-  /// Calls whose last host function has not run yet.
+  /// Slots whose stream has not released them yet (a slot whose enqueue failed half-way is
+  /// never released nor reused, and not counted).
   std::size_t pending() const;
   /// The runtime library in use.
   const std::string& library() const noexcept { return api_.library; }
@@ -58,17 +61,20 @@ class DeviceStager {
   struct Slot {
     std::byte* mem = nullptr;
     std::size_t capacity = 0;
-    bool busy = false;
+    void* input_done = nullptr;  ///< event recorded after the input copy
+    void* released = nullptr;    ///< event recorded after the result copy
+    bool busy = false;           ///< taken by a call
+    bool armed = false;          ///< `released` is recorded: the slot is free once it completed
   };
-  struct Shared;  // what host functions touch: outlives this object while calls are in flight
-  struct CallState;
+  struct CallState;  // what the call's host function touches
 
   Slot* acquire(const char* call, std::size_t bytes, std::chrono::milliseconds wait);
+  void reap() const;  // frees busy slots whose `released` event completed
 
   int rank_;
   CudaApi api_;
   std::size_t max_slots_;
-  std::shared_ptr<Shared> shared_;
+  mutable std::list<Slot> slots_;  // stable addresses; used by the caller's thread only
 };
 
 }  // namespace ringfence::detail

@@ -2,8 +2,13 @@
 // CPU-only tests of the stream-ordered calls (src/device_staging.cpp). It does what the host
 // staging relies on and nothing else:
 //   - cudaMalloc returns host memory that cudaPointerGetAttributes reports as device memory;
-//   - every stream (the null handle included) is a thread running its queued copies and host
-//     functions in order; cudaStreamSynchronize waits for it;
+//   - every stream (the null handle included) is a thread running its queued copies, event
+//     records and host functions in order; cudaStreamSynchronize waits for it;
+//   - host functions of every stream run on ONE callback thread per process, as the CUDA
+//     runtime may do ("may be serialized"): a host function that waited for another stream's
+//     host function would deadlock here as it can on a GPU;
+//   - events: cudaEventRecord completes when the stream reaches it, cudaEventQuery says so
+//     (cudaErrorNotReady, 600, before);
 //   - every asynchronous copy sleeps a little first (fake_cuda_set_copy_delay_us, default
 //     500 us), so code that read a copy's destination before the stream reached it would see
 //     the old bytes;
@@ -73,6 +78,48 @@ struct Stream {
   }
 };
 
+// The one thread that runs host functions (never joined: it lives as long as the process).
+struct Callbacks {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> q;
+  Callbacks() {
+    std::thread([this] {
+      std::unique_lock l(m);
+      for (;;) {
+        cv.wait(l, [&] { return !q.empty(); });
+        auto fn = std::move(q.front());
+        q.pop_front();
+        l.unlock();
+        fn();
+        l.lock();
+      }
+    }).detach();
+  }
+  // Runs `fn` on the callback thread and waits for it (the stream is blocked meanwhile).
+  void run(const std::function<void()>& fn) {
+    std::mutex done_m;
+    std::condition_variable done_cv;
+    bool done = false;
+    {
+      std::lock_guard l(m);
+      q.push_back([&] {
+        fn();
+        std::lock_guard dl(done_m);
+        done = true;
+        done_cv.notify_all();
+      });
+      cv.notify_all();
+    }
+    std::unique_lock dl(done_m);
+    done_cv.wait(dl, [&] { return done; });
+  }
+};
+
+struct Event {
+  std::atomic<std::uint64_t> recorded{0}, completed{0};
+};
+
 struct State {
   std::mutex m;
   std::map<std::uintptr_t, std::size_t> device;  // cudaMalloc'ed ranges
@@ -80,6 +127,7 @@ struct State {
   std::atomic<unsigned> delay_us{500};
   Stream* null_stream = nullptr;
   std::set<void*> streams;  // live cudaStreamCreate handles
+  Callbacks* callbacks = new Callbacks;  // never destroyed (its thread is detached)
 };
 
 State& state() {
@@ -212,8 +260,28 @@ FAKE_EXPORT int cudaMemcpyAsync(void* dst, const void* src, std::size_t n, int, 
 FAKE_EXPORT int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
   Stream* st = resolve(stream);
   if (st == nullptr) return kInvalidHandle;
-  st->push([=] { fn(arg); });
+  st->push([=] { state().callbacks->run([=] { fn(arg); }); });
   return 0;
+}
+FAKE_EXPORT int cudaEventCreateWithFlags(void** event, unsigned) {
+  *event = new Event;
+  return 0;
+}
+FAKE_EXPORT int cudaEventDestroy(void* event) {
+  delete static_cast<Event*>(event);
+  return 0;
+}
+FAKE_EXPORT int cudaEventRecord(void* event, void* stream) {
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  auto* e = static_cast<Event*>(event);
+  const std::uint64_t gen = ++e->recorded;
+  st->push([e, gen] { e->completed = gen; });
+  return 0;
+}
+FAKE_EXPORT int cudaEventQuery(void* event) {
+  auto* e = static_cast<Event*>(event);
+  return e->completed.load() >= e->recorded.load() ? 0 : 600;  // cudaErrorNotReady
 }
 
 // Test hooks.

@@ -2,6 +2,9 @@
 // of fake_cudart_streams.cpp, whose streams are threads: a call returns before its stream ran,
 // the result lands only when the stream reaches it, several calls may be in flight, and a
 // stream that never gets there, abort(), or a missing runtime end in clear errors, never a hang.
+// The fake runs the host functions of all streams on one thread, as CUDA may: thread ranks in
+// one process (every test here) would deadlock if a call's progress needed another call's host
+// function.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
