@@ -136,14 +136,29 @@ void DeviceStager::run(const char* call, void* stream, const void* src, std::siz
   Slot* slot = acquire(call, out_at + out_bytes, slot_wait);
   std::byte* in = slot->mem;
   std::byte* out = slot->mem + out_at;
-  // Until the release event is recorded a failure leaves the slot busy and unarmed: never
-  // reused, since a copy enqueued before the failure may still write it.
-  if (in_bytes > 0) cuda("cudaMemcpyAsync (input to staging)", api_.memcpy_async(in, src, in_bytes, kCudaMemcpyDefault, stream));
-  cuda("cudaEventRecord (input copied)", api_.event_record(slot->input_done, stream));
+  // A failed enqueue before the release event is recorded: with nothing on the stream yet the
+  // slot is free again; else the release event is recorded behind what was enqueued (the slot
+  // comes back once the stream passed it), and if even that fails the slot stays busy for good
+  // (never reused: a copy on the stream may still write it).
+  bool enqueued = false;
+  auto enqueue = [&](const char* what, int err) {
+    if (err == kCudaSuccess) {
+      enqueued = true;
+      return;
+    }
+    if (!enqueued) {
+      slot->busy = false;
+    } else if (api_.event_record(slot->released, stream) == kCudaSuccess) {
+      slot->armed = true;
+    }
+    cuda(what, err);
+  };
+  if (in_bytes > 0) enqueue("cudaMemcpyAsync (input to staging)", api_.memcpy_async(in, src, in_bytes, kCudaMemcpyDefault, stream));
+  enqueue("cudaEventRecord (input copied)", api_.event_record(slot->input_done, stream));
   auto* state = new CallState;
   if (const int err = api_.launch_host_func(stream, &CallState::on_wait, state); err != kCudaSuccess) {
     delete state;  // no host function refers to it
-    cuda("cudaLaunchHostFunc (wait for the collective)", err);
+    enqueue("cudaLaunchHostFunc (wait for the collective)", err);
   }
   // From here `state` belongs to its host function (which deletes it).
   Work work;
@@ -175,7 +190,7 @@ void DeviceStager::run(const char* call, void* stream, const void* src, std::siz
     state->cv.notify_all();
   }
   if (!issue_error && out_bytes > 0)
-    cuda("cudaMemcpyAsync (result from staging)", api_.memcpy_async(dst, out, out_bytes, kCudaMemcpyDefault, stream));
+    enqueue("cudaMemcpyAsync (result from staging)", api_.memcpy_async(dst, out, out_bytes, kCudaMemcpyDefault, stream));
   cuda("cudaEventRecord (staging released)", api_.event_record(slot->released, stream));
   slot->armed = true;
   if (issue_error) std::rethrow_exception(issue_error);
