@@ -14,7 +14,8 @@
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
 #      nccl) on the same GPUs when there are at least 2.
 # Testing the script itself without a GPU (CTest device_check_script_fake_cuda): DEVICE_CHECK_CUDART
-# names the CUDA runtime to use (the fake of tests/device), DEVICE_CHECK_MAX_BYTES caps the sizes.
+# names the CUDA runtime to use (the fake of tests/device), DEVICE_CHECK_MAX_BYTES caps the sizes
+# of all_reduce_perf, DEVICE_CHECK_COPY_MIB the copies of device_memcpy_bw (default 256).
 # Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
@@ -118,7 +119,7 @@ else
 fi
 
 # 4. Bandwidths: copies, ringfence's device allreduce at 2 and 4 ranks, NCCL on >= 2 GPUs.
-timeout 60 "$bin/device_memcpy_bw" 256 20 ${RINGFENCE_CUDART:+"$RINGFENCE_CUDART"} >"$out/memcpy_bw.txt" 2>&1
+timeout 60 "$bin/device_memcpy_bw" "${DEVICE_CHECK_COPY_MIB:-256}" 20 ${RINGFENCE_CUDART:+"$RINGFENCE_CUDART"} >"$out/memcpy_bw.txt" 2>&1
 status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
 for n in 2 4; do
   timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 -n 10 -w 2 \
