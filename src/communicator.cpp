@@ -1026,7 +1026,7 @@ struct Communicator::Impl : LaneState {
 
   // True when no selected transport shares memory: every link is a network link.
   bool network_only() const noexcept {
-    return std::none_of(transports.begin(), transports.end(), [](const auto& t) { return t->name() == "shm"; });
+    return std::none_of(transports.begin(), transports.end(), [](const auto& t) { return t->shares_memory(); });
   }
 
   std::string protocol_fingerprint() const {

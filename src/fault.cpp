@@ -286,6 +286,9 @@ class FaultTransport final : public Transport {
   FaultTransport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules, int self)
       : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {}
   std::string_view name() const noexcept override { return inner_->name(); }
+  // The decorator injects faults; what the transport is stays the inner one's.
+  bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
+  bool shares_memory() const noexcept override { return inner_->shares_memory(); }
   Reachability can_reach(const PeerInfo& a, const PeerInfo& b) const override { return inner_->can_reach(a, b); }
   void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
   bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }

@@ -249,6 +249,10 @@ class Transport {
   /// into the buffer), so the engine lets peers write final values into user buffers without
   /// `CommOptions::direct_write_user_min_bytes`. Default: false (shm needs cross-memory attach).
   virtual bool cheap_user_writes() const noexcept { return false; }
+  /// True when links move data through memory both ends map (shm; later nvlink, pcie): such a
+  /// transport only joins ranks of one host, at memory speed. A communicator whose transports
+  /// all answer false has only network links, and the tuner uses its network figures.
+  virtual bool shares_memory() const noexcept { return false; }
   /// Registers `bytes` at `ptr` so peers can address it. The region must outlive its use.
   virtual MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) = 0;
   /// Imports a peer's region from its key. Throws `InvalidUsage` on a malformed key.

@@ -17,6 +17,9 @@
 #include <ringfence/crc32c.hpp>
 #include <ringfence/events.hpp>
 #include <ringfence/fault.hpp>
+#include <ringfence/log.hpp>
+#include <ringfence/transports/shm.hpp>
+#include <ringfence/transports/tcp.hpp>
 #include <thread>
 #include <vector>
 
@@ -895,4 +898,22 @@ TEST_CASE("the Prometheus text file shows the fenced link, its checksum errors a
   REQUIRE_THAT(text, Catch::Contains("ringfence_link_state{rank=\"1\",peer=\"0\",transport=\"shm\"} 3"));  // fenced
   REQUIRE_THAT(text, Catch::Contains("ringfence_relays{rank=\"1\"} 1"));
   REQUIRE_FALSE(std::filesystem::exists(dir.path() / "ringfence-1.prom.tmp"));
+}
+
+TEST_CASE("the fault decorator reports the inner transport's properties", "[fault]") {
+  CommOptions options;
+  options.host_id = "h";
+  Logger log;
+  const PeerInfo self{0, "h", 1};
+  auto tcp_t = make_fault_transport(transports::tcp::make_transport(TransportContext{self, 2, &options, &log}),
+                                    parse_fault_spec("flip:rate=1e-3,link=0-1"), 0);
+  auto shm_t = make_fault_transport(transports::shm::make_transport(TransportContext{self, 2, &options, &log}),
+                                    parse_fault_spec("flip:rate=1e-3,link=0-1"), 0);
+  // The tuner and the direct-write paths read these through the decorator.
+  CHECK(tcp_t->name() == "tcp");
+  CHECK(tcp_t->cheap_user_writes());
+  CHECK_FALSE(tcp_t->shares_memory());
+  CHECK(shm_t->name() == "shm");
+  CHECK_FALSE(shm_t->cheap_user_writes());
+  CHECK(shm_t->shares_memory());
 }

@@ -250,6 +250,7 @@ class ShmTransport final : public Transport {
     }
   }
 
+  bool shares_memory() const noexcept override { return true; }
   std::string_view name() const noexcept override { return kName; }
 
   // Cross-memory attach needs ptrace-attach rights over the peer (Yama ptrace_scope >= 1,
