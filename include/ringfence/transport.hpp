@@ -129,7 +129,7 @@ class RemoteRegion {
 struct WriteOp {
   const void* src = nullptr;                ///< local source (registered or not)
   const MemoryRegion* src_region = nullptr; ///< registration covering `src`, when there is one
-  const RemoteRegion* dst = nullptr;        ///< imported peer region
+  const RemoteRegion* dst = nullptr;        ///< peer region imported by this link's transport
   std::size_t dst_offset = 0;               ///< byte offset in `dst`
   std::size_t bytes = 0;                    ///< length in bytes
   std::uint64_t wr_id = 0;                  ///< echoed in the completion
@@ -138,7 +138,7 @@ struct WriteOp {
 /// One signal: store `value` into the `SignalFlag` at `offset` of `dst`; visible at the peer
 /// only after every earlier write on the same link.
 struct SignalOp {
-  const RemoteRegion* dst = nullptr;  ///< imported peer region holding the flag
+  const RemoteRegion* dst = nullptr;  ///< peer region holding the flag, imported by this link's transport
   std::size_t offset = 0;             ///< byte offset of the SignalFlag (64-aligned)
   std::uint32_t value = 0;            ///< value to store
   std::uint64_t wr_id = 0;            ///< echoed in the completion

@@ -259,7 +259,7 @@ class IbLink final : public Link {
 
   Status write(const WriteOp& op) noexcept override {
     RINGFENCE_TRY(usable());
-    const auto* remote = op.dst ? dynamic_cast<const RemoteImpl*>(op.dst->impl()) : nullptr;
+    const auto* remote = static_cast<const RemoteImpl*>(op.dst ? op.dst->impl() : nullptr);  // ours (SPI)
     if (!remote || (!op.src && op.bytes) || op.bytes > kMaxMessage) return Status(ErrorCode::InvalidUsage);
     // Never post a write outside the imported region: the HCA would fence us with
     // REM_ACCESS_ERR at best, write a neighbour's memory at worst (a wrong but valid rkey).
@@ -309,7 +309,7 @@ class IbLink final : public Link {
 
   Status signal(const SignalOp& op) noexcept override {
     RINGFENCE_TRY(usable());
-    const auto* remote = op.dst ? dynamic_cast<const RemoteImpl*>(op.dst->impl()) : nullptr;
+    const auto* remote = static_cast<const RemoteImpl*>(op.dst ? op.dst->impl() : nullptr);  // ours (SPI)
     if (!remote || op.offset % alignof(std::uint32_t) != 0 || !range_ok(op.offset, sizeof(std::uint32_t), remote->key.length))
       return Status(ErrorCode::InvalidUsage);
     if (fifo_full()) return Status(ErrorCode::InProgress);
