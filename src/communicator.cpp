@@ -390,6 +390,78 @@ struct Communicator::Impl : LaneState {
 
   // The collectives: argument checks here, on the caller's thread; the closure runs now or on
   // the progress thread (defined after the class).
+  // Each collective's argument checks, on the caller's thread, shared by the host calls and the
+  // stream-ordered ones (which check the user's device buffers, then run the host call on
+  // staging): the bytes this rank reads from `send` and writes to `recv`. Throw InvalidUsage.
+  struct IoBytes {
+    std::size_t in = 0;
+    std::size_t out = 0;
+  };
+  IoBytes check_allreduce(const char* call, const void* send, const void* recv, std::size_t count, DataType type,
+                          ReduceOp op) const {
+    check_type(call, type);
+    check_op(call, op);
+    const std::size_t bytes = bytes_of(call, "count", count, type);
+    check_pointer(call, "sendbuff", send, bytes);
+    check_pointer(call, "recvbuff", recv, bytes);
+    check_overlap(call, send, bytes, recv, bytes, recv);
+    return {bytes, bytes};
+  }
+  IoBytes check_reduce_scatter(const char* call, const void* send, const void* recv, std::size_t recvcount, DataType type,
+                               ReduceOp op) const {
+    check_type(call, type);
+    check_op(call, op);
+    const std::size_t recv_bytes = bytes_of(call, "recvcount", recvcount, type);
+    const std::size_t send_bytes = bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(size));
+    check_pointer(call, "sendbuff", send, send_bytes);
+    check_pointer(call, "recvbuff", recv, recv_bytes);
+    const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * recv_bytes : nullptr;
+    check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
+    return {send_bytes, recv_bytes};
+  }
+  IoBytes check_allgather(const char* call, const void* send, const void* recv, std::size_t sendcount, DataType type) const {
+    check_type(call, type);
+    const std::size_t send_bytes = bytes_of(call, "sendcount", sendcount, type);
+    const std::size_t recv_bytes = bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(size));
+    check_pointer(call, "sendbuff", send, send_bytes);
+    check_pointer(call, "recvbuff", recv, recv_bytes);
+    const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * send_bytes : nullptr;
+    check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
+    return {send_bytes, recv_bytes};
+  }
+  // `send` is read on the root only.
+  IoBytes check_broadcast(const char* call, const void* send, const void* recv, std::size_t count, DataType type, int root) const {
+    check_type(call, type);
+    check_root(call, root);
+    const std::size_t bytes = bytes_of(call, "count", count, type);
+    if (rank == root) check_pointer(call, "sendbuff (on the root)", send, bytes);
+    check_pointer(call, "recvbuff", recv, bytes);
+    if (rank == root) check_overlap(call, send, bytes, recv, bytes, recv);
+    return {rank == root ? bytes : 0, bytes};
+  }
+  // `recv` is written on the root only.
+  IoBytes check_reduce(const char* call, const void* send, const void* recv, std::size_t count, DataType type, ReduceOp op,
+                       int root) const {
+    check_type(call, type);
+    check_op(call, op);
+    check_root(call, root);
+    const std::size_t bytes = bytes_of(call, "count", count, type);
+    check_pointer(call, "sendbuff", send, bytes);
+    if (rank == root) {
+      check_pointer(call, "recvbuff (on the root)", recv, bytes);
+      check_overlap(call, send, bytes, recv, bytes, recv);
+    }
+    return {bytes, rank == root ? bytes : 0};
+  }
+  IoBytes check_alltoall(const char* call, const void* send, const void* recv, std::size_t count, DataType type) const {
+    check_type(call, type);
+    const std::size_t bytes = bytes_of(call, "count", count, type, static_cast<std::size_t>(size));
+    check_pointer(call, "sendbuff", send, bytes);
+    check_pointer(call, "recvbuff", recv, bytes);
+    check_overlap(call, send, bytes, recv, bytes, nullptr);
+    return {bytes, bytes};
+  }
+
   Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
                  detail::CallKind kind = detail::CallKind::Allreduce);
   // The fingerprint of a call (check_call fills in the number and the CRC).
@@ -1814,12 +1886,7 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
                                    detail::CallKind kind) {
   const char* call = kind == detail::CallKind::Barrier ? "barrier" : "allreduce";
   check_usable(call);
-  check_type(call, type);
-  check_op(call, op);
-  const std::size_t bytes = bytes_of(call, "count", count, type);
-  check_pointer(call, "sendbuff", send, bytes);
-  check_pointer(call, "recvbuff", recv, bytes);
-  check_overlap(call, send, bytes, recv, bytes, recv);
+  const std::size_t bytes = check_allreduce(call, send, recv, count, type, op).in;
   return issue(async, call, [this, call, send, recv, count, bytes, type, op, kind] {
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call, fingerprint(kind, count, type, static_cast<int>(op)));
@@ -1882,14 +1949,7 @@ Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv
                                         ReduceOp op) {
   const char* call = "reduce_scatter";
   check_usable(call);
-  check_type(call, type);
-  check_op(call, op);
-  const std::size_t recv_bytes = bytes_of(call, "recvcount", recvcount, type);
-  const std::size_t send_bytes = bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(size));
-  check_pointer(call, "sendbuff", send, send_bytes);
-  check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * recv_bytes : nullptr;
-  check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
+  check_reduce_scatter(call, send, recv, recvcount, type, op);
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::ReduceScatter, recvcount, type, static_cast<int>(op)));
     detail::RingCall c{detail::RingCollective::ReduceScatter, send, recv, recvcount, 0};
@@ -1901,13 +1961,7 @@ Work Communicator::Impl::reduce_scatter(bool async, const void* send, void* recv
 Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type) {
   const char* call = "allgather";
   check_usable(call);
-  check_type(call, type);
-  const std::size_t send_bytes = bytes_of(call, "sendcount", sendcount, type);
-  const std::size_t recv_bytes = bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(size));
-  check_pointer(call, "sendbuff", send, send_bytes);
-  check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * send_bytes : nullptr;
-  check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
+  const std::size_t send_bytes = check_allgather(call, send, recv, sendcount, type).in;
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::Allgather, sendcount, type));
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
@@ -1920,12 +1974,7 @@ Work Communicator::Impl::allgather(bool async, const void* send, void* recv, std
 Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root) {
   const char* call = "broadcast";
   check_usable(call);
-  check_type(call, type);
-  check_root(call, root);
-  const std::size_t bytes = bytes_of(call, "count", count, type);
-  if (rank == root) check_pointer(call, "sendbuff (on the root)", send, bytes);
-  check_pointer(call, "recvbuff", recv, bytes);
-  if (rank == root) check_overlap(call, send, bytes, recv, bytes, recv);
+  const std::size_t bytes = check_broadcast(call, send, recv, count, type, root).out;
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::Broadcast, count, type, -1, root));
     run_ring_call(call, detail::RingCall{detail::RingCollective::Broadcast, send, recv, bytes, position_of(root)},
@@ -1936,15 +1985,7 @@ Work Communicator::Impl::broadcast(bool async, const void* send, void* recv, std
 Work Communicator::Impl::reduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
   const char* call = "reduce";
   check_usable(call);
-  check_type(call, type);
-  check_op(call, op);
-  check_root(call, root);
-  const std::size_t bytes = bytes_of(call, "count", count, type);
-  check_pointer(call, "sendbuff", send, bytes);
-  if (rank == root) {
-    check_pointer(call, "recvbuff (on the root)", recv, bytes);
-    check_overlap(call, send, bytes, recv, bytes, recv);
-  }
+  check_reduce(call, send, recv, count, type, op, root);
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::Reduce, count, type, static_cast<int>(op), root));
     run_ring_call(call, detail::RingCall{detail::RingCollective::Reduce, send, recv, count, position_of(root)},
@@ -1955,12 +1996,8 @@ Work Communicator::Impl::reduce(bool async, const void* send, void* recv, std::s
 Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std::size_t count, DataType type) {
   const char* call = "alltoall";
   check_usable(call);
-  check_type(call, type);
-  const std::size_t block = bytes_of(call, "count", count, type);
-  const std::size_t bytes = bytes_of(call, "count", count, type, static_cast<std::size_t>(size));
-  check_pointer(call, "sendbuff", send, bytes);
-  check_pointer(call, "recvbuff", recv, bytes);
-  check_overlap(call, send, bytes, recv, bytes, nullptr);
+  const std::size_t bytes = check_alltoall(call, send, recv, count, type).in;
+  const std::size_t block = bytes / static_cast<std::size_t>(size);
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::Alltoall, count, type));
     if (block == 0) return;
@@ -2039,89 +2076,45 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
   live(__func__)->alltoall(false, send, recv, count, type);
 }
 
-// Stream-ordered calls: the same argument checks as the host calls (on the user's pointers),
-// then Impl::staged with the host collective on staging memory.
+// Stream-ordered calls: the host calls' argument checks on the user's buffers, then
+// Impl::staged with the host collective on staging memory.
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "allreduce";
-  m->check_type(call, type);
-  m->check_op(call, op);
-  const std::size_t bytes = m->bytes_of(call, "count", count, type);
-  m->check_pointer(call, "sendbuff", send, bytes);
-  m->check_pointer(call, "recvbuff", recv, bytes);
-  m->check_overlap(call, send, bytes, recv, bytes, recv);
-  m->staged(call, stream, send, bytes, recv, bytes,
+  const auto io = m->check_allreduce("allreduce", send, recv, count, type, op);
+  m->staged("allreduce", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allreduce(true, in, out, count, type, op); });
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op,
                                   CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "reduce_scatter";
-  m->check_type(call, type);
-  m->check_op(call, op);
-  const std::size_t recv_bytes = m->bytes_of(call, "recvcount", recvcount, type);
-  const std::size_t send_bytes = m->bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(m->size));
-  m->check_pointer(call, "sendbuff", send, send_bytes);
-  m->check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(m->rank) * recv_bytes : nullptr;
-  m->check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
-  m->staged(call, stream, send, send_bytes, recv, recv_bytes,
+  const auto io = m->check_reduce_scatter("reduce_scatter", send, recv, recvcount, type, op);
+  m->staged("reduce_scatter", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "allgather";
-  m->check_type(call, type);
-  const std::size_t send_bytes = m->bytes_of(call, "sendcount", sendcount, type);
-  const std::size_t recv_bytes = m->bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(m->size));
-  m->check_pointer(call, "sendbuff", send, send_bytes);
-  m->check_pointer(call, "recvbuff", recv, recv_bytes);
-  const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(m->rank) * send_bytes : nullptr;
-  m->check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
-  m->staged(call, stream, send, send_bytes, recv, recv_bytes,
+  const auto io = m->check_allgather("allgather", send, recv, sendcount, type);
+  m->staged("allgather", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allgather(true, in, out, sendcount, type); });
 }
 void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root, CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "broadcast";
-  m->check_type(call, type);
-  m->check_root(call, root);
-  const std::size_t bytes = m->bytes_of(call, "count", count, type);
-  const bool is_root = m->rank == root;
-  if (is_root) m->check_pointer(call, "sendbuff (on the root)", send, bytes);
-  m->check_pointer(call, "recvbuff", recv, bytes);
-  if (is_root) m->check_overlap(call, send, bytes, recv, bytes, recv);
-  // The root's input goes through staging; the others send nothing (their staged input is unused).
-  m->staged(call, stream, send, is_root ? bytes : 0, recv, bytes,
+  const auto io = m->check_broadcast("broadcast", send, recv, count, type, root);  // non-roots stage no input
+  m->staged("broadcast", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->broadcast(true, in, out, count, type, root); });
 }
 void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
                           CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "reduce";
-  m->check_type(call, type);
-  m->check_op(call, op);
-  m->check_root(call, root);
-  const std::size_t bytes = m->bytes_of(call, "count", count, type);
-  const bool is_root = m->rank == root;
-  m->check_pointer(call, "sendbuff", send, bytes);
-  if (is_root) {
-    m->check_pointer(call, "recvbuff (on the root)", recv, bytes);
-    m->check_overlap(call, send, bytes, recv, bytes, recv);
-  }
-  m->staged(call, stream, send, bytes, recv, is_root ? bytes : 0, [&](std::byte* in, std::byte* out) {
-    return m->reduce(true, in, is_root ? out : nullptr, count, type, op, root);
+  const auto io = m->check_reduce("reduce", send, recv, count, type, op, root);  // non-roots copy no result back
+  m->staged("reduce", stream, send, io.in, recv, io.out, [&](std::byte* in, std::byte* out) {
+    return m->reduce(true, in, io.out > 0 ? out : nullptr, count, type, op, root);
   });
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
-  const char* call = "alltoall";
-  m->check_type(call, type);
-  const std::size_t bytes = m->bytes_of(call, "count", count, type, static_cast<std::size_t>(m->size));
-  m->check_pointer(call, "sendbuff", send, bytes);
-  m->check_pointer(call, "recvbuff", recv, bytes);
-  m->check_overlap(call, send, bytes, recv, bytes, nullptr);
-  m->staged(call, stream, send, bytes, recv, bytes,
+  const auto io = m->check_alltoall("alltoall", send, recv, count, type);
+  m->staged("alltoall", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->alltoall(true, in, out, count, type); });
 }
 std::size_t Communicator::device_staging_bytes() const {
