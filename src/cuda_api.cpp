@@ -43,14 +43,12 @@ CudaApi load_cuda_api(const std::string& path) {
   }
   // cudaMemcpyAsync and cudaLaunchHostFunc are the default-stream-semantics entry points (not
   // the _ptsz ones), as a program compiled without --default-stream per-thread calls them.
-  if (!bind(handle, "cudaGetDeviceCount", api.get_device_count) || !bind(handle, "cudaGetDevice", api.get_device) ||
-      !bind(handle, "cudaPointerGetAttributes", api.pointer_attributes) ||
-      !bind(handle, "cudaGetErrorString", api.error_string) || !bind(handle, "cudaMemcpyAsync", api.memcpy_async) ||
+  if (!bind(handle, "cudaGetDeviceCount", api.get_device_count) || !bind(handle, "cudaGetErrorString", api.error_string) || !bind(handle, "cudaMemcpyAsync", api.memcpy_async) ||
       !bind(handle, "cudaLaunchHostFunc", api.launch_host_func) || !bind(handle, "cudaHostAlloc", api.host_alloc) ||
       !bind(handle, "cudaFreeHost", api.free_host) || !bind(handle, "cudaEventCreateWithFlags", api.event_create) ||
       !bind(handle, "cudaEventRecord", api.event_record) || !bind(handle, "cudaEventQuery", api.event_query) ||
       !bind(handle, "cudaEventDestroy", api.event_destroy)) {
-    api.why_not = fmt::format("{} lacks one of cudaGetDeviceCount, cudaGetDevice, cudaPointerGetAttributes, cudaGetErrorString, "
+    api.why_not = fmt::format("{} lacks one of cudaGetDeviceCount, cudaGetErrorString, "
                               "cudaMemcpyAsync, cudaLaunchHostFunc, cudaHostAlloc, cudaFreeHost, cudaEventCreateWithFlags, "
                               "cudaEventRecord, cudaEventQuery, cudaEventDestroy",
                               api.library);

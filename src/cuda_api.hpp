@@ -1,36 +1,25 @@
 #pragma once
 // The CUDA runtime functions the host-staged device path calls, loaded with dlopen (ringfence
 // links no CUDA library and includes no CUDA header: the declarations below are our own, like
-// the NVML source's; tests/build_checks/cuda_api_check.cpp compares them with the installed
-// cuda_runtime_api.h when one exists). Loaded per user (a DeviceStager), never unloaded.
+// the NVML source's; src/nccl/cuda_runtime.cpp, built against the installed cuda_runtime_api.h
+// where one exists, checks the constants and signatures at compile time). Loaded per user (a
+// DeviceStager), never unloaded.
 #include <cstddef>
 #include <string>
 
 namespace ringfence::detail {
-
-/// cudaPointerAttributes (CUDA >= 11 layout).
-struct CudaPointerAttributes {
-  int type = 0;                   ///< cudaMemoryType
-  int device = 0;                 ///< owning device
-  void* device_pointer = nullptr; ///< device address
-  void* host_pointer = nullptr;   ///< host address
-};
 
 inline constexpr int kCudaSuccess = 0;
 inline constexpr int kCudaErrorNotReady = 600;    ///< cudaErrorNotReady (cudaEventQuery: not yet)
 inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDefault = 4;      ///< cudaMemcpyDefault: direction from the pointers
 inline constexpr unsigned kCudaHostAllocPortable = 1;
-inline constexpr int kCudaMemoryTypeDevice = 2;   ///< cudaMemoryTypeDevice
-inline constexpr int kCudaMemoryTypeManaged = 3;  ///< cudaMemoryTypeManaged
 
 /// The loaded functions. `usable` is false when the library, a symbol, a driver or a device is
 /// missing; `why_not` then says which.
 struct CudaApi {
   using HostFn = void (*)(void*);
   int (*get_device_count)(int*) = nullptr;
-  int (*get_device)(int*) = nullptr;
-  int (*pointer_attributes)(CudaPointerAttributes*, const void*) = nullptr;
   const char* (*error_string)(int) = nullptr;
   int (*memcpy_async)(void*, const void*, std::size_t, int, void*) = nullptr;
   int (*launch_host_func)(void*, HostFn, void*) = nullptr;

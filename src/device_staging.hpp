@@ -52,8 +52,6 @@ class DeviceStager {
   /// Slots whose stream has not released them yet (a slot whose enqueue failed half-way is
   /// never released nor reused, and not counted).
   std::size_t pending() const;
-  /// The runtime library in use.
-  const std::string& library() const noexcept { return api_.library; }
 
   std::chrono::milliseconds drain_bound{10000};  ///< destructor's wait for in-flight calls
 

@@ -8,6 +8,33 @@
 
 #include "cuda_runtime.hpp"
 
+#include <type_traits>
+
+#include "../cuda_api.hpp"
+
+// The core's own CUDA declarations (src/cuda_api.hpp, used without CUDA headers) against the
+// real header: same values, and the same signatures with handles (cudaStream_t, cudaEvent_t)
+// passed as void*.
+namespace ringfence::detail {
+static_assert(kCudaSuccess == cudaSuccess);
+static_assert(kCudaErrorNotReady == cudaErrorNotReady);
+static_assert(kCudaMemcpyDefault == cudaMemcpyDefault);
+static_assert(kCudaHostAllocPortable == cudaHostAllocPortable);
+static_assert(kCudaEventDisableTiming == cudaEventDisableTiming);
+static_assert(std::is_pointer_v<cudaStream_t> && std::is_pointer_v<cudaEvent_t>);
+static_assert(sizeof(cudaError_t) == sizeof(int) && sizeof(cudaMemcpyKind) == sizeof(int));
+static_assert(std::is_same_v<decltype(&::cudaGetDeviceCount), cudaError_t (*)(int*)>);
+static_assert(std::is_same_v<decltype(&::cudaMemcpyAsync), cudaError_t (*)(void*, const void*, std::size_t, cudaMemcpyKind, cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaLaunchHostFunc), cudaError_t (*)(cudaStream_t, cudaHostFn_t, void*)>);
+static_assert(std::is_same_v<decltype(&::cudaHostAlloc), cudaError_t (*)(void**, std::size_t, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaFreeHost), cudaError_t (*)(void*)>);
+static_assert(std::is_same_v<decltype(&::cudaEventCreateWithFlags), cudaError_t (*)(cudaEvent_t*, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaEventRecord), cudaError_t (*)(cudaEvent_t, cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaEventQuery), cudaError_t (*)(cudaEvent_t)>);
+static_assert(std::is_same_v<decltype(&::cudaEventDestroy), cudaError_t (*)(cudaEvent_t)>);
+static_assert(std::is_same_v<decltype(&::cudaGetErrorString), const char* (*)(cudaError_t)>);
+}  // namespace ringfence::detail
+
 namespace ringfence::nccl {
 namespace {
 
