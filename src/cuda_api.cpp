@@ -54,6 +54,28 @@ CudaApi load_cuda_api(const std::string& path) {
                               api.library);
     return api;
   }
+  {
+    std::string missing;
+    auto optional = [&](const char* name, auto& out) {
+      if (!bind(handle, name, out)) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", name);
+    };
+    optional("cudaGetDevice", api.get_device);
+    optional("cudaMalloc", api.malloc);
+    optional("cudaFree", api.free);
+    optional("cudaMemcpy", api.memcpy);
+    optional("cudaPointerGetAttributes", api.pointer_attributes);
+    optional("cudaDeviceCanAccessPeer", api.device_can_access_peer);
+    optional("cudaDeviceEnablePeerAccess", api.device_enable_peer_access);
+    optional("cudaIpcGetMemHandle", api.ipc_get_mem_handle);
+    optional("cudaIpcOpenMemHandle", api.ipc_open_mem_handle);
+    optional("cudaIpcCloseMemHandle", api.ipc_close_mem_handle);
+    optional("cudaStreamCreateWithFlags", api.stream_create);
+    optional("cudaStreamDestroy", api.stream_destroy);
+    optional("cudaStreamSynchronize", api.stream_synchronize);
+    optional("cudaStreamWaitEvent", api.stream_wait_event);
+    api.ipc = missing.empty();
+    if (!api.ipc) api.ipc_why_not = fmt::format("{} lacks {}", api.library, missing);
+  }
   int count = 0;
   const int err = api.get_device_count(&count);
   if (err != kCudaSuccess) {

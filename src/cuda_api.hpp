@@ -14,6 +14,25 @@ inline constexpr int kCudaErrorNotReady = 600;    ///< cudaErrorNotReady (cudaEv
 inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDefault = 4;      ///< cudaMemcpyDefault: direction from the pointers
 inline constexpr unsigned kCudaHostAllocPortable = 1;
+inline constexpr unsigned kCudaStreamNonBlocking = 1;
+inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 1;
+inline constexpr int kCudaErrorPeerAccessAlreadyEnabled = 704;
+inline constexpr int kCudaMemoryTypeDevice = 2;    ///< cudaMemoryTypeDevice
+inline constexpr int kCudaMemoryTypeManaged = 3;   ///< cudaMemoryTypeManaged
+inline constexpr std::size_t kCudaIpcHandleBytes = 64;
+
+/// cudaIpcMemHandle_t: 64 opaque bytes, passed by value.
+struct CudaIpcHandle {
+  char reserved[kCudaIpcHandleBytes];
+};
+/// cudaPointerAttributes (CUDA 11 and later layout).
+struct CudaPointerAttributes {
+  int type = 0;  ///< cudaMemoryType: 0 unregistered host, 1 host, 2 device, 3 managed
+  int device = 0;
+  void* device_pointer = nullptr;
+  void* host_pointer = nullptr;
+  long reserved[8] = {};
+};
 
 /// The loaded functions. `usable` is false when the library, a symbol, a driver or a device is
 /// missing; `why_not` then says which.
@@ -32,6 +51,25 @@ struct CudaApi {
   bool usable = false;
   std::string why_not;
   std::string library;  ///< the file dlopen found
+
+  /// The CUDA IPC transports' functions (transports/cuda_ipc): bound when present, `ipc` says
+  /// whether all were; `ipc_why_not` names the missing ones. The staged path needs none.
+  int (*get_device)(int*) = nullptr;
+  int (*malloc)(void**, std::size_t) = nullptr;
+  int (*free)(void*) = nullptr;
+  int (*memcpy)(void*, const void*, std::size_t, int) = nullptr;
+  int (*pointer_attributes)(CudaPointerAttributes*, const void*) = nullptr;
+  int (*device_can_access_peer)(int*, int, int) = nullptr;
+  int (*device_enable_peer_access)(int, unsigned) = nullptr;
+  int (*ipc_get_mem_handle)(CudaIpcHandle*, void*) = nullptr;
+  int (*ipc_open_mem_handle)(void**, CudaIpcHandle, unsigned) = nullptr;
+  int (*ipc_close_mem_handle)(void*) = nullptr;
+  int (*stream_create)(void**, unsigned) = nullptr;  ///< cudaStreamCreateWithFlags
+  int (*stream_destroy)(void*) = nullptr;
+  int (*stream_synchronize)(void*) = nullptr;
+  int (*stream_wait_event)(void*, void*, unsigned) = nullptr;
+  bool ipc = false;
+  std::string ipc_why_not;
 
   /// "cudaFoo failed: <error string> (code N)".
   std::string describe(const char* call, int err) const;

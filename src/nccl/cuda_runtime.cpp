@@ -8,6 +8,7 @@
 
 #include "cuda_runtime.hpp"
 
+#include <cstddef>
 #include <type_traits>
 
 #include "../cuda_api.hpp"
@@ -33,6 +34,31 @@ static_assert(std::is_same_v<decltype(&::cudaEventRecord), cudaError_t (*)(cudaE
 static_assert(std::is_same_v<decltype(&::cudaEventQuery), cudaError_t (*)(cudaEvent_t)>);
 static_assert(std::is_same_v<decltype(&::cudaEventDestroy), cudaError_t (*)(cudaEvent_t)>);
 static_assert(std::is_same_v<decltype(&::cudaGetErrorString), const char* (*)(cudaError_t)>);
+// The CUDA IPC transports' part (transports/cuda_ipc).
+static_assert(kCudaStreamNonBlocking == cudaStreamNonBlocking);
+static_assert(kCudaIpcMemLazyEnablePeerAccess == cudaIpcMemLazyEnablePeerAccess);
+static_assert(kCudaErrorPeerAccessAlreadyEnabled == cudaErrorPeerAccessAlreadyEnabled);
+static_assert(kCudaMemoryTypeDevice == cudaMemoryTypeDevice && kCudaMemoryTypeManaged == cudaMemoryTypeManaged);
+static_assert(sizeof(CudaIpcHandle) == sizeof(cudaIpcMemHandle_t) && kCudaIpcHandleBytes == CUDA_IPC_HANDLE_SIZE);
+static_assert(sizeof(CudaPointerAttributes) == sizeof(cudaPointerAttributes));
+static_assert(offsetof(CudaPointerAttributes, type) == offsetof(cudaPointerAttributes, type));
+static_assert(offsetof(CudaPointerAttributes, device) == offsetof(cudaPointerAttributes, device));
+static_assert(offsetof(CudaPointerAttributes, device_pointer) == offsetof(cudaPointerAttributes, devicePointer));
+static_assert(offsetof(CudaPointerAttributes, host_pointer) == offsetof(cudaPointerAttributes, hostPointer));
+static_assert(std::is_same_v<decltype(&::cudaGetDevice), cudaError_t (*)(int*)>);
+static_assert(std::is_same_v<decltype(&::cudaMalloc), cudaError_t (*)(void**, std::size_t)>);
+static_assert(std::is_same_v<decltype(&::cudaFree), cudaError_t (*)(void*)>);
+static_assert(std::is_same_v<decltype(&::cudaMemcpy), cudaError_t (*)(void*, const void*, std::size_t, cudaMemcpyKind)>);
+static_assert(std::is_same_v<decltype(&::cudaPointerGetAttributes), cudaError_t (*)(cudaPointerAttributes*, const void*)>);
+static_assert(std::is_same_v<decltype(&::cudaDeviceCanAccessPeer), cudaError_t (*)(int*, int, int)>);
+static_assert(std::is_same_v<decltype(&::cudaDeviceEnablePeerAccess), cudaError_t (*)(int, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaIpcGetMemHandle), cudaError_t (*)(cudaIpcMemHandle_t*, void*)>);
+static_assert(std::is_same_v<decltype(&::cudaIpcOpenMemHandle), cudaError_t (*)(void**, cudaIpcMemHandle_t, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaIpcCloseMemHandle), cudaError_t (*)(void*)>);
+static_assert(std::is_same_v<decltype(&::cudaStreamCreateWithFlags), cudaError_t (*)(cudaStream_t*, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaStreamDestroy), cudaError_t (*)(cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaStreamSynchronize), cudaError_t (*)(cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaStreamWaitEvent), cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned int)>);
 }  // namespace ringfence::detail
 
 namespace ringfence::nccl {

@@ -17,10 +17,19 @@
 //   - FAKE_CUDA_DEVICES=0 (or "driver") makes cudaGetDeviceCount report no device (or
 //     cudaErrorInsufficientDriver, 35), as on a machine without a GPU or driver.
 // cudaFreeHost and cudaHostAlloc count live pinned buffers (fake_cuda_pinned_live).
+// For the CUDA IPC transports (transports/cuda_ipc):
+//   - cudaMalloc memory lives in a POSIX shared-memory segment, so cudaIpcGetMemHandle can name
+//     it and another process can cudaIpcOpenMemHandle it (a mapping reported as device memory);
+//     as on CUDA, a handle of an interior pointer is refused here (CUDA would silently give the
+//     whole allocation's) and a process cannot open its own handle;
+//   - devices: FAKE_CUDA_DEVICES of them (default 1), cudaSetDevice / cudaGetDevice per
+//     process; peer access between two of them unless FAKE_CUDA_P2P=0;
+//   - cudaStreamWaitEvent makes a stream wait for the event's latest record.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -28,7 +37,12 @@
 #include <map>
 #include <set>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -120,9 +134,32 @@ struct Event {
   std::atomic<std::uint64_t> recorded{0}, completed{0};
 };
 
+// A device allocation: a shared-memory segment mapped here (cudaMalloc'ed or IPC-opened).
+struct Allocation {
+  std::size_t bytes = 0;
+  std::string name;     // the segment ("/fakecuda-<pid>-<n>")
+  bool opened = false;  // mapped by cudaIpcOpenMemHandle (closed with cudaIpcCloseMemHandle)
+};
+
+// What cudaIpcGetMemHandle writes into the 64 opaque bytes.
+struct FakeIpcHandle {
+  std::uint32_t magic;
+  std::int32_t pid;
+  std::uint64_t bytes;
+  char name[48];
+};
+static_assert(sizeof(FakeIpcHandle) == 64);
+struct IpcHandleBytes {
+  char reserved[64];
+};
+constexpr std::uint32_t kIpcMagic = 0xfa4ec0daU;
+
 struct State {
   std::mutex m;
-  std::map<std::uintptr_t, std::size_t> device;  // cudaMalloc'ed ranges
+  std::map<std::uintptr_t, Allocation> device;  // device ranges mapped in this process
+  std::uint64_t next_segment = 0;
+  int current_device = 0;
+  std::set<int> peers_enabled;
   std::atomic<int> pinned{0};
   std::atomic<unsigned> delay_us{500};
   Stream* null_stream = nullptr;
@@ -151,7 +188,29 @@ bool is_device(const void* p) {
   auto it = s.device.upper_bound(a);
   if (it == s.device.begin()) return false;
   --it;
-  return a < it->first + it->second;
+  return a < it->first + it->second.bytes;
+}
+
+int device_count() {
+  const char* v = std::getenv("FAKE_CUDA_DEVICES");
+  return v != nullptr ? std::atoi(v) : 1;
+}
+bool p2p() {
+  const char* v = std::getenv("FAKE_CUDA_P2P");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+void* map_segment(const char* name, std::size_t bytes, bool create) {
+  const int fd = ::shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    ::close(fd);
+    ::shm_unlink(name);
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 }  // namespace
@@ -166,14 +225,33 @@ struct FakeAttributes {
 FAKE_EXPORT int cudaGetDeviceCount(int* count) {
   const char* v = std::getenv("FAKE_CUDA_DEVICES");
   if (v != nullptr && std::strcmp(v, "driver") == 0) return 35;  // cudaErrorInsufficientDriver
-  *count = v != nullptr ? std::atoi(v) : 1;
+  *count = device_count();
   return 0;
 }
 FAKE_EXPORT int cudaGetDevice(int* device) {
-  *device = 0;
+  std::lock_guard l(state().m);
+  *device = state().current_device;
   return 0;
 }
-FAKE_EXPORT int cudaSetDevice(int) { return 0; }
+FAKE_EXPORT int cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return 101;  // cudaErrorInvalidDevice
+  std::lock_guard l(state().m);
+  state().current_device = device;
+  return 0;
+}
+FAKE_EXPORT int cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (device < 0 || device >= device_count() || peer < 0 || peer >= device_count()) return 101;
+  *can = device != peer && p2p() ? 1 : 0;
+  return 0;
+}
+FAKE_EXPORT int cudaDeviceEnablePeerAccess(int peer, unsigned) {
+  State& s = state();
+  std::lock_guard l(s.m);
+  if (peer < 0 || peer >= device_count() || peer == s.current_device) return 101;
+  if (!p2p()) return 217;  // cudaErrorPeerAccessUnsupported
+  if (!s.peers_enabled.insert(peer).second) return 704;  // cudaErrorPeerAccessAlreadyEnabled
+  return 0;
+}
 FAKE_EXPORT const char* cudaGetErrorString(int err) {
   return err == 0                ? "no error (fake)"
          : err == 35             ? "CUDA driver version is insufficient for CUDA runtime version (fake)"
@@ -192,20 +270,59 @@ FAKE_EXPORT int cudaPointerGetAttributes(FakeAttributes* a, const void* p) {
   return 0;
 }
 FAKE_EXPORT int cudaMalloc(void** p, std::size_t n) {
-  *p = std::malloc(n == 0 ? 1 : n);
+  if (n == 0) n = 1;
   State& s = state();
   std::lock_guard l(s.m);
-  s.device[reinterpret_cast<std::uintptr_t>(*p)] = n == 0 ? 1 : n;
+  const std::string name = "/fakecuda-" + std::to_string(::getpid()) + "-" + std::to_string(s.next_segment++);
+  *p = map_segment(name.c_str(), n, true);
+  if (*p == nullptr) return 2;  // cudaErrorMemoryAllocation
+  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{n, name, false};
   return 0;
 }
 FAKE_EXPORT int cudaFree(void* p) {
   if (p == nullptr) return 0;
-  {
-    State& s = state();
-    std::lock_guard l(s.m);
-    s.device.erase(reinterpret_cast<std::uintptr_t>(p));
-  }
-  std::free(p);
+  State& s = state();
+  std::lock_guard l(s.m);
+  auto it = s.device.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == s.device.end() || it->second.opened) return 1;  // cudaErrorInvalidValue
+  ::munmap(p, it->second.bytes);
+  ::shm_unlink(it->second.name.c_str());
+  s.device.erase(it);
+  return 0;
+}
+FAKE_EXPORT int cudaIpcGetMemHandle(IpcHandleBytes* handle, void* p) {
+  State& s = state();
+  std::lock_guard l(s.m);
+  auto it = s.device.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == s.device.end() || it->second.opened) return 1;  // not the base of an allocation of ours
+  FakeIpcHandle h{};
+  h.magic = kIpcMagic;
+  h.pid = ::getpid();
+  h.bytes = it->second.bytes;
+  std::snprintf(h.name, sizeof h.name, "%s", it->second.name.c_str());
+  std::memcpy(handle, &h, sizeof h);
+  return 0;
+}
+FAKE_EXPORT int cudaIpcOpenMemHandle(void** p, IpcHandleBytes handle, unsigned) {
+  FakeIpcHandle h{};
+  std::memcpy(&h, &handle, sizeof h);
+  if (h.magic != kIpcMagic) return 400;
+  if (h.pid == ::getpid()) return 201;  // cudaErrorInvalidContext: CUDA refuses a process its own handle
+  h.name[sizeof h.name - 1] = 0;
+  *p = map_segment(h.name, h.bytes, false);
+  if (*p == nullptr) return 205;  // cudaErrorMapBufferObjectFailed
+  State& s = state();
+  std::lock_guard l(s.m);
+  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{h.bytes, h.name, true};
+  return 0;
+}
+FAKE_EXPORT int cudaIpcCloseMemHandle(void* p) {
+  State& s = state();
+  std::lock_guard l(s.m);
+  auto it = s.device.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == s.device.end() || !it->second.opened) return 1;
+  ::munmap(p, it->second.bytes);
+  s.device.erase(it);
   return 0;
 }
 FAKE_EXPORT int cudaHostAlloc(void** p, std::size_t n, unsigned) {
@@ -219,6 +336,13 @@ FAKE_EXPORT int cudaFreeHost(void* p) {
   return 0;
 }
 FAKE_EXPORT int cudaStreamCreate(void** stream) {
+  *stream = new Stream;
+  State& s = state();
+  std::lock_guard l(s.m);
+  s.streams.insert(*stream);
+  return 0;
+}
+FAKE_EXPORT int cudaStreamCreateWithFlags(void** stream, unsigned) {
   *stream = new Stream;
   State& s = state();
   std::lock_guard l(s.m);
@@ -277,6 +401,16 @@ FAKE_EXPORT int cudaEventRecord(void* event, void* stream) {
   auto* e = static_cast<Event*>(event);
   const std::uint64_t gen = ++e->recorded;
   st->push([e, gen] { e->completed = gen; });
+  return 0;
+}
+FAKE_EXPORT int cudaStreamWaitEvent(void* stream, void* event, unsigned) {
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  auto* e = static_cast<Event*>(event);
+  const std::uint64_t gen = e->recorded.load();
+  st->push([e, gen] {
+    while (e->completed.load() < gen) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  });
   return 0;
 }
 FAKE_EXPORT int cudaEventQuery(void* event) {
