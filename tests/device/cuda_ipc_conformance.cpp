@@ -2,9 +2,10 @@
 // them: each rank allocates device memory through the transport, shares it by region key
 // (cudaIpcGetMemHandle / cudaIpcOpenMemHandle), and both write into each other at once:
 //   1. one large device -> device write (not a multiple of pcie's chunk: bounce slots reused),
-//   2. host -> device writes at both ends of the region, then 96 small device -> device writes
-//      (more than a link holds in flight: write() returns InProgress and the test polls),
-//   3. a signal after all of them; the peer waits for it and then reads its region back.
+//   2. 96 small device -> device writes of the same bytes (more than a link holds in flight:
+//      write() returns InProgress and the test polls), then host -> device writes at both ends
+//      of the region (bytes no earlier write carries),
+//   3. a signal after all of them; the peer waits for it and at once reads its region back.
 // Checked: every byte, completion ids in order and all Ok, the link's byte counters. The CUDA
 // runtime is RINGFENCE_CUDART (the fake with threads for streams in CI) or libcudart (a GPU:
 // tests/gpu, scripts/device-check.sh). Both ranks use the current device: one GPU suffices.
@@ -123,12 +124,12 @@ int run(int rank, const std::string& name, std::size_t bytes, const Channel& ch)
   };
   const auto start = std::chrono::steady_clock::now();
   submit([&] { return link->write(WriteOp{src, &src_reg, &peer_dst, 64, bytes, id}); });
-  submit([&] { return link->write(WriteOp{head.data(), nullptr, &peer_dst, 0, 64, id}); });
-  submit([&] { return link->write(WriteOp{tail.data(), nullptr, &peer_dst, 64 + bytes, 64, id}); });
   for (int k = 0; k < kSmallWrites; ++k) {  // same bytes as the large write: any order lands the same
     const std::size_t off = (static_cast<std::size_t>(k) * 7919 * kSmallBytes) % (bytes - kSmallBytes);
     submit([&] { return link->write(WriteOp{src + off, nullptr, &peer_dst, 64 + off, kSmallBytes, id}); });
   }
+  submit([&] { return link->write(WriteOp{head.data(), nullptr, &peer_dst, 0, 64, id}); });
+  submit([&] { return link->write(WriteOp{tail.data(), nullptr, &peer_dst, 64 + bytes, 64, id}); });
   submit([&] { return link->signal(SignalOp{&peer_flags, 0, 1, id}); });
   const std::uint64_t ops = id;
 
@@ -139,13 +140,7 @@ int run(int rank, const std::string& name, std::size_t bytes, const Channel& ch)
     if (!s.in_progress()) return fail(rank, std::string("wait: ") + std::string(to_string(s.code())));
     if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) return fail(rank, "no signal within 60 s");
   }
-  while (done.size() < ops) {
-    drain();
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) return fail(rank, "completions missing after 60 s: " + std::to_string(done.size()) + " of " + std::to_string(ops));
-  }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-
-  // The peer's bytes, as the signal promised them.
+  // The peer's bytes, as the signal promised them: read at once, before our own copies are waited for.
   cuda.check(cuda.memcpy_(host.data(), dst, region, tools::CudaRt::kDeviceToHost), "cudaMemcpy");
   const int peer = 1 - rank;
   for (std::size_t i = 0; i < region; ++i) {
@@ -153,6 +148,13 @@ int run(int rank, const std::string& name, std::size_t bytes, const Channel& ch)
     if (host[i] != want)
       return fail(rank, "byte " + std::to_string(i) + " is " + std::to_string(host[i]) + ", expected " + std::to_string(want));
   }
+  while (done.size() < ops) {
+    drain();
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60))
+      return fail(rank, "completions missing after 60 s: " + std::to_string(done.size()) + " of " + std::to_string(ops));
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
   for (std::size_t i = 0; i < done.size(); ++i) {
     if (done[i].wr_id != i + 1) return fail(rank, "completion " + std::to_string(i) + " has id " + std::to_string(done[i].wr_id));
     if (!done[i].status.is_ok()) return fail(rank, "completion " + std::to_string(i) + " failed");
