@@ -8,19 +8,21 @@
 #   1. the GPUs (nvidia-smi -L, topology);
 #   2. every GPU test: reduce kernels bit-exact against the host kernels (every dtype x op,
 #      aligned and misaligned), stream-ordered device collectives on 2 and 4 ranks (ranks share
-#      the GPUs round-robin), exact;
+#      the GPUs round-robin), exact; the nvlink and pcie transports between two processes
+#      (CUDA IPC, 64 MiB + 13 B each way), exact;
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
 #   4. all_reduce_perf -m device for 2 and 4 ranks, next to the device-to-device and pinned
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
 #      nccl) on the same GPUs when there are at least 2.
 # Testing the script itself without a GPU (CTest device_check_script_fake_cuda): DEVICE_CHECK_CUDART
 # names the CUDA runtime to use (the fake of tests/device), DEVICE_CHECK_MAX_BYTES caps the sizes
-# of all_reduce_perf, DEVICE_CHECK_COPY_MIB the copies of device_memcpy_bw (default 256).
+# of all_reduce_perf, DEVICE_CHECK_COPY_MIB the copies of device_memcpy_bw (default 256),
+# DEVICE_CHECK_IPC_BYTES the writes of cuda_ipc_conformance (default 64 MiB + 13).
 # Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-bins=(ringfence-run device_collectives reduce_functors_gpu_test all_reduce_perf device_memcpy_bw)
+bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance all_reduce_perf device_memcpy_bw)
 
 build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
   local b=$1
@@ -93,7 +95,7 @@ export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-60000}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 echo "device-check: $gpus GPU(s)"
 
-# 2. Every GPU test (the ctest label gpu: these three).
+# 2. Every GPU test (the ctest label gpu: these five).
 if [ -x "$bin/reduce_functors_gpu_test" ]; then
   timeout 120 "$bin/reduce_functors_gpu_test" >"$out/gpu_reduce_kernels.log" 2>&1
 else
@@ -104,6 +106,12 @@ status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $
 for n in 2 4; do
   timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
   status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
+done
+
+ipc_bytes=${DEVICE_CHECK_IPC_BYTES:-67108877}
+for t in nvlink pcie; do
+  timeout 120 "$bin/cuda_ipc_conformance" $t "$ipc_bytes" >"$out/gpu_${t}_conformance.log" 2>&1
+  status "$t transport (CUDA IPC), 2 processes on one GPU, $ipc_bytes B each way, exact" $? "$out/gpu_${t}_conformance.log"
 done
 
 # 3. compute-sanitizer memcheck on one small device collective (every rank process).

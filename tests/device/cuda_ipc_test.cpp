@@ -184,7 +184,7 @@ TEST_CASE("cuda_ipc: out-of-bounds writes, misplaced signals and device sources 
   }
 }
 
-TEST_CASE("cuda_ipc: fence completes pending operations with Fenced and refuses later ones; reopen resumes", "[cuda_ipc][conformance]") {
+TEST_CASE("cuda_ipc: fence completes pending operations with Fenced and refuses later ones, reopen resumes", "[cuda_ipc][conformance]") {
   for (std::string_view name : {cuda_ipc::kNvlinkName, cuda_ipc::kPcieName}) {
     Pair p(name);
     auto* src = p.a->allocate(4096, MemoryKind::Device);
