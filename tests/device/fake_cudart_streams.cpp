@@ -24,7 +24,11 @@
 //     whole allocation's) and a process cannot open its own handle;
 //   - devices: FAKE_CUDA_DEVICES of them (default 1), cudaSetDevice / cudaGetDevice per
 //     process; peer access between two of them unless FAKE_CUDA_P2P=0;
-//   - cudaStreamWaitEvent makes a stream wait for the event's latest record.
+//   - cudaStreamWaitEvent makes a stream wait for the event's latest record;
+//   - the CUDA driver's dma-buf export (cuInit, cuMemGetHandleForAddressRange, cuGetErrorString:
+//     the ibverbs transport's GPUDirect RDMA path loads them from this library by path in
+//     tests): whole pages inside one allocation give an fd of its segment, anything else
+//     CUDA_ERROR_INVALID_VALUE (1).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -430,5 +434,28 @@ FAKE_EXPORT int fake_cuda_pinned_live() { return state().pinned.load(); }
 FAKE_EXPORT void fake_cuda_set_copy_delay_us(unsigned us) { state().delay_us = us; }
 FAKE_EXPORT int cudaDeviceSynchronize() {
   resolve(nullptr)->sync();
+  return 0;
+}
+
+// The CUDA driver's dma-buf export (transports/ibverbs/dmabuf.cpp).
+FAKE_EXPORT int cuInit(unsigned) { return 0; }
+FAKE_EXPORT int cuGetErrorString(int err, const char** text) {
+  *text = err == 1 ? "invalid argument (fake)" : "error (fake)";
+  return 0;
+}
+FAKE_EXPORT int cuMemGetHandleForAddressRange(void* handle, unsigned long long dptr, std::size_t size, int type,
+                                              unsigned long long flags) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  if (type != 1 || flags != 0 || size == 0 || dptr % page != 0 || size % page != 0) return 1;
+  State& s = state();
+  std::lock_guard l(s.m);
+  auto it = s.device.upper_bound(static_cast<std::uintptr_t>(dptr));
+  if (it == s.device.begin()) return 1;
+  --it;
+  const std::uintptr_t end = (it->first + it->second.bytes + page - 1) / page * page;  // the mapping's last page
+  if (dptr < it->first || dptr + size > end) return 1;
+  const int fd = ::shm_open(it->second.name.c_str(), O_RDWR, 0);
+  if (fd < 0) return 2;
+  *static_cast<int*>(handle) = fd;
   return 0;
 }

@@ -2,7 +2,10 @@
 // and 1 of a 2-rank job) on the same active HCA port, connected by RC queue pairs through the
 // port's loopback. Checks exact bytes of registered and unregistered (staged) writes, a signal
 // ordered after them, completion ids, out-of-bounds writes refused before posting, and fence
-// idempotence with later operations refused. Exits 77 (CTest: skipped) without an HCA.
+// idempotence with later operations refused. With a GPU too: GPUDirect RDMA, a registered host
+// buffer written into device memory registered by dma-buf and back out of it (the GPU part is
+// reported skipped, and the host part still judged, without a CUDA runtime or device). Exits
+// 77 (CTest: skipped) without an HCA.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +15,8 @@
 #include <ringfence/transports/ibverbs.hpp>
 #include <thread>
 #include <vector>
+
+#include "cuda_rt.hpp"
 
 using namespace ringfence;
 namespace ib = ringfence::transports::ibverbs;
@@ -109,6 +114,38 @@ int main() {
     CHECK(ab->stats().bytes_written.load() == 768 * 1024 + 4096);
     CHECK(ab->stats().errors.load() == 0);
 
+    // GPUDirect RDMA over b -> a: a registered host source written into a's device memory
+    // (registered by dma-buf), a signal after it, the bytes read back with cudaMemcpy.
+    tools::CudaRt cuda;
+    if (const std::string why = cuda.load(options.cuda_runtime); !why.empty()) {
+      std::printf("GPUDirect RDMA part skipped: %s\n", why.c_str());
+    } else {
+      constexpr std::size_t kDev = 256 * 1024 + 4;
+      void* dev = nullptr;
+      cuda.check(cuda.malloc_(&dev, kDev), "cudaMalloc");
+      std::vector<std::byte> zeros(kDev, std::byte{0}), back(kDev);
+      cuda.check(cuda.memcpy_(dev, zeros.data(), kDev, tools::CudaRt::kHostToDevice), "cudaMemcpy");
+      MemoryRegion dev_mr = a->register_memory(dev, kDev, MemoryKind::Device);
+      MemoryRegion src_b = b->register_memory(src.data(), src.size(), MemoryKind::Host);
+      SignalFlag flag_a;
+      MemoryRegion flag_a_mr = a->register_memory(&flag_a, sizeof flag_a, MemoryKind::Host);
+      const RemoteRegion rdev = b->import_region(dev_mr.key());
+      const RemoteRegion rflag_a = b->import_region(flag_a_mr.key());
+      CHECK(rdev.size() == kDev);
+      CHECK(ba->write(WriteOp{src.data() + 12, &src_b, &rdev, 0, kDev, 30}).is_ok());
+      CHECK(ba->signal(SignalOp{&rflag_a, 0, 1, 31}).is_ok());
+      Status g(ErrorCode::InProgress);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (g.in_progress() && std::chrono::steady_clock::now() < until) g = ab->wait(flag_a, 1, std::chrono::milliseconds(20));
+      CHECK(g.is_ok());
+      cuda.check(cuda.memcpy_(back.data(), dev, kDev, tools::CudaRt::kDeviceToHost), "cudaMemcpy");
+      CHECK(std::memcmp(back.data(), src.data() + 12, kDev) == 0);
+      CHECK(drain(*ba, 2).size() == 2);
+      std::printf("GPUDirect RDMA: %zu bytes host -> device by dma-buf registration exact\n", kDev);
+      dev_mr = MemoryRegion();
+      cuda.check(cuda.free_(dev), "cudaFree");
+    }
+
     // Fence: idempotent, later operations refused, state Fenced.
     ab->fence(FenceReason::User);
     ab->fence(FenceReason::User);
@@ -120,6 +157,7 @@ int main() {
     CHECK(ab->poll(c, n).is_ok());
     CHECK(n == 0);
     CHECK(ba->state() == LinkState::Up);
+
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

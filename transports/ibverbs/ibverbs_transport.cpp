@@ -21,6 +21,7 @@
 #include <ringfence/transport_util.hpp>
 #include <ringfence/transports/ibverbs.hpp>
 
+#include "dmabuf.hpp"
 #include "ibverbs_detail.hpp"
 
 namespace ringfence::transports::ibverbs {
@@ -50,6 +51,8 @@ struct Verbs {
   int (*dealloc_pd)(ibv_pd*) = nullptr;
   ibv_mr* (*reg_mr)(ibv_pd*, void*, std::size_t, int) = nullptr;
   int (*dereg_mr)(ibv_mr*) = nullptr;
+  /// ibv_reg_dmabuf_mr (rdma-core 34+): optional, only device memory needs it.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, std::uint64_t, std::size_t, std::uint64_t, int, int) = nullptr;
   ibv_cq* (*create_cq)(ibv_context*, int, void*, ibv_comp_channel*, int) = nullptr;
   int (*destroy_cq)(ibv_cq*) = nullptr;
   ibv_qp* (*create_qp)(ibv_pd*, ibv_qp_init_attr*) = nullptr;
@@ -109,6 +112,7 @@ std::unique_ptr<Verbs> load_verbs(const std::string& path, std::string& why) {
   need(v->destroy_qp, "ibv_destroy_qp");
   need(v->get_async_event, "ibv_get_async_event");
   need(v->ack_async_event, "ibv_ack_async_event");
+  (void)resolve(v->handle, v->reg_dmabuf_mr, "ibv_reg_dmabuf_mr");  // optional: GPUDirect RDMA only
   return ok ? std::move(v) : nullptr;
 }
 
@@ -146,14 +150,16 @@ struct Device {
   void drain_async_events() noexcept;
 };
 
+// A registration. `addr`/`length` are the registered range as peers address it: the MR's own
+// for host memory; for device memory (dma-buf) the MR covers whole pages around it.
 struct LocalImpl final : MemoryRegion::Impl {
   std::shared_ptr<Device> dev;
   ibv_mr* mr = nullptr;
-  LocalImpl(std::shared_ptr<Device> d, ibv_mr* m) : dev(std::move(d)), mr(m) {}
+  std::uintptr_t addr = 0;
+  std::uint64_t length = 0;
+  LocalImpl(std::shared_ptr<Device> d, ibv_mr* m, std::uintptr_t a, std::uint64_t len) : dev(std::move(d)), mr(m), addr(a), length(len) {}
   ~LocalImpl() override { dev->verbs->dereg_mr(mr); }
-  Bytes key() const override {
-    return serialize(RegionKey{reinterpret_cast<std::uintptr_t>(mr->addr), mr->length, mr->rkey});
-  }
+  Bytes key() const override { return serialize(RegionKey{addr, length, mr->rkey}); }
 };
 
 struct RemoteImpl final : RemoteRegion::Impl {
@@ -591,20 +597,56 @@ class IbTransport final : public Transport {
   }
 
   MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
-    RINGFENCE_EXPECTS(kind != MemoryKind::Device,
-                      "rank {}: ibverbs cannot register device memory at {} ({} bytes): the GPU path "
-                      "(dma-buf via cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr) is not built; "
-                      "use host memory, or the nvlink/pcie transports",
-                      self_.rank, ptr, bytes);
     RINGFENCE_EXPECTS(dev_ != nullptr, "rank {}: ibverbs has no usable HCA port ({})", self_.rank, unusable_);
     RINGFENCE_EXPECTS(ptr != nullptr && bytes > 0, "rank {}: ibverbs register_memory(ptr={}, bytes={}): empty region",
                       self_.rank, ptr, bytes);
+    if (kind == MemoryKind::Device) return register_device(ptr, bytes);
     ibv_mr* mr = dev_->verbs->reg_mr(dev_->pd, ptr, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr)
       throw IbvError(fmt::format("rank {}: ibv_reg_mr({}, {} bytes) on {} failed: {}", self_.rank, ptr, bytes, dev_->name,
                                  std::strerror(errno)),
                      errno);
-    return MemoryRegion(std::make_unique<LocalImpl>(dev_, mr), ptr, bytes, kind);
+    return MemoryRegion(std::make_unique<LocalImpl>(dev_, mr, reinterpret_cast<std::uintptr_t>(ptr), bytes), ptr, bytes, kind);
+  }
+
+  // GPUDirect RDMA: the pages around [ptr, ptr + bytes) exported by the CUDA driver as a
+  // dma-buf and registered with their device addresses as I/O virtual addresses, so peers
+  // write at `ptr + offset` exactly as into host memory.
+  MemoryRegion register_device(void* ptr, std::size_t bytes) {
+    RINGFENCE_EXPECTS(dev_->verbs->reg_dmabuf_mr != nullptr,
+                      "rank {}: ibverbs cannot register device memory at {}: this libibverbs lacks ibv_reg_dmabuf_mr "
+                      "(rdma-core 34 or later is needed for GPUDirect RDMA)",
+                      self_.rank, ptr);
+    const CudaDmaBuf& dmabuf = cuda_dmabuf();
+    if (!dmabuf.usable())
+      throw CudaError(fmt::format("rank {}: ibverbs cannot register device memory at {} ({} bytes): {}", self_.rank, ptr, bytes,
+                                  dmabuf.why_not()),
+                      0);
+    const PageSpan span = page_span(reinterpret_cast<std::uintptr_t>(ptr), bytes, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
+    RINGFENCE_EXPECTS(span.length > 0, "rank {}: ibverbs register_memory({}, {} bytes): the range wraps around", self_.rank, ptr, bytes);
+    int fd = -1;
+    try {
+      fd = dmabuf.export_pages(span);
+    } catch (const CudaError& e) {
+      throw CudaError(fmt::format("rank {}: ibverbs cannot register device memory at {}: {}", self_.rank, ptr, e.what()), e.native());
+    }
+    ibv_mr* mr = dev_->verbs->reg_dmabuf_mr(dev_->pd, 0, span.length, span.start, fd,
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    const int err = errno;
+    ::close(fd);  // the registration holds its own reference
+    if (!mr)
+      throw IbvError(fmt::format("rank {}: ibv_reg_dmabuf_mr({:#x}, {} bytes) on {} failed: {} (does the HCA driver support "
+                                 "dma-buf? mlx5 on Linux 5.12+ does)",
+                                 self_.rank, span.start, span.length, dev_->name, std::strerror(err)),
+                     err);
+    return MemoryRegion(std::make_unique<LocalImpl>(dev_, mr, reinterpret_cast<std::uintptr_t>(ptr), bytes), ptr, bytes,
+                        MemoryKind::Device);
+  }
+
+  const CudaDmaBuf& cuda_dmabuf() {
+    std::lock_guard lock(dmabuf_mu_);
+    if (!dmabuf_) dmabuf_ = std::make_unique<CudaDmaBuf>();
+    return *dmabuf_;
   }
 
   RemoteRegion import_region(std::span<const std::byte> peer_key) override {
@@ -734,6 +776,8 @@ class IbTransport final : public Transport {
   const Logger* log_ = nullptr;
   std::shared_ptr<Device> dev_;  // null: unusable_ says why
   std::string unusable_;
+  std::mutex dmabuf_mu_;
+  std::unique_ptr<CudaDmaBuf> dmabuf_;  // the CUDA driver, loaded at the first device registration
 };
 
 }  // namespace
