@@ -309,10 +309,18 @@ struct Communicator::Impl : LaneState {
   template <class Queue>
   void staged(const char* call, CudaStream stream, const void* src, std::size_t in_bytes, void* dst, std::size_t out_bytes,
               Queue queue) {
+    const detail::DeviceStager::Piece in{const_cast<void*>(src), in_bytes}, out{dst, out_bytes};
+    staged(call, stream, std::span(&in, in_bytes > 0 ? 1 : 0), std::span(&out, out_bytes > 0 ? 1 : 0), queue);
+  }
+  // The same with several user buffers per direction (a group of sends and receives): inputs
+  // are packed one after another into staging `in`, outputs unpacked from staging `out`.
+  template <class Queue>
+  void staged(const char* call, CudaStream stream, std::span<const detail::DeviceStager::Piece> inputs,
+              std::span<const detail::DeviceStager::Piece> outputs, Queue queue) {
     check_usable(call);
     if (!stager) stager = std::make_unique<detail::DeviceStager>(rank, call, options.cuda_runtime, options.device_staging_slots);
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(call_timeout.count() > 0 ? call_timeout : options.timeout);
-    stager->run(call, stream.handle, src, in_bytes, dst, out_bytes, wait,
+    stager->run(call, stream.handle, inputs, outputs, wait,
                 [&](std::byte* in, std::byte* out, detail::DeviceStager::Gate gate) {
                   // Waits for the input copy in short slices, so abort() and failures end it
                   // at once. A gate that times out breaks the communicator like a failed
@@ -1636,17 +1644,84 @@ struct Communicator::Impl : LaneState {
     if (group_ops.empty()) return;
     drain();  // queued asynchronous work runs first (issue order)
     apply_timeout(call_timeout);
-    for (const auto& op : group_ops)
+    check_p2p_routes(call, group_ops);
+    run_ops(call, group_ops, options.p2p_direct_user_min_bytes);
+  }
+
+  // Point-to-point has no third party to relay through: a transfer over a fenced link fails
+  // everywhere alike, at once (`ops` is cleared).
+  void check_p2p_routes(const char* call, std::vector<detail::P2POp>& ops) {
+    for (const auto& op : ops)
       if (op.peer != rank && is_fenced(rank, op.peer)) {
-        group_ops.clear();
-        // Point-to-point has no third party to relay through; fail everywhere alike, at once.
+        ops.clear();
         detail::Failure f{Status(ErrorCode::Fenced), op.peer,
                           "a route for point-to-point transfers over a fenced link (none exists until a fallback transport "
                           "such as tcp is available)",
                           0};
         raise(call, f);
       }
-    run_ops(call, group_ops, options.p2p_direct_user_min_bytes);
+  }
+
+  // Stream-ordered send/recv: queued like host ones (one stream per group), then run as one
+  // staged call: every send buffer packed into staging on the stream, the host transfers on the
+  // progress thread in issue order, every receive unpacked from staging on the stream.
+  struct DeviceP2P {
+    bool is_send = false;
+    int peer = -1;
+    void* buf = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<DeviceP2P> device_group_ops;  // queued by the stream-ordered send()/recv()
+  void* device_group_stream = nullptr;      // their stream
+
+  void queue_device_p2p(const char* call, bool is_send, const void* buf, std::size_t count, DataType type, int peer,
+                        CudaStream stream) {
+    check_usable(call);
+    check_type(call, type);
+    check_peer(call, peer);
+    const std::size_t bytes = bytes_of(call, "count", count, type);
+    check_pointer(call, "buf", buf, bytes);
+    RINGFENCE_EXPECTS(group_ops.empty(),
+                      "rank {}: {} on a CUDA stream: this group already holds send/recv on host memory (without a stream); a "
+                      "group takes one kind",
+                      rank, call);
+    RINGFENCE_EXPECTS(device_group_ops.empty() || device_group_stream == stream.handle,
+                      "rank {}: {}: stream {} differs from stream {} of this group's earlier send/recv (a group of "
+                      "stream-ordered send/recv takes one stream)",
+                      rank, call, stream.handle, device_group_stream);
+    if (bytes == 0) return;
+    RINGFENCE_EXPECTS(peer != rank || group_depth > 0,
+                      "rank {}: {}: a transfer to or from ourselves needs its match in the same group_start()/group_end()", rank, call);
+    device_group_stream = stream.handle;
+    device_group_ops.push_back(DeviceP2P{is_send, peer, const_cast<void*>(buf), bytes});
+    if (group_depth == 0) run_device_group(call);
+  }
+
+  void run_device_group(const char* call) {
+    std::vector<DeviceP2P> ops = std::move(device_group_ops);
+    device_group_ops.clear();
+    if (ops.empty()) return;
+    std::vector<detail::DeviceStager::Piece> ins, outs;
+    std::vector<std::size_t> at(ops.size());  // offset of each op's bytes in staging in / out
+    std::size_t in_total = 0, out_total = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      std::size_t& total = ops[i].is_send ? in_total : out_total;
+      at[i] = total;
+      total += ops[i].bytes;
+      (ops[i].is_send ? ins : outs).push_back(detail::DeviceStager::Piece{ops[i].buf, ops[i].bytes});
+    }
+    staged(call, CudaStream{device_group_stream}, std::span<const detail::DeviceStager::Piece>(ins),
+           std::span<const detail::DeviceStager::Piece>(outs), [&](std::byte* in, std::byte* out) {
+             std::vector<detail::P2POp> host;
+             host.reserve(ops.size());
+             for (std::size_t i = 0; i < ops.size(); ++i)
+               host.push_back(detail::P2POp{ops[i].is_send, ops[i].peer, (ops[i].is_send ? in : out) + at[i], ops[i].bytes, 0});
+             return issue(true, call, [this, call, host = std::move(host)] {
+               std::vector<detail::P2POp> run = host;  // run_ops consumes its list
+               check_p2p_routes(call, run);
+               run_ops(call, run, options.p2p_direct_user_min_bytes);
+             });
+           });
   }
 
   // `user_min_bytes`: from this size plain user receive buffers take direct writes (cross-memory
@@ -1668,6 +1743,8 @@ struct Communicator::Impl : LaneState {
     if (bytes == 0) return;
     RINGFENCE_EXPECTS(peer != rank || group_depth > 0,
                       "rank {}: {}: a transfer to or from ourselves needs its match in the same group_start()/group_end()", rank, call);
+    RINGFENCE_EXPECTS(device_group_ops.empty(),
+                      "rank {}: {}: this group already holds send/recv on a CUDA stream; a group takes one kind", rank, call);
     group_ops.push_back(detail::P2POp{is_send, peer, static_cast<std::byte*>(const_cast<void*>(buf)), bytes, 0});
     if (group_depth == 0) run_group(call);
   }
@@ -2155,6 +2232,14 @@ void Communicator::recv(void* buf, std::size_t count, DataType type, int peer) {
   live(__func__)->queue_p2p("recv", false, buf, count, type, peer);
 }
 
+void Communicator::send(const void* buf, std::size_t count, DataType type, int peer, CudaStream stream) {
+  live(__func__)->queue_device_p2p("send", true, buf, count, type, peer, stream);
+}
+
+void Communicator::recv(void* buf, std::size_t count, DataType type, int peer, CudaStream stream) {
+  live(__func__)->queue_device_p2p("recv", false, buf, count, type, peer, stream);
+}
+
 void Communicator::group_start() {
   live(__func__)->check_usable("group_start");
   ++live(__func__)->group_depth;
@@ -2165,7 +2250,11 @@ void Communicator::group_end() {
   RINGFENCE_EXPECTS(m.group_depth > 0, "rank {}: group_end: no matching group_start()", m.rank);
   if (--m.group_depth > 0) return;
   m.check_usable("group_end");
-  m.run_group("group_end");
+  if (!m.device_group_ops.empty()) {
+    m.run_device_group("group_end");
+  } else {
+    m.run_group("group_end");
+  }
 }
 
 void Communicator::barrier() {

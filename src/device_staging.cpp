@@ -126,8 +126,11 @@ DeviceStager::Slot* DeviceStager::acquire(const char* call, std::size_t bytes, s
   return chosen;
 }
 
-void DeviceStager::run(const char* call, void* stream, const void* src, std::size_t in_bytes, void* dst, std::size_t out_bytes,
+void DeviceStager::run(const char* call, void* stream, std::span<const Piece> inputs, std::span<const Piece> outputs,
                        std::chrono::milliseconds slot_wait, const Issue& issue) {
+  std::size_t in_bytes = 0, out_bytes = 0;
+  for (const Piece& p : inputs) in_bytes += p.bytes;
+  for (const Piece& p : outputs) out_bytes += p.bytes;
   auto cuda = [&](const char* what, int err) {
     if (err != kCudaSuccess)
       throw CudaError(fmt::format("rank {}: {} on a CUDA stream: {}", rank_, call, api_.describe(what, err)), err);
@@ -153,7 +156,10 @@ void DeviceStager::run(const char* call, void* stream, const void* src, std::siz
     }
     cuda(what, err);
   };
-  if (in_bytes > 0) enqueue("cudaMemcpyAsync (input to staging)", api_.memcpy_async(in, src, in_bytes, kCudaMemcpyDefault, stream));
+  for (std::size_t at = 0; const Piece& p : inputs) {
+    if (p.bytes > 0) enqueue("cudaMemcpyAsync (input to staging)", api_.memcpy_async(in + at, p.ptr, p.bytes, kCudaMemcpyDefault, stream));
+    at += p.bytes;
+  }
   enqueue("cudaEventRecord (input copied)", api_.event_record(slot->input_done, stream));
   auto* state = new CallState;
   if (const int err = api_.launch_host_func(stream, &CallState::on_wait, state); err != kCudaSuccess) {
@@ -189,8 +195,12 @@ void DeviceStager::run(const char* call, void* stream, const void* src, std::siz
     }
     state->cv.notify_all();
   }
-  if (!issue_error && out_bytes > 0)
-    enqueue("cudaMemcpyAsync (result from staging)", api_.memcpy_async(dst, out, out_bytes, kCudaMemcpyDefault, stream));
+  if (!issue_error)
+    for (std::size_t at = 0; const Piece& p : outputs) {
+      if (p.bytes > 0)
+        enqueue("cudaMemcpyAsync (result from staging)", api_.memcpy_async(p.ptr, out + at, p.bytes, kCudaMemcpyDefault, stream));
+      at += p.bytes;
+    }
   cuda("cudaEventRecord (staging released)", api_.event_record(slot->released, stream));
   slot->armed = true;
   if (issue_error) std::rethrow_exception(issue_error);

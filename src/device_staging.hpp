@@ -15,6 +15,7 @@
 #include <functional>
 #include <list>
 #include <ringfence/communicator.hpp>
+#include <span>
 #include <string>
 
 #include "cuda_api.hpp"
@@ -40,11 +41,18 @@ class DeviceStager {
   DeviceStager(const DeviceStager&) = delete;
   DeviceStager& operator=(const DeviceStager&) = delete;
 
-  /// Enqueues one staged call on `stream` (see the file comment). `in_bytes` from `src` go to
-  /// staging, `out_bytes` come back to `dst` (either may be 0). Throws `CudaError` when a CUDA
-  /// call fails, `TimeoutError` when no staging slot frees up within `slot_wait`, and
-  /// whatever `issue` throws.
-  void run(const char* call, void* stream, const void* src, std::size_t in_bytes, void* dst, std::size_t out_bytes,
+  /// User memory copied to or from consecutive staging bytes.
+  struct Piece {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  /// Enqueues one staged call on `stream` (see the file comment). The `inputs` are copied, one
+  /// after another, to the staging `in` that `issue` gets; the staging `out` is copied back,
+  /// one piece after another, into the `outputs` (either list may be empty: a send-only group,
+  /// a broadcast's non-root input). Throws `CudaError` when a CUDA call fails, `TimeoutError`
+  /// when no staging slot frees up within `slot_wait`, and whatever `issue` throws.
+  void run(const char* call, void* stream, std::span<const Piece> inputs, std::span<const Piece> outputs,
            std::chrono::milliseconds slot_wait, const Issue& issue);
 
   /// Pinned staging bytes allocated now (all slots).

@@ -228,6 +228,15 @@ class Communicator {
   void reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root, CudaStream stream);
   /// Stream-ordered `alltoall` (see the stream-ordered `allreduce`).
   void alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream);
+  /// Stream-ordered `send` (see the stream-ordered `allreduce` and `send`), like `ncclSend`:
+  /// inside `group_start()`/`group_end()` it is queued with the group's other stream-ordered
+  /// send/recv, which must use the same `stream` (a group takes either host or stream-ordered
+  /// transfers, not both); outside a group it runs alone. The group's send buffers are copied to
+  /// staging on `stream`, the transfers run on the progress thread in issue order, and the
+  /// received bytes are copied back on `stream`; the call returns at once.
+  void send(const void* buf, std::size_t count, DataType type, int peer, CudaStream stream);
+  /// Stream-ordered `recv` (see the stream-ordered `send`).
+  void recv(void* buf, std::size_t count, DataType type, int peer, CudaStream stream);
   /// Pinned host staging bytes the stream-ordered calls hold (0 before the first one).
   std::size_t device_staging_bytes() const;
 

@@ -1,9 +1,9 @@
 // NCCL shim: collectives, point-to-point and groups over a ringfence Communicator
 // (docs/nccl-compat.md). Host buffers with a NULL stream complete before the call returns;
 // device or managed buffers, or any non-NULL stream, take ringfence's stream-ordered calls
-// (docs/device.md). Send/recv (and ncclGather/ncclScatter, built from them) take host memory
-// with a NULL stream only. Inside a group a call is queued and runs at the outermost
-// ncclGroupEnd.
+// (docs/device.md); so do send/recv (stream-ordered send/recv, one stream per group).
+// ncclGather/ncclScatter (built from send/recv) take host memory with a NULL stream only.
+// Inside a group a call is queued and runs at the outermost ncclGroupEnd.
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -56,9 +56,10 @@ ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size
                             ncclComm_t comm, cudaStream_t stream) {
   const ncclResult_t r = rf::nccl::guarded(call, comm, [&] {
     ncclComm& c = rf::nccl::check_usable(call, comm);
-    rf::nccl::check_stream(call, stream);
     const rf::DataType t = data_type(call, datatype);
-    rf::nccl::check_host_buffer(call, c, is_send ? "sendbuff" : "recvbuff", buf, bytes_of(call, "count", count, t));
+    // Device or managed memory, or any stream: stream-ordered (like the collectives).
+    const bool staged = check_buffer(call, c, is_send ? "sendbuff" : "recvbuff", buf, bytes_of(call, "count", count, t)) || stream != nullptr;
+    const rf::CudaStream s{stream};
     check_rank_arg(call, c, "peer", peer);
     if (rf::nccl::in_group()) {
       rf::nccl::PendingOp op;
@@ -70,11 +71,13 @@ ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size
       op.count = count;
       op.type = t;
       op.peer = peer;
+      op.staged = staged;
+      op.stream = s;
       rf::nccl::enqueue(std::move(op));
     } else if (is_send) {
-      rf::nccl::live(call, c).send(buf, count, t, peer);
+      staged ? rf::nccl::live(call, c).send(buf, count, t, peer, s) : rf::nccl::live(call, c).send(buf, count, t, peer);
     } else {
-      rf::nccl::live(call, c).recv(buf, count, t, peer);
+      staged ? rf::nccl::live(call, c).recv(buf, count, t, peer, s) : rf::nccl::live(call, c).recv(buf, count, t, peer);
     }
     return ncclSuccess;
   });

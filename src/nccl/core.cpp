@@ -89,7 +89,9 @@ ncclResult_t run_ops(ncclComm& comm, const std::vector<PendingOp*>& ops) {
     c.group_start();
     try {
       for (PendingOp* op : ops) {
-        if (op->kind == PendingOp::Kind::Send) c.send(op->send, op->count, op->type, op->peer);
+        if (op->kind == PendingOp::Kind::Send && op->staged) c.send(op->send, op->count, op->type, op->peer, op->stream);
+        else if (op->kind == PendingOp::Kind::Send) c.send(op->send, op->count, op->type, op->peer);
+        else if (op->kind == PendingOp::Kind::Recv && op->staged) c.recv(op->recv, op->count, op->type, op->peer, op->stream);
         else if (op->kind == PendingOp::Kind::Recv) c.recv(op->recv, op->count, op->type, op->peer);
       }
     } catch (...) {

@@ -137,6 +137,8 @@ struct PendingOp {
   std::size_t count = 0;          ///< Send/Recv: elements
   DataType type = DataType::Uint8;  ///< Send/Recv: element type
   int peer = -1;                  ///< Send/Recv: peer rank
+  bool staged = false;            ///< Send/Recv: stream-ordered (device memory or a stream)
+  CudaStream stream;              ///< Send/Recv: its stream
 };
 
 /// A communicator creation queued inside a group (ncclCommInitRank*, ncclCommSplit): `make` builds

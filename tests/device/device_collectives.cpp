@@ -1,6 +1,6 @@
 // Stream-ordered collectives on CUDA memory, across processes (one rank per process, several
 // ranks may share a GPU): every dtype x op for allreduce (out of place and in place), and
-// reduce_scatter, allgather, broadcast, reduce, alltoall, checked exactly (integer-valued
+// reduce_scatter, allgather, broadcast, reduce, alltoall, a group of send/recv, checked exactly (integer-valued
 // inputs, tests/support/verifiable.hpp). Run by ringfence-run; the CUDA runtime is the one the
 // communicator loads (RINGFENCE_CUDART, else libcudart.so.13/.12/...): the real one on a GPU
 // machine (tests/gpu), the fake with threads for streams in CI (tests/device). Exits 77 when no
@@ -121,6 +121,30 @@ int main(int argc, char** argv) {
       wrong += std::memcmp(want.data(), back.data() + static_cast<std::size_t>(r) * count * esize, count * esize) != 0;
     }
     report(fmt::format("alltoall {}", to_string(type)), wrong);
+  }
+  // send/recv: every rank sends block k of its Sum input to rank + k (k = 1..n-1) and receives
+  // from rank - k, all in one group on the stream (a pipeline-parallel pattern).
+  {
+    const DataType type = DataType::Float32;
+    const std::size_t esize = size_of(type), whole = count * static_cast<std::size_t>(n);
+    test::fill_input(type, ReduceOp::Sum, rank, n, host.data(), whole);
+    check(cuda, cuda.memcpy_(dsend, host.data(), whole * esize, kToDevice), "cudaMemcpy");
+    comm.group_start();
+    for (int k = 1; k < n; ++k) {
+      const int to = (rank + k) % n, from = (rank + n - k) % n;
+      comm.send(static_cast<std::byte*>(dsend) + static_cast<std::size_t>(k) * count * esize, count, type, to, s);
+      comm.recv(static_cast<std::byte*>(drecv) + static_cast<std::size_t>(k) * count * esize, count, type, from, s);
+    }
+    comm.group_end();
+    check(cuda, cuda.stream_sync(stream), "cudaStreamSynchronize");
+    check(cuda, cuda.memcpy_(back.data(), drecv, whole * esize, kToHost), "cudaMemcpy");
+    std::size_t wrong = 0;
+    std::vector<std::byte> want(count * esize);
+    for (int k = 1; k < n; ++k) {
+      test::fill_input(type, ReduceOp::Sum, (rank + n - k) % n, n, want.data(), count, static_cast<std::size_t>(k) * count);
+      wrong += std::memcmp(want.data(), back.data() + static_cast<std::size_t>(k) * count * esize, count * esize) != 0;
+    }
+    report("send/recv group float32", wrong);
   }
   const Status err = comm.async_error();
   if (!err.is_ok()) {

@@ -258,3 +258,117 @@ TEST_CASE("stream-ordered calls check their arguments like the host calls", "[de
   CHECK(msgs[2].find("rank 1: alltoall: sendbuff") == 0);
   CHECK(msgs[3].find("rank 1: reduce:") == 0);
 }
+
+// ---- stream-ordered send/recv -------------------------------------------------------------
+
+namespace {
+std::uint8_t p2p_byte(int from, int to, std::size_t i) { return static_cast<std::uint8_t>(i * 7 + static_cast<std::size_t>(from) * 31 + static_cast<std::size_t>(to) * 3 + 1); }
+}  // namespace
+
+TEST_CASE("stream-ordered send/recv: a ring exchange in one group returns before its stream runs and lands when it does",
+          "[device][p2p]") {
+  const int n = 3;
+  const std::size_t bytes = 70001;  // a few chunks, not a multiple of anything
+  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+    const int r = comm.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
+    DeviceBuffer to_right(bytes), to_left(bytes), from_left(bytes), from_right(bytes);
+    std::vector<std::uint8_t> host(bytes), sentinel(bytes, 0xee), back(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) host[i] = p2p_byte(r, right, i);
+    T_CHECK(cudaMemcpy(to_right.p, host.data(), bytes, 1) == 0);
+    for (std::size_t i = 0; i < bytes; ++i) host[i] = p2p_byte(r, left, i);
+    T_CHECK(cudaMemcpy(to_left.p, host.data(), bytes, 1) == 0);
+    T_CHECK(cudaMemcpy(from_left.p, sentinel.data(), bytes, 1) == 0);
+    T_CHECK(cudaMemcpy(from_right.p, sentinel.data(), bytes, 1) == 0);
+    Stream stream;
+    fake_cuda_hold(stream.s, 1);
+    comm.group_start();
+    comm.send(to_right.p, bytes, DataType::Uint8, right, stream.handle());
+    comm.recv(from_left.p, bytes, DataType::Uint8, left, stream.handle());
+    comm.send(to_left.p, bytes / 2, DataType::Uint8, left, stream.handle());
+    comm.recv(from_right.p, bytes / 2, DataType::Uint8, right, stream.handle());
+    comm.group_end();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    T_CHECK(std::memcmp(from_left.p, sentinel.data(), bytes) == 0);  // held stream: nothing landed
+    fake_cuda_hold(stream.s, 0);
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+    T_CHECK(cudaMemcpy(back.data(), from_left.p, bytes, 2) == 0);
+    for (std::size_t i = 0; i < bytes; ++i)
+      if (back[i] != p2p_byte(left, r, i)) throw std::runtime_error(fmt::format("rank {}: byte {} from the left is wrong", r, i));
+    T_CHECK(cudaMemcpy(back.data(), from_right.p, bytes, 2) == 0);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      const std::uint8_t want = i < bytes / 2 ? p2p_byte(right, r, i) : 0xee;  // only half was sent back
+      if (back[i] != want) throw std::runtime_error(fmt::format("rank {}: byte {} from the right is wrong", r, i));
+    }
+    T_CHECK(comm.async_error().is_ok());
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("stream-ordered send/recv outside a group, and to ourselves inside one", "[device][p2p]") {
+  const std::size_t count = 5000;
+  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+    Stream stream;
+    DeviceBuffer a(count * 4), b(count * 4);
+    std::vector<std::int32_t> host(count), back(count);
+    for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<std::int32_t>(i) * (comm.rank() + 2) - 77;
+    T_CHECK(cudaMemcpy(a.p, host.data(), count * 4, 1) == 0);
+    if (comm.rank() == 0) {
+      comm.send(a.p, count, DataType::Int32, 1, stream.handle());
+    } else {
+      comm.recv(b.p, count, DataType::Int32, 0, stream.handle());
+    }
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+    if (comm.rank() == 1) {
+      T_CHECK(cudaMemcpy(back.data(), b.p, count * 4, 2) == 0);
+      for (std::size_t i = 0; i < count; ++i) T_CHECK(back[i] == static_cast<std::int32_t>(i) * 2 - 77);
+    }
+    // Ourselves: a send and its receive in one group.
+    comm.group_start();
+    comm.send(a.p, count, DataType::Int32, comm.rank(), stream.handle());
+    comm.recv(b.p, count, DataType::Int32, comm.rank(), stream.handle());
+    comm.group_end();
+    T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+    T_CHECK(cudaMemcpy(back.data(), b.p, count * 4, 2) == 0);
+    T_CHECK(back == host);
+    T_CHECK(comm.async_error().is_ok());
+  });
+  REQUIRE(err == "");
+}
+
+TEST_CASE("stream-ordered send/recv: one stream and one kind per group, arguments checked like the host calls", "[device][p2p]") {
+  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+    Stream s1, s2;
+    DeviceBuffer buf(256);
+    std::vector<std::byte> host(256);
+    const int peer = 1 - comm.rank();
+    auto message = [](auto&& f) -> std::string {
+      try {
+        f();
+      } catch (const InvalidUsage& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    comm.group_start();
+    comm.send(buf.p, 16, DataType::Uint8, peer, s1.handle());
+    T_CHECK(message([&] { comm.recv(buf.p, 16, DataType::Uint8, peer, s2.handle()); }).find("differs from stream") != std::string::npos);
+    T_CHECK(message([&] { comm.send(host.data(), 16, DataType::Uint8, peer); }).find("holds send/recv on a CUDA stream") !=
+            std::string::npos);
+    comm.recv(static_cast<std::byte*>(buf.p) + 64, 16, DataType::Uint8, peer, s1.handle());
+    comm.group_end();  // the group still runs: both ranks queued the same pair
+    T_CHECK(cudaStreamSynchronize(s1.s) == 0);
+    comm.group_start();
+    comm.send(host.data(), 16, DataType::Uint8, peer);
+    T_CHECK(message([&] { comm.recv(buf.p, 16, DataType::Uint8, peer, s1.handle()); }).find("holds send/recv on host memory") !=
+            std::string::npos);
+    comm.recv(host.data() + 64, 16, DataType::Uint8, peer);
+    comm.group_end();
+    const std::string bad_peer = message([&] { comm.send(buf.p, 16, DataType::Uint8, 7, s1.handle()); });
+    T_CHECK(bad_peer.find(fmt::format("rank {}", comm.rank())) != std::string::npos);
+    T_CHECK(bad_peer.find("peer") != std::string::npos);
+    T_CHECK(message([&] { comm.send(buf.p, 16, DataType::Uint8, comm.rank(), s1.handle()); }).find("needs its match") !=
+            std::string::npos);
+    T_CHECK(comm.async_error().is_ok());
+  });
+  REQUIRE(err == "");
+}

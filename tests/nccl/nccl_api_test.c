@@ -530,8 +530,8 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
     const char* last = ncclGetLastError(comm);
     CHECK(strstr(last, "CUDA") != NULL, "stream-ordered failure '%s' does not name CUDA", last);
   }
-  /* Send/recv take host memory with a NULL stream only. */
-  FAILS(ncclInvalidUsage, ncclSend(buf, 16, ncclInt32, 0, comm, (cudaStream_t)0x1));
+  /* So do send/recv with a stream (stream-ordered send/recv). */
+  FAILS(ncclUnhandledCudaError, ncclSend(buf, 16, ncclInt32, (g_rank + 1) % g_size, comm, (cudaStream_t)0x1));
   FAILS(ncclInvalidArgument, ncclBroadcast(buf, buf, 16, ncclInt32, g_size, comm, NULL));
   {
     const char* last = ncclGetLastError(comm);
@@ -553,11 +553,12 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
   OK(ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclAllReduce(NULL, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclGroupEnd());
-  /* Device memory (reported by the CUDA runtime) is refused where host memory is required
-   * (collectives take it: test_device_buffers). */
+  /* Device memory (reported by the CUDA runtime) makes send/recv stream-ordered: this fake
+   * runtime has no streams, so they fail with a CUDA error (test_device_buffers runs them on one
+   * that has); it is refused where host memory is required. */
   if (device_pointer != NULL) {
-    FAILS(ncclInvalidUsage, ncclSend(device_pointer, 16, ncclInt32, 0, comm, NULL));
-    FAILS(ncclInvalidUsage, ncclRecv(device_pointer, 16, ncclInt32, 0, comm, NULL));
+    FAILS(ncclUnhandledCudaError, ncclSend(device_pointer, 16, ncclInt32, (g_rank + 1) % g_size, comm, NULL));
+    FAILS(ncclUnhandledCudaError, ncclRecv(device_pointer, 16, ncclInt32, (g_rank + 1) % g_size, comm, NULL));
     void* handle = NULL;
     FAILS(ncclInvalidUsage, ncclCommRegister(comm, device_pointer, 64, &handle));
     const char* last = ncclGetLastError(comm);
@@ -888,8 +889,28 @@ static void test_device_buffers(ncclComm_t comm) {
   for (int q = 0; q < n; ++q)
     for (int i = 0; i < N; ++i) bad += back[q * N + i] != 10000 * q + 100 * r + i % 100;
   CHECK(bad == 0, "device alltoall: %ld wrong", bad);
-  /* send/recv refuse device memory */
-  FAILS(ncclInvalidUsage, ncclSend(dsend, N, ncclInt32, (r + 1) % n, comm, NULL));
+  /* send/recv: a ring exchange both ways in one group on the stream, then to the right alone
+   * (outside a group: send, then receive from the left) on the NULL stream */
+  for (int i = 0; i < N; ++i) host[i] = 31 * r + i, host[N + i] = -31 * r - i;
+  cmemcpy(dsend, host, sizeof(int32_t) * N * 2, H2D);
+  OK(ncclGroupStart());
+  OK(ncclSend(dsend, N, ncclInt32, (r + 1) % n, comm, s));
+  OK(ncclRecv(drecv, N, ncclInt32, (r + n - 1) % n, comm, s));
+  OK(ncclSend((int32_t*)dsend + N, N, ncclInt32, (r + n - 1) % n, comm, s));
+  OK(ncclRecv((int32_t*)drecv + N, N, ncclInt32, (r + 1) % n, comm, s));
+  OK(ncclGroupEnd());
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  cmemcpy(back, drecv, sizeof(int32_t) * N * 2, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += (back[i] != 31 * ((r + n - 1) % n) + i) + (back[N + i] != -31 * ((r + 1) % n) - i);
+  CHECK(bad == 0, "device send/recv group: %ld wrong", bad);
+  OK(ncclSend(dsend, N / 2, ncclInt32, (r + 1) % n, comm, NULL));
+  OK(ncclRecv((int32_t*)drecv + 1, N / 2, ncclInt32, (r + n - 1) % n, comm, NULL));
+  CHECK(ssync(NULL) == 0, "cudaStreamSynchronize(NULL)");
+  cmemcpy(back, drecv, sizeof(int32_t) * (N / 2 + 1), D2H);
+  bad = back[0] != 31 * ((r + n - 1) % n);  /* untouched from the group */
+  for (int i = 0; i < N / 2; ++i) bad += back[1 + i] != 31 * ((r + n - 1) % n) + i;
+  CHECK(bad == 0, "device send/recv outside a group: %ld wrong", bad);
   cfree(dsend);
   cfree(drecv);
   sdestroy(stream);
