@@ -1,9 +1,8 @@
 // NCCL shim: collectives, point-to-point and groups over a ringfence Communicator
 // (docs/nccl-compat.md). Host buffers with a NULL stream complete before the call returns;
 // device or managed buffers, or any non-NULL stream, take ringfence's stream-ordered calls
-// (docs/device.md); so do send/recv (stream-ordered send/recv, one stream per group).
-// ncclGather/ncclScatter (built from send/recv) take host memory with a NULL stream only.
-// Inside a group a call is queued and runs at the outermost ncclGroupEnd.
+// (docs/device.md); so do send/recv and ncclGather/ncclScatter (built from them) through
+// ringfence's stream-ordered send/recv (one stream per group). Inside a group a call is queued and runs at the outermost ncclGroupEnd.
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -84,6 +83,18 @@ ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size
   if (r != ncclSuccess) rf::nccl::note_group_error(r);
   return r;
 }
+
+// Send/recv as a call's mode says: host (NULL stream) or stream-ordered.
+struct Transfers {
+  rf::Communicator& rc;
+  Mode m;
+  void send(const void* buf, std::size_t count, rf::DataType t, int peer) const {
+    m.staged ? rc.send(buf, count, t, peer, m.stream) : rc.send(buf, count, t, peer);
+  }
+  void recv(void* buf, std::size_t count, rf::DataType t, int peer) const {
+    m.staged ? rc.recv(buf, count, t, peer, m.stream) : rc.recv(buf, count, t, peer);
+  }
+};
 
 const std::byte* at(const void* base, std::size_t offset) { return static_cast<const std::byte*>(base) + offset; }
 std::byte* at(void* base, std::size_t offset) { return static_cast<std::byte*>(base) + offset; }
@@ -202,26 +213,27 @@ RINGFENCE_NCCL_PROFILING_ALIAS(ncclResult_t, ncclAlltoAll,
                                 cudaStream_t stream));
 
 // Gather and scatter: one ringfence group of transfers to or from the root (the root's own block
-// is copied by a transfer to itself, or left alone in place).
+// is copied by a transfer to itself, or left alone in place); stream-ordered like the other
+// calls when a buffer is CUDA memory or the stream is not NULL.
 extern "C" ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                                    ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclGather";
   return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
-    rf::nccl::check_stream(call, static_cast<cudaStream_t>(m.stream.handle));  // built from send/recv: host memory only
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    rf::nccl::check_host_buffer(call, c, "sendbuff", sendbuff, bytes);
-    if (c.rank == root) rf::nccl::check_host_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes);
+    if (c.rank == root) m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
     return [=](rf::Communicator& rc) {
       const int n = rc.size(), me = rc.rank();
       if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));
       const bool in_place = me == root && sendbuff == at(recvbuff, static_cast<std::size_t>(root) * bytes);
+      Transfers x{rc, m};
       rc.group_start();
-      if (!in_place) rc.send(sendbuff, count, t, root);
+      if (!in_place) x.send(sendbuff, count, t, root);
       if (me == root)
         for (int r = 0; r < n; ++r)
-          if (!(in_place && r == root)) rc.recv(at(recvbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
+          if (!(in_place && r == root)) x.recv(at(recvbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
       rc.group_end();
     };
   });
@@ -234,21 +246,21 @@ extern "C" ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t
                                     ncclComm_t comm, cudaStream_t stream) {
   static constexpr const char* call = "ncclScatter";
   return submit(call, comm, stream, [&](ncclComm& c, Mode m) -> Run {
-    rf::nccl::check_stream(call, static_cast<cudaStream_t>(m.stream.handle));  // built from send/recv: host memory only
     const rf::DataType t = data_type(call, datatype);
     const std::size_t bytes = bytes_of(call, "count", count, t);
     check_rank_arg(call, c, "root", root);
-    if (c.rank == root) rf::nccl::check_host_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
-    rf::nccl::check_host_buffer(call, c, "recvbuff", recvbuff, bytes);
+    if (c.rank == root) m.staged |= check_buffer(call, c, "sendbuff", sendbuff, bytes * static_cast<std::size_t>(c.size > 0 ? c.size : 1));
+    m.staged |= check_buffer(call, c, "recvbuff", recvbuff, bytes);
     return [=](rf::Communicator& rc) {
       const int n = rc.size(), me = rc.rank();
       if (root < 0 || root >= n) throw ShimError(ncclInvalidArgument, fmt::format("rank {}: root {} is out of range [0, {})", me, root, n));
       const bool in_place = me == root && recvbuff == at(sendbuff, static_cast<std::size_t>(root) * bytes);
+      Transfers x{rc, m};
       rc.group_start();
       if (me == root)
         for (int r = 0; r < n; ++r)
-          if (!(in_place && r == root)) rc.send(at(sendbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
-      if (!in_place) rc.recv(recvbuff, count, t, root);
+          if (!(in_place && r == root)) x.send(at(sendbuff, static_cast<std::size_t>(r) * bytes), count, t, r);
+      if (!in_place) x.recv(recvbuff, count, t, root);
       rc.group_end();
     };
   });

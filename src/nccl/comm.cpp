@@ -410,9 +410,10 @@ extern "C" ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size
     *handle = nullptr;
     if (buff == nullptr || size == 0)
       throw ShimError(ncclInvalidArgument, fmt::format("buff {} with size {}", buff, size));
-    rf::nccl::check_host_buffer("ncclCommRegister", c, "buff", buff, size);
+    (void)rf::nccl::check_buffer("ncclCommRegister", c, "buff", buff, size);
     // ringfence registers buffers lazily (on first use, cached), so the handle only records the
-    // range; it must be deregistered before the communicator is destroyed, as in NCCL.
+    // range; it must be deregistered before the communicator is destroyed, as in NCCL. Device
+    // memory too: the stream-ordered calls stage it, so registration is only a hint there.
     auto reg = std::make_unique<ncclComm::Registration>(ncclComm::Registration{buff, size});
     void* h = reg.get();
     std::lock_guard lock(c.mutex);

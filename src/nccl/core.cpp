@@ -262,23 +262,6 @@ bool check_buffer(const char* call, const ncclComm& comm, const char* what, cons
   return pointer_kind(ptr) != PointerKind::Host;
 }
 
-void check_host_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes) {
-  int device = -1;
-  if (check_buffer(call, comm, what, ptr, bytes) && pointer_kind(ptr, &device) == PointerKind::Device)
-    throw ShimError(ncclInvalidUsage,
-                    fmt::format("rank {}: {} {} is CUDA device memory (device {}); {} takes host memory only in this build "
-                                "(collectives take device memory: docs/device.md)",
-                                comm.rank, what, ptr, device, call));
-}
-
-void check_stream(const char* call, cudaStream_t stream) {
-  if (stream != nullptr)
-    throw ShimError(ncclInvalidUsage,
-                    fmt::format("stream {} is not NULL; {} takes host memory with a NULL stream only in this build (collectives "
-                                "are stream-ordered: docs/device.md)",
-                                static_cast<const void*>(stream), call));
-}
-
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value) {
   (void)call;
   if (comm.size <= 0) return;  // a split queued in this group: ringfence checks it when it runs

@@ -115,11 +115,6 @@ std::size_t bytes_of(const char* call, const char* what, std::size_t count, Data
 /// true for CUDA device or managed memory (asked of the CUDA runtime when one is loaded): the
 /// call then takes the stream-ordered path (docs/device.md).
 bool check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
-/// `check_buffer` for calls that take host memory only (send/recv, ncclCommRegister): CUDA
-/// device memory is ncclInvalidUsage naming the argument.
-void check_host_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
-/// For calls that take host memory only: a non-null stream is ncclInvalidUsage.
-void check_stream(const char* call, cudaStream_t stream);
 /// Checks `root`/`peer` against the communicator size (skipped while the size is unknown).
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value);
 

@@ -553,16 +553,17 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
   OK(ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclAllReduce(NULL, buf, 16, ncclInt32, ncclSum, comm, NULL));
   FAILS(ncclInvalidArgument, ncclGroupEnd());
-  /* Device memory (reported by the CUDA runtime) makes send/recv stream-ordered: this fake
-   * runtime has no streams, so they fail with a CUDA error (test_device_buffers runs them on one
-   * that has); it is refused where host memory is required. */
+  /* Device memory (reported by the CUDA runtime) makes send/recv and gather stream-ordered:
+   * this fake runtime has no streams, so they fail with a CUDA error naming the stream-ordered
+   * call (test_device_buffers runs them on one that has). Registration only records the range. */
   if (device_pointer != NULL) {
     FAILS(ncclUnhandledCudaError, ncclSend(device_pointer, 16, ncclInt32, (g_rank + 1) % g_size, comm, NULL));
     FAILS(ncclUnhandledCudaError, ncclRecv(device_pointer, 16, ncclInt32, (g_rank + 1) % g_size, comm, NULL));
-    void* handle = NULL;
-    FAILS(ncclInvalidUsage, ncclCommRegister(comm, device_pointer, 64, &handle));
     const char* last = ncclGetLastError(comm);
-    CHECK(strstr(last, "device memory") != NULL, "device pointer error '%s' does not say 'device memory'", last);
+    CHECK(strstr(last, "recv on a CUDA stream") != NULL, "device pointer error '%s' does not name the stream-ordered recv", last);
+    void* handle = NULL;
+    OK(ncclCommRegister(comm, device_pointer, 64, &handle));
+    OK(ncclCommDeregister(comm, handle));
   }
   /* Not supported by this build. */
   ncclRedOp_t op;
@@ -911,6 +912,27 @@ static void test_device_buffers(ncclComm_t comm) {
   bad = back[0] != 31 * ((r + n - 1) % n);  /* untouched from the group */
   for (int i = 0; i < N / 2; ++i) bad += back[1 + i] != 31 * ((r + n - 1) % n) + i;
   CHECK(bad == 0, "device send/recv outside a group: %ld wrong", bad);
+  /* gather to rank 0 and scatter from the last rank, on the stream */
+  for (int i = 0; i < N; ++i) host[i] = 500 * r + i;
+  cmemcpy(dsend, host, sizeof(int32_t) * N, H2D);
+  OK(ncclGather(dsend, drecv, N, ncclInt32, 0, comm, s));
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  if (r == 0) {
+    cmemcpy(back, drecv, sizeof(int32_t) * N * (size_t)n, D2H);
+    bad = 0;
+    for (int q = 0; q < n; ++q)
+      for (int i = 0; i < N; ++i) bad += back[q * N + i] != 500 * q + i;
+    CHECK(bad == 0, "device gather: %ld wrong", bad);
+  }
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < N; ++i) host[q * N + i] = 70 * q + i + r;
+  cmemcpy(dsend, host, sizeof(int32_t) * N * (size_t)n, H2D);
+  OK(ncclScatter(dsend, drecv, N, ncclInt32, n - 1, comm, s));
+  CHECK(ssync(stream) == 0, "cudaStreamSynchronize");
+  cmemcpy(back, drecv, sizeof(int32_t) * N, D2H);
+  bad = 0;
+  for (int i = 0; i < N; ++i) bad += back[i] != 70 * r + i + n - 1;
+  CHECK(bad == 0, "device scatter: %ld wrong", bad);
   cfree(dsend);
   cfree(drecv);
   sdestroy(stream);
