@@ -1655,8 +1655,8 @@ struct Communicator::Impl : LaneState {
       if (op.peer != rank && is_fenced(rank, op.peer)) {
         ops.clear();
         detail::Failure f{Status(ErrorCode::Fenced), op.peer,
-                          "a route for point-to-point transfers over a fenced link (none exists until a fallback transport "
-                          "such as tcp is available)",
+                          "a route for point-to-point transfers over a fenced link (a fenced pair is not yet moved to "
+                          "another transport, e.g. shm -> tcp or nvlink -> pcie, and no third rank relays send/recv)",
                           0};
         raise(call, f);
       }
