@@ -18,8 +18,10 @@
 //     cudaErrorInsufficientDriver, 35), as on a machine without a GPU or driver.
 // cudaFreeHost and cudaHostAlloc count live pinned buffers (fake_cuda_pinned_live).
 // For the CUDA IPC transports (transports/cuda_ipc):
-//   - cudaMalloc memory lives in a POSIX shared-memory segment, so cudaIpcGetMemHandle can name
-//     it and another process can cudaIpcOpenMemHandle it (a mapping reported as device memory);
+//   - cudaMalloc memory lives in a POSIX shared-memory segment (/dev/shm/fakecuda-<pid>-<n>;
+//     those of dead processes are removed at a process's first cudaMalloc), so
+//     cudaIpcGetMemHandle can name it and another process can cudaIpcOpenMemHandle it (a
+//     mapping reported as device memory);
 //     as on CUDA, a handle of an interior pointer is refused here (CUDA would silently give the
 //     whole allocation's) and a process cannot open its own handle;
 //   - devices: FAKE_CUDA_DEVICES of them (default 1), cudaSetDevice / cudaGetDevice per
@@ -32,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +47,9 @@
 #include <string>
 #include <thread>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -204,6 +209,20 @@ bool p2p() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Segments of fake device memory whose process is gone (a test killed mid-way): removed once per
+// process, at its first cudaMalloc, so /dev/shm does not fill up on a developer's machine.
+void remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string n(e->d_name);
+    if (n.rfind("fakecuda-", 0) != 0) continue;
+    const long pid = std::strtol(n.c_str() + 9, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + n).c_str());
+  }
+  ::closedir(dir);
+}
+
 void* map_segment(const char* name, std::size_t bytes, bool create) {
   const int fd = ::shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0) return nullptr;
@@ -277,6 +296,7 @@ FAKE_EXPORT int cudaMalloc(void** p, std::size_t n) {
   if (n == 0) n = 1;
   State& s = state();
   std::lock_guard l(s.m);
+  if (s.next_segment == 0) remove_stale_segments();
   const std::string name = "/fakecuda-" + std::to_string(::getpid()) + "-" + std::to_string(s.next_segment++);
   *p = map_segment(name.c_str(), n, true);
   if (*p == nullptr) return 2;  // cudaErrorMemoryAllocation
