@@ -412,30 +412,36 @@ struct Communicator::Impl : LaneState {
     const std::size_t bytes = bytes_of(call, "count", count, type);
     check_pointer(call, "sendbuff", send, bytes);
     check_pointer(call, "recvbuff", recv, bytes);
-    check_overlap(call, send, bytes, recv, bytes, recv);
+    check_overlap(call, send, bytes, recv, bytes, send == recv, "sendbuff == recvbuff", recv);
     return {bytes, bytes};
   }
   IoBytes check_reduce_scatter(const char* call, const void* send, const void* recv, std::size_t recvcount, DataType type,
                                ReduceOp op) const {
     check_type(call, type);
     check_op(call, op);
-    const std::size_t recv_bytes = bytes_of(call, "recvcount", recvcount, type);
-    const std::size_t send_bytes = bytes_of(call, "recvcount", recvcount, type, static_cast<std::size_t>(size));
-    check_pointer(call, "sendbuff", send, send_bytes);
-    check_pointer(call, "recvbuff", recv, recv_bytes);
-    const void* in_place = send ? static_cast<const std::byte*>(send) + static_cast<std::size_t>(rank) * recv_bytes : nullptr;
-    check_overlap(call, send, send_bytes, recv, recv_bytes, recv == in_place ? send : nullptr);
-    return {send_bytes, recv_bytes};
+    return check_blocks(call, "recvcount", recvcount, type, send, recv, true);
   }
   IoBytes check_allgather(const char* call, const void* send, const void* recv, std::size_t sendcount, DataType type) const {
     check_type(call, type);
-    const std::size_t send_bytes = bytes_of(call, "sendcount", sendcount, type);
-    const std::size_t recv_bytes = bytes_of(call, "sendcount", sendcount, type, static_cast<std::size_t>(size));
-    check_pointer(call, "sendbuff", send, send_bytes);
-    check_pointer(call, "recvbuff", recv, recv_bytes);
-    const void* in_place = recv ? static_cast<const std::byte*>(recv) + static_cast<std::size_t>(rank) * send_bytes : nullptr;
-    check_overlap(call, send, send_bytes, recv, recv_bytes, in_place);
-    return {send_bytes, recv_bytes};
+    return check_blocks(call, "sendcount", sendcount, type, send, recv, false);
+  }
+  // The block collectives: one buffer holds a block per rank (reduce_scatter's send,
+  // allgather's recv), the other one block. Checks both pointers and allows an overlap only in
+  // NCCL's in-place form, the single block being block `rank` of the whole buffer.
+  IoBytes check_blocks(const char* call, const char* count_name, std::size_t count, DataType type, const void* send,
+                       const void* recv, bool send_is_whole) const {
+    const std::size_t block = bytes_of(call, count_name, count, type);
+    const std::size_t whole = bytes_of(call, count_name, count, type, static_cast<std::size_t>(size));
+    const IoBytes io = send_is_whole ? IoBytes{whole, block} : IoBytes{block, whole};
+    check_pointer(call, "sendbuff", send, io.in);
+    check_pointer(call, "recvbuff", recv, io.out);
+    const void* whole_at = send_is_whole ? send : recv;
+    const void* block_at = send_is_whole ? recv : send;
+    const void* slot = whole_at ? static_cast<const std::byte*>(whole_at) + static_cast<std::size_t>(rank) * block : nullptr;
+    check_overlap(call, send, io.in, recv, io.out, block_at == slot,
+                  send_is_whole ? "recvbuff == sendbuff + rank * recvcount elements" : "sendbuff == recvbuff + rank * sendcount elements",
+                  slot);
+    return io;
   }
   // `send` is read on the root only.
   IoBytes check_broadcast(const char* call, const void* send, const void* recv, std::size_t count, DataType type, int root) const {
@@ -444,7 +450,7 @@ struct Communicator::Impl : LaneState {
     const std::size_t bytes = bytes_of(call, "count", count, type);
     if (rank == root) check_pointer(call, "sendbuff (on the root)", send, bytes);
     check_pointer(call, "recvbuff", recv, bytes);
-    if (rank == root) check_overlap(call, send, bytes, recv, bytes, recv);
+    if (rank == root) check_overlap(call, send, bytes, recv, bytes, send == recv, "sendbuff == recvbuff", recv);
     return {rank == root ? bytes : 0, bytes};
   }
   // `recv` is written on the root only.
@@ -457,7 +463,7 @@ struct Communicator::Impl : LaneState {
     check_pointer(call, "sendbuff", send, bytes);
     if (rank == root) {
       check_pointer(call, "recvbuff (on the root)", recv, bytes);
-      check_overlap(call, send, bytes, recv, bytes, recv);
+      check_overlap(call, send, bytes, recv, bytes, send == recv, "sendbuff == recvbuff", recv);
     }
     return {bytes, rank == root ? bytes : 0};
   }
@@ -466,7 +472,7 @@ struct Communicator::Impl : LaneState {
     const std::size_t bytes = bytes_of(call, "count", count, type, static_cast<std::size_t>(size));
     check_pointer(call, "sendbuff", send, bytes);
     check_pointer(call, "recvbuff", recv, bytes);
-    check_overlap(call, send, bytes, recv, bytes, nullptr);
+    check_overlap(call, send, bytes, recv, bytes, false, nullptr, nullptr);
     return {bytes, bytes};
   }
 
@@ -1464,14 +1470,16 @@ struct Communicator::Impl : LaneState {
     RINGFENCE_EXPECTS(bytes == 0 || p != nullptr, "rank {}: {}: {} is null with {} bytes to move", rank, call, what, bytes);
   }
   // Buffers must be disjoint, or `send` exactly at `in_place_at` (the call's in-place form).
+  // sendbuff and recvbuff may overlap only in the call's in-place form (`in_place`; `form`
+  // describes it for the error, with the address `at` it asks for; null: the call has none).
   void check_overlap(const char* call, const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes,
-                     const void* in_place_at) const {
-    if (send_bytes == 0 || recv_bytes == 0 || !send || !recv || send == in_place_at) return;
+                     bool in_place, const char* form, const void* at) const {
+    if (send_bytes == 0 || recv_bytes == 0 || !send || !recv || in_place) return;
     const auto a = reinterpret_cast<std::uintptr_t>(send), b = reinterpret_cast<std::uintptr_t>(recv);
     RINGFENCE_EXPECTS(a + send_bytes <= b || b + recv_bytes <= a,
                       "rank {}: {}: sendbuff {} ({} bytes) and recvbuff {} ({} bytes) overlap without being the in-place form{}",
                       rank, call, send, send_bytes, recv, recv_bytes,
-                      in_place_at ? fmt::format(" (sendbuff == {})", in_place_at) : std::string(" (none for this call)"));
+                      form ? fmt::format(" ({}, here {})", form, at) : std::string(" (none for this call)"));
   }
   void check_root(const char* call, int root) const {
     RINGFENCE_EXPECTS(root >= 0 && root < size, "rank {}: {}: root {} is out of range [0, {})", rank, call, root, size);
