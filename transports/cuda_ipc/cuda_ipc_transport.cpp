@@ -197,6 +197,7 @@ class CudaLink final : public Link {
     if (err != detail::kCudaSuccess) return fail(ErrorCode::Cuda, err);
     ring_[head_ % kMaxPendingOps] = Op{op.wr_id, true, false, Status::ok(), &dst->inner, op.offset, op.value};
     ++head_;
+    ++pending_signals_;
     bump(stats_.signals, 1);
     return Status::ok();
   }
@@ -218,7 +219,7 @@ class CudaLink final : public Link {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       progress();
-      const bool pending_signal = has_pending_signal();
+      const bool pending_signal = pending_signals_ > 0;
       const auto left = max - (std::chrono::steady_clock::now() - start);
       const auto slice = pending_signal ? std::min<std::chrono::nanoseconds>(left, std::chrono::microseconds(50)) : left;
       const Status s = inner_->wait(flag, target, slice.count() > 0 ? slice : std::chrono::nanoseconds(0));
@@ -299,14 +300,9 @@ class CudaLink final : public Link {
           if (!s.is_ok()) o.status = fail(s.code(), s.native());
         }
       }
+      if (o.is_signal) --pending_signals_;
       ++done_;
     }
-  }
-
-  bool has_pending_signal() const noexcept {
-    for (std::size_t i = done_; i != head_; ++i)
-      if (ring_[i % kMaxPendingOps].is_signal) return true;
-    return false;
   }
 
   void drain_inner() noexcept {
@@ -344,6 +340,7 @@ class CudaLink final : public Link {
   std::size_t next_slot_ = 0;
   Op ring_[kMaxPendingOps];
   std::size_t head_ = 0, done_ = 0, tail_ = 0;  // tail_ <= done_ <= head_
+  std::size_t pending_signals_ = 0;             // signals in [done_, head_): wait() then slices
   bool fenced_ = false;
   LinkStats stats_;
 };
