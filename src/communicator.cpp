@@ -1681,6 +1681,7 @@ struct Communicator::Impl : LaneState {
   };
   std::vector<DeviceP2P> device_group_ops;  // queued by the stream-ordered send()/recv()
   void* device_group_stream = nullptr;      // their stream
+  std::vector<detail::P2POp> device_p2p_run;  // the worker's copy of a running group (reused)
 
   void queue_device_p2p(const char* call, bool is_send, const void* buf, std::size_t count, DataType type, int peer,
                         CudaStream stream) {
@@ -1725,9 +1726,10 @@ struct Communicator::Impl : LaneState {
              for (std::size_t i = 0; i < ops.size(); ++i)
                host.push_back(detail::P2POp{ops[i].is_send, ops[i].peer, (ops[i].is_send ? in : out) + at[i], ops[i].bytes, 0});
              return issue(true, call, [this, call, host = std::move(host)] {
-               std::vector<detail::P2POp> run = host;  // run_ops consumes its list
-               check_p2p_routes(call, run);
-               run_ops(call, run, options.p2p_direct_user_min_bytes);
+               // run_ops consumes its list: a copy into storage the worker reuses
+               device_p2p_run.assign(host.begin(), host.end());
+               check_p2p_routes(call, device_p2p_run);
+               run_ops(call, device_p2p_run, options.p2p_direct_user_min_bytes);
              });
            });
   }
