@@ -73,10 +73,8 @@ ncclResult_t point_to_point(const char* call, bool is_send, void* buf, std::size
       op.staged = staged;
       op.stream = s;
       rf::nccl::enqueue(std::move(op));
-    } else if (is_send) {
-      staged ? rf::nccl::live(call, c).send(buf, count, t, peer, s) : rf::nccl::live(call, c).send(buf, count, t, peer);
     } else {
-      staged ? rf::nccl::live(call, c).recv(buf, count, t, peer, s) : rf::nccl::live(call, c).recv(buf, count, t, peer);
+      rf::nccl::transfer(rf::nccl::live(call, c), is_send, buf, count, t, peer, staged, s);
     }
     return ncclSuccess;
   });
@@ -89,10 +87,10 @@ struct Transfers {
   rf::Communicator& rc;
   Mode m;
   void send(const void* buf, std::size_t count, rf::DataType t, int peer) const {
-    m.staged ? rc.send(buf, count, t, peer, m.stream) : rc.send(buf, count, t, peer);
+    rf::nccl::transfer(rc, true, const_cast<void*>(buf), count, t, peer, m.staged, m.stream);
   }
   void recv(void* buf, std::size_t count, rf::DataType t, int peer) const {
-    m.staged ? rc.recv(buf, count, t, peer, m.stream) : rc.recv(buf, count, t, peer);
+    rf::nccl::transfer(rc, false, buf, count, t, peer, m.staged, m.stream);
   }
 };
 

@@ -89,10 +89,9 @@ ncclResult_t run_ops(ncclComm& comm, const std::vector<PendingOp*>& ops) {
     c.group_start();
     try {
       for (PendingOp* op : ops) {
-        if (op->kind == PendingOp::Kind::Send && op->staged) c.send(op->send, op->count, op->type, op->peer, op->stream);
-        else if (op->kind == PendingOp::Kind::Send) c.send(op->send, op->count, op->type, op->peer);
-        else if (op->kind == PendingOp::Kind::Recv && op->staged) c.recv(op->recv, op->count, op->type, op->peer, op->stream);
-        else if (op->kind == PendingOp::Kind::Recv) c.recv(op->recv, op->count, op->type, op->peer);
+        if (op->kind == PendingOp::Kind::Collective) continue;
+        const bool is_send = op->kind == PendingOp::Kind::Send;
+        transfer(c, is_send, is_send ? const_cast<void*>(op->send) : op->recv, op->count, op->type, op->peer, op->staged, op->stream);
       }
     } catch (...) {
       try {
@@ -260,6 +259,14 @@ bool check_buffer(const char* call, const ncclComm& comm, const char* what, cons
     return false;
   }
   return pointer_kind(ptr) != PointerKind::Host;
+}
+
+void transfer(Communicator& c, bool is_send, void* buf, std::size_t count, DataType type, int peer, bool staged, CudaStream stream) {
+  if (is_send) {
+    staged ? c.send(buf, count, type, peer, stream) : c.send(buf, count, type, peer);
+  } else {
+    staged ? c.recv(buf, count, type, peer, stream) : c.recv(buf, count, type, peer);
+  }
 }
 
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value) {

@@ -115,6 +115,9 @@ std::size_t bytes_of(const char* call, const char* what, std::size_t count, Data
 /// true for CUDA device or managed memory (asked of the CUDA runtime when one is loaded): the
 /// call then takes the stream-ordered path (docs/device.md).
 bool check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes);
+/// One send (`is_send`) or receive on `c`: host with a NULL stream, or stream-ordered on
+/// `stream` when `staged` (device memory or a stream).
+void transfer(Communicator& c, bool is_send, void* buf, std::size_t count, DataType type, int peer, bool staged, CudaStream stream);
 /// Checks `root`/`peer` against the communicator size (skipped while the size is unknown).
 void check_rank_arg(const char* call, const ncclComm& comm, const char* what, int value);
 
