@@ -113,6 +113,18 @@ class CompletionQueue {
   std::size_t head_ = 0, tail_ = 0;
 };
 
+/// The SPI's bounds rule for a write: a destination region, and `bytes` at `dst_offset` inside
+/// it (overflow-safe). Transports refuse a write that breaks it with InvalidUsage.
+inline bool write_in_bounds(const WriteOp& op) noexcept {
+  return op.dst != nullptr && op.dst_offset <= op.dst->size() && op.bytes <= op.dst->size() - op.dst_offset;
+}
+
+/// The SPI's placement rule for a signal: a whole, 64-aligned SignalFlag inside the region.
+inline bool flag_in_bounds(const SignalOp& op) noexcept {
+  return op.dst != nullptr && op.offset % alignof(SignalFlag) == 0 && op.offset <= op.dst->size() &&
+         op.dst->size() - op.offset >= sizeof(SignalFlag);
+}
+
 /// Adds to a counter that has one writer (the thread driving the link) and relaxed readers: a
 /// plain load + store avoids a locked read-modify-write on every operation.
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {

@@ -156,8 +156,7 @@ class CudaLink final : public Link {
   Status write(const WriteOp& op) noexcept override {
     if (RINGFENCE_UNLIKELY(fenced_)) return Status(ErrorCode::Fenced);
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || (!op.src && op.bytes > 0) || op.dst_offset > op.dst->size() ||
-                           op.bytes > op.dst->size() - op.dst_offset))
+    if (RINGFENCE_UNLIKELY(!dst || (!op.src && op.bytes > 0) || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (head_ - tail_ == kMaxPendingOps) return Status(ErrorCode::InProgress);
     Op& o = ring_[head_ % kMaxPendingOps];
@@ -187,8 +186,7 @@ class CudaLink final : public Link {
   Status signal(const SignalOp& op) noexcept override {
     if (RINGFENCE_UNLIKELY(fenced_)) return Status(ErrorCode::Fenced);
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || dst->tag != Tag::Host || op.offset % alignof(SignalFlag) != 0 || op.offset > op.dst->size() ||
-                           op.dst->size() - op.offset < sizeof(SignalFlag)))
+    if (RINGFENCE_UNLIKELY(!dst || dst->tag != Tag::Host || !transport_util::flag_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (head_ - tail_ == kMaxPendingOps) return Status(ErrorCode::InProgress);
     // The event completes once every copy enqueued before it did (pcie: the second hop waits

@@ -122,7 +122,7 @@ class ShmLink final : public Link {
   Status write(const WriteOp& op) noexcept override {
     RINGFENCE_TRY(check_usable());
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
+    if (RINGFENCE_UNLIKELY(!dst || !op.src || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
@@ -139,8 +139,7 @@ class ShmLink final : public Link {
   Status signal(const SignalOp& op) noexcept override {
     RINGFENCE_TRY(check_usable());
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || op.offset % alignof(SignalFlag) != 0 ||
-                           op.offset > op.dst->size() || op.dst->size() - op.offset < sizeof(SignalFlag)))
+    if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || !transport_util::flag_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     // The store also releases every earlier memcpy on this link to the acquiring reader.

@@ -200,7 +200,7 @@ class TcpLink final : public Link {
     RINGFENCE_TRY(check_usable());
     if (RINGFENCE_UNLIKELY(peer_gone())) return drop(op.wr_id);
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || !op.src || op.dst_offset > op.dst->size() || op.bytes > op.dst->size() - op.dst_offset))
+    if (RINGFENCE_UNLIKELY(!dst || !op.src || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     const std::size_t sockets = fds_.size();
@@ -229,8 +229,7 @@ class TcpLink final : public Link {
     RINGFENCE_TRY(check_usable());
     if (RINGFENCE_UNLIKELY(peer_gone())) return drop(op.wr_id);
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || op.offset % alignof(SignalFlag) != 0 || op.offset > op.dst->size() ||
-                           op.dst->size() - op.offset < sizeof(SignalFlag)))
+    if (RINGFENCE_UNLIKELY(!dst || !transport_util::flag_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     SignalFrame f;
