@@ -366,13 +366,7 @@ FAKE_EXPORT int cudaStreamCreate(void** stream) {
   s.streams.insert(*stream);
   return 0;
 }
-FAKE_EXPORT int cudaStreamCreateWithFlags(void** stream, unsigned) {
-  *stream = new Stream;
-  State& s = state();
-  std::lock_guard l(s.m);
-  s.streams.insert(*stream);
-  return 0;
-}
+FAKE_EXPORT int cudaStreamCreateWithFlags(void** stream, unsigned) { return cudaStreamCreate(stream); }
 FAKE_EXPORT int cudaStreamDestroy(void* stream) {
   Stream* st = resolve(stream);
   if (st == nullptr || stream == nullptr) return kInvalidHandle;
