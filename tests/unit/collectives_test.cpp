@@ -130,7 +130,7 @@ TEST_CASE("broadcast delivers the root's data from every root", "[engine][collec
   }
 }
 
-TEST_CASE("reduce is exact at every root for every dtype and op; other outputs untouched", "[engine][collectives]") {
+TEST_CASE("reduce is exact at every root for every dtype and op, other outputs untouched", "[engine][collectives]") {
   const bool checksum = GENERATE(false, true);
   for (int n : {1, 2, 3, 5}) {
     std::atomic<std::size_t> wrong{0};
@@ -403,7 +403,7 @@ TEST_CASE("tree, direct and one-shot allreduce are exact for every dtype, op and
   }
 }
 
-TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent; a fenced link sends allreduce back to the ring",
+TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent, a fenced link sends allreduce back to the ring",
           "[engine][collectives][tree][direct][fault]") {
   const bool agree = GENERATE(false, true);
   const Algorithm algo = GENERATE(Algorithm::Tree, Algorithm::Direct, Algorithm::OneShot);
@@ -475,7 +475,7 @@ TEST_CASE("shrink: survivors of a departed rank build a smaller communicator and
   REQUIRE(ok == 2);
 }
 
-TEST_CASE("split: colors form new communicators ranked by key; a negative color gets none", "[engine][split]") {
+TEST_CASE("split: colors form new communicators ranked by key, a negative color gets none", "[engine][split]") {
   // 5 ranks: evens (0, 2, 4) with keys reversing their order, odds (1, 3), rank 4 opts out on a
   // second split.
   std::atomic<int> ok{0};
@@ -692,7 +692,7 @@ TEST_CASE("channels: ring collectives split across lanes are exact in every plac
   }
 }
 
-TEST_CASE("channels: a corrupting link is fenced on every lane and relayed; results stay exact", "[engine][channels][health]") {
+TEST_CASE("channels: a corrupting link is fenced on every lane and relayed, results stay exact", "[engine][channels][health]") {
   CommOptions o = small_chunks(true);
   o.channels = 2;
   o.channel_min_bytes = 256;

@@ -138,7 +138,7 @@ TEST_CASE("Healthy -> Suspect -> Healthy needs a sustained clean run (hysteresis
   REQUIRE(p.health() == LinkHealth::Healthy);
 }
 
-TEST_CASE("Healthy -> Fenced on failure; Suspect -> Fenced on failure", "[health][policy]") {
+TEST_CASE("Healthy -> Fenced on failure, Suspect -> Fenced on failure", "[health][policy]") {
   LinkPolicy a;
   auto tr = a.observe(fail(), t0);
   REQUIRE(tr);
@@ -180,7 +180,7 @@ TEST_CASE("a fenced link serves its cool-down, then goes on probation, then heal
   REQUIRE(tr->to == LinkState::Healthy);
 }
 
-TEST_CASE("a failed probation refences with a longer cool-down, capped; healing resets it", "[health][policy]") {
+TEST_CASE("a failed probation refences with a longer cool-down, capped, healing resets it", "[health][policy]") {
   PolicyTimings timings;
   timings.fence_cooldown = 10s;
   timings.cooldown_backoff = 2.0;
@@ -214,7 +214,7 @@ TEST_CASE("a failed probation refences with a longer cool-down, capped; healing 
   REQUIRE(p.failed_probations() == 0);
 }
 
-TEST_CASE("probation heals only on clean evidence; unknown after the cool-down starts probation",
+TEST_CASE("probation heals only on clean evidence, unknown after the cool-down starts probation",
           "[health][policy]") {
   LinkPolicy p;
   (void)p.observe(fail(), t0);
@@ -268,7 +268,7 @@ TEST_CASE("checksum mismatches: one is suspect, a storm is a fence", "[health][p
   }
 }
 
-TEST_CASE("consecutive timeouts fence; a success in between resets the count", "[health][policy]") {
+TEST_CASE("consecutive timeouts fence, a success in between resets the count", "[health][policy]") {
   LinkPolicy p;  // 3 consecutive
   Evidence timeout;
   timeout.timeouts = 1;

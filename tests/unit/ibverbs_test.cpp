@@ -148,7 +148,7 @@ TEST_CASE("ibverbs: connection info round-trips and refuses garbage", "[ibverbs]
   }
 }
 
-TEST_CASE("ibverbs: region keys round-trip and refuse garbage; writes are bounds-checked", "[ibverbs]") {
+TEST_CASE("ibverbs: region keys round-trip and refuse garbage, writes are bounds-checked", "[ibverbs]") {
   const RegionKey k{0x7f0000001000, 1 << 20, 0xdeadbeef};
   const Bytes b = serialize(k);
   REQUIRE(b.size() == 26);

@@ -563,7 +563,7 @@ TEST_CASE("with two ranks a link that must be fenced has no route around: it sta
   }
 }
 
-TEST_CASE("without checksums, a counter storm on a link with no route around turns checksums on; results stay exact",
+TEST_CASE("without checksums, a counter storm on a link with no route around turns checksums on, results stay exact",
           "[integrity][health][nvml]") {
   // Two ranks, checksums off, link 0-1 mapped to a fake NVLink. The link storms between
   // collectives #6 and #7; the agreement at #8 must fence it, finds no plan, and switches
@@ -726,7 +726,7 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
   }
 }
 
-TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology; a storm on one fences its ranks' link",
+TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a storm on one fences its ranks' link",
           "[health][nvml][e2e][topology]") {
   // Four ranks, one GPU each (NVML index = rank), NVLinks in a ring: link 0 of GPU g joins GPU
   // g+1, link 1 joins GPU g-1. GPU 1's link 1 (to GPU 0) storms: only rank 1 reads it, and
