@@ -98,6 +98,36 @@ TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another
   REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
 }
 
+TEST_CASE("shm: memory in another shm transport's segment registers as a segment: flags work, no CMA needed",
+          "[shm][conformance]") {
+  // A pair that moves from nvlink to pcie registers the flags the nvlink transport's own shm
+  // allocated; a communicator's alloc() memory may be registered by another one. With
+  // cross-memory attach off, only the segment path can succeed, and only it can hold a flag.
+  Pair p;
+  CommOptions other_options, no_cma;
+  no_cma.shm.cross_memory_attach = false;
+  Logger log;
+  const PeerInfo rank1{1, "h", static_cast<std::int32_t>(::getpid())};
+  auto owner = transports::shm::make_transport(TransportContext{rank1, 2, &other_options, &log});
+  auto registrar = transports::shm::make_transport(TransportContext{rank1, 2, &no_cma, &log});
+  auto* mem = static_cast<std::byte*>(owner->allocate(8192, MemoryKind::Host));
+  REQUIRE(mem != nullptr);
+  MemoryRegion region = registrar->register_memory(mem + 4096, 4096, MemoryKind::Host);  // registrar did not allocate it
+  RemoteRegion remote = p.a->import_region(region.key());
+  REQUIRE(remote.size() == 4096);
+  const std::uint64_t value = 0x1234567890abcdefull;
+  REQUIRE(p.a_to_b->write(WriteOp{&value, nullptr, &remote, 128, sizeof value, 1}).is_ok());
+  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 64, 9, 2}).is_ok());
+  REQUIRE(drain(*p.a_to_b).size() == 2);
+  REQUIRE(std::memcmp(mem + 4096 + 128, &value, sizeof value) == 0);
+  REQUIRE(reinterpret_cast<SignalFlag*>(mem + 4096 + 64)->value.load() == 9);
+  // A range running past the end of the segment is no segment region (and CMA is off).
+  REQUIRE_THROWS_WITH(registrar->register_memory(mem + 4096, 8192, MemoryKind::Host), Catch::Contains("cross-memory attach is disabled"));
+  std::vector<std::byte> heap(64);
+  REQUIRE_THROWS_WITH(registrar->register_memory(heap.data(), heap.size(), MemoryKind::Host), Catch::Contains("cross-memory attach is disabled"));
+  REQUIRE(owner->deallocate(mem));
+}
+
 TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach copy", "[shm][conformance][cma]") {
   Pair p;
   std::vector<std::uint32_t> target(1024, 0);

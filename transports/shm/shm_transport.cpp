@@ -16,7 +16,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <ringfence/error.hpp>
@@ -329,6 +331,10 @@ class ShmTransport final : public Transport {
         }
       }
     }
+    if (auto foreign = foreign_segment(static_cast<const std::byte*>(ptr), bytes)) {
+      impl->fields = std::move(*foreign);
+      return MemoryRegion(std::move(impl), ptr, bytes, kind);
+    }
     RINGFENCE_EXPECTS(options_.cross_memory_attach,
                       "rank {}: shm: buffer {} is not from comm.alloc() and cross-memory attach is disabled (RINGFENCE_SHM_CMA=0)",
                       self_.rank, ptr);
@@ -377,6 +383,31 @@ class ShmTransport final : public Transport {
     std::byte* base;
     std::size_t bytes;
   };
+
+  // [p, p + bytes) inside a ringfence segment of this process that another shm transport made
+  // (another communicator's alloc(); the inner shm of the nvlink transport, whose flags a pair
+  // that moves to pcie registers again): found by its mapping in /proc/self/maps, keyed like
+  // our own. Control path only (registration).
+  std::optional<KeyFields> foreign_segment(const std::byte* p, std::size_t bytes) const {
+    FILE* maps = std::fopen("/proc/self/maps", "re");
+    if (!maps) return std::nullopt;
+    const std::string prefix = std::string("/dev/shm/").append(kSegmentPrefix);
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::optional<KeyFields> found;
+    char line[4096];
+    while (!found && std::fgets(line, sizeof line, maps)) {
+      unsigned long start = 0, end = 0, offset = 0;
+      char path[3072] = {};
+      if (std::sscanf(line, "%lx-%lx %*s %lx %*s %*s %3071s", &start, &end, &offset, path) != 4) continue;
+      if (at < start || at >= end || bytes > end - at) continue;
+      const std::string_view file(path);
+      if (file.substr(0, prefix.size()) != prefix || std::strstr(line, "(deleted)")) break;
+      found = KeyFields{RegionKind::Segment, self_.pid, static_cast<std::uint64_t>(at - start + offset), bytes,
+                        std::string(file.substr(std::string_view("/dev/shm/").size()))};
+    }
+    std::fclose(maps);
+    return found;
+  }
 
   std::shared_ptr<Mapping> map_segment(const std::string& name) {
     std::lock_guard lock(mutex_);
