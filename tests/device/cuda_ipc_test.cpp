@@ -149,6 +149,12 @@ TEST_CASE("cuda_ipc: a signal is stored only after the writes before it landed, 
     REQUIRE((done[0].status.is_ok() && done[1].status.is_ok()));
     REQUIRE(p.a_to_b->stats().bytes_written == bytes);
     REQUIRE(p.a_to_b->stats().signals == 1);
+    // With nothing before it in flight a signal is stored at once, without a poll or wait on
+    // this link (a rank whose next wait is on another link must not hold back a credit).
+    REQUIRE(p.a_to_b->signal(SignalOp{&rflags, 192, 5, 9}).is_ok());
+    REQUIRE(reinterpret_cast<SignalFlag*>(flags + 192)->value.load() == 5);
+    REQUIRE(drain_all(*p.a_to_b, 1).at(0).wr_id == 9);
+    REQUIRE(p.a_to_b->stats().signals == 2);
     fake_cuda_set_copy_delay_us(500);
     REQUIRE(p.b->deallocate(dst));
     REQUIRE_FALSE(p.b->deallocate(dst));

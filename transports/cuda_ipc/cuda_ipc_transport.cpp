@@ -189,6 +189,20 @@ class CudaLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || dst->tag != Tag::Host || !transport_util::flag_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (head_ - tail_ == kMaxPendingOps) return Status(ErrorCode::InProgress);
+    progress();
+    if (done_ == head_) {
+      // Every earlier operation finished (or there is none): store the flag now. A signal left
+      // pending here is delivered only by this link's poll() or wait(), and a rank that next
+      // waits on another link would hold it back (a credit its sender needs: a stalled ring).
+      const Status s = inner_->signal(SignalOp{&dst->inner, op.offset, op.value, 0});
+      drain_inner();
+      if (!s.is_ok()) return s.in_progress() ? s : fail(s.code(), s.native());
+      ring_[head_ % kMaxPendingOps] = Op{op.wr_id, true, true, Status::ok(), nullptr, 0, 0};
+      ++head_;
+      ++done_;
+      bump(stats_.signals, 1);
+      return Status::ok();
+    }
     // The event completes once every copy enqueued before it did (pcie: the second hop waits
     // for the first, and both streams' earlier work precedes it on `stream_`).
     const int err = api_.event_record(events_[head_ % kMaxPendingOps], stream_);
