@@ -39,7 +39,8 @@ FaultRule parse_rule(std::string_view rule) {
   else if (kind == "stall") r.kind = FaultKind::Stall;
   else if (kind == "throttle") r.kind = FaultKind::Throttle;
   else if (kind == "close") r.kind = FaultKind::Close;
-  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall, throttle, close)", rule, kind));
+  else if (kind == "hold") r.kind = FaultKind::Hold;
+  else throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': unknown kind '{}' (flip, drop, delay, stall, throttle, close, hold)", rule, kind));
   std::string_view fields = colon == std::string_view::npos ? std::string_view{} : rule.substr(colon + 1);
   while (!fields.empty()) {
     const auto comma = fields.find(',');
@@ -83,6 +84,9 @@ FaultRule parse_rule(std::string_view rule) {
     } else if (key == "mbps") {
       r.mbps = parse_number<double>(rule, key, value);
       if (!(r.mbps > 0.0)) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': mbps={} must be positive", rule, value));
+    } else if (key == "transport") {
+      if (value.empty()) throw InvalidUsage(fmt::format("RINGFENCE_FAULT rule '{}': transport= needs a transport name", rule));
+      r.transport = std::string(value);
     } else if (key == "seed") {
       r.seed = parse_number<std::uint64_t>(rule, key, value);
     } else {
@@ -114,8 +118,10 @@ class FaultLink final : public Link {
     for (const auto& r : rules_) seed = seed * 31 + r.seed;
     const int lo = std::min(self, inner_->peer()), hi = std::max(self, inner_->peer());
     rng_.state = seed ^ (static_cast<std::uint64_t>(lo) << 32 | static_cast<std::uint64_t>(hi)) ^ (self == lo ? 0 : 0x5555);
-    for (const auto& r : rules_)
+    for (const auto& r : rules_) {
       if (r.kind == FaultKind::Flip) flip_rate_ = std::max(flip_rate_, r.rate);
+      if (r.kind == FaultKind::Hold) hold_ = std::max(hold_, r.stall);
+    }
     next_flip_ = draw_gap();
   }
 
@@ -159,9 +165,16 @@ class FaultLink final : public Link {
   }
   Status signal(const SignalOp& op) noexcept override {
     if (closed_) return Status(ErrorCode::PeerUnreachable);
-    return inner_->signal(op);
+    if (hold_.count() == 0) return inner_->signal(op);
+    if (held_head_ - held_tail_ == kHeldRing) {  // full: make room, then queue behind the others
+      release_held(true);
+      if (held_head_ - held_tail_ == kHeldRing) return Status(ErrorCode::InProgress);
+    }
+    held_[held_head_++ % kHeldRing] = Held{op, std::chrono::steady_clock::now() + hold_};
+    return Status::ok();
   }
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
+    if (!closed_) release_held(false);
     n = 0;
     while (n < out.size() && lost_tail_ != lost_head_) out[n++] = Completion{lost_[lost_tail_++ % kLostRing], Status::ok()};
     if (closed_) return Status::ok();
@@ -179,7 +192,15 @@ class FaultLink final : public Link {
   }
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
     if (closed_) return Status(ErrorCode::PeerUnreachable);
-    return inner_->wait(flag, target, max);
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {  // held signals are released from here too, in slices while any is held
+      release_held(false);
+      const bool holding = held_head_ != held_tail_;
+      const auto left = max - (std::chrono::steady_clock::now() - start);
+      const auto slice = holding ? std::min<std::chrono::nanoseconds>(left, std::chrono::microseconds(200)) : left;
+      const Status s = inner_->wait(flag, target, slice.count() > 0 ? slice : std::chrono::nanoseconds(0));
+      if (!s.in_progress() || !holding || std::chrono::steady_clock::now() - start >= max) return s;
+    }
   }
   void fence(FenceReason why) noexcept override {
     if (!closed_) inner_->fence(why);
@@ -196,6 +217,18 @@ class FaultLink final : public Link {
   static constexpr std::size_t kCorruptRing = 256;
   static constexpr int kMaxFlipsPerWrite = 64;
   static constexpr std::size_t kLostRing = 64;
+  static constexpr std::size_t kHeldRing = 64;
+
+  // `hold`: passes held signals to the inner link in order, those due (or all, `all`).
+  void release_held(bool all) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    while (held_tail_ != held_head_) {
+      const Held& h = held_[held_tail_ % kHeldRing];
+      if (!all && h.due > now) return;
+      if (!inner_->signal(h.op).is_ok()) return;  // InProgress: later; an error shows on the next operation
+      ++held_tail_;
+    }
+  }
 
   // True when the current write (number ops_) lies in the rule's window: after its first `after`
   // writes, up to write `until`, and within `for_ms` of the first write it acted on.
@@ -253,6 +286,13 @@ class FaultLink final : public Link {
   std::uint64_t lost_[kLostRing] = {};
   std::size_t lost_head_ = 0, lost_tail_ = 0;
   std::uint64_t dropped_ = 0;
+  struct Held {
+    SignalOp op;
+    std::chrono::steady_clock::time_point due;
+  };
+  Held held_[kHeldRing] = {};
+  std::size_t held_head_ = 0, held_tail_ = 0;
+  std::chrono::milliseconds hold_{0};  // `hold` rule: how long each signal is held (0 = none)
   std::size_t corrupt_next_ = 0;
 };
 
@@ -284,7 +324,9 @@ class FaultPending final : public PendingLink {
 class FaultTransport final : public Transport {
  public:
   FaultTransport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules, int self)
-      : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {}
+      : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {
+    std::erase_if(rules_, [&](const FaultRule& r) { return !r.transport.empty() && r.transport != inner_->name(); });
+  }
   std::string_view name() const noexcept override { return inner_->name(); }
   // The decorator injects faults; what the transport is stays the inner one's.
   bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
@@ -320,6 +362,8 @@ std::vector<FaultRule> parse_fault_spec(std::string_view text) {
   for (const auto& r : rules)
     if (r.kind == FaultKind::Throttle && !(r.mbps > 0.0))
       throw InvalidUsage("RINGFENCE_FAULT: a throttle rule needs mbps=<megabytes per second>");
+    else if (r.kind == FaultKind::Hold && r.stall.count() <= 0)
+      throw InvalidUsage("RINGFENCE_FAULT: a hold rule needs ms=<milliseconds> (> 0)");
   return rules;
 }
 

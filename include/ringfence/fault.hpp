@@ -5,11 +5,11 @@
 /// health tests and the demos. Grammar (rules separated by `;`, fields by `,`):
 ///
 ///     rule  := kind ':' field (',' field)*
-///     kind  := flip | drop | delay | stall | throttle | close
+///     kind  := flip | drop | delay | stall | throttle | close | hold
 ///     field := link=A-B | link=* | rate=<p> | after=<ops> | until=<ops> | for_ms=<milliseconds> | at_ms=<milliseconds>
 ///            | us=<microseconds>
 ///            | ms=<milliseconds> | seed=<n>
-///            | mbps=<megabytes per second>
+///            | mbps=<megabytes per second> | transport=<name>
 ///
 /// - `flip:rate=1e-6,link=0-1` flips one random bit per corrupted byte; each byte written on
 ///   the link between ranks 0 and 1 (either direction) is corrupted with probability `rate`
@@ -23,6 +23,13 @@
 /// - `close:after=20,link=0-1` closes the connection at the 21st write (each end at its own
 ///   21st write): the link's sockets or mappings go away as when a process closes its end or a
 ///   cable is pulled; that write and every later operation fail with PeerUnreachable.
+/// `transport=shm` (all kinds) limits a rule to the links of that transport (default: every
+/// transport), e.g. a corrupting shm link whose pair moves to tcp (`CommOptions::fallbacks`).
+/// - `hold:ms=2,link=0-1` holds every signal on the link for 2 ms: it reaches the peer only
+///   through a `poll()` or `wait()` on the link after that, and signals still held when the
+///   link closes are lost, as with a transport whose signals need the sender's progress
+///   (nvlink, behind copies) or a socket closed with bytes unread. `after`/`until`/`for_ms`/
+///   `at_ms` do not apply to it.
 /// `after=N` (all kinds) leaves the first N writes untouched; `until=M` (M > N) leaves every write
 /// after the M-th untouched: the rule acts on writes N+1..M of the link (a fault that heals). Write
 /// numbers count per link end (this rank's writes to that peer). `for_ms=T` ends the rule T ms
@@ -35,13 +42,14 @@
 #include <cstdint>
 #include <memory>
 #include <ringfence/transport.hpp>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace ringfence {
 
 /// What a rule does.
-enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall, Throttle, Close };
+enum class FaultKind : std::uint8_t { Flip, Drop, Delay, Stall, Throttle, Close, Hold };
 
 /// One parsed rule.
 struct FaultRule {
@@ -54,9 +62,10 @@ struct FaultRule {
   std::chrono::milliseconds for_ms{0};  ///< the rule stops this long after it first acted (0 = no end)
   std::chrono::milliseconds at_ms{0};   ///< the rule acts only on writes this long after the link connected
   std::chrono::microseconds delay{0};     ///< delay: per write
-  std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write
+  std::chrono::milliseconds stall{0};     ///< stall: length of the one stalled write; hold: how long signals are held
   std::uint64_t seed = 1;      ///< flip: random stream seed (mixed with the link's ranks)
   double mbps = 0.0;           ///< throttle: bandwidth cap in 1e6 bytes per second (> 0)
+  std::string transport;       ///< only links of this transport ("shm", "tcp", ...); empty = every transport
 
   /// True when this rule applies to the link between `self` and `peer`.
   bool matches(int self, int peer) const noexcept {
