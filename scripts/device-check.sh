@@ -9,7 +9,8 @@
 #   2. every GPU test: reduce kernels bit-exact against the host kernels (every dtype x op,
 #      aligned and misaligned), stream-ordered device collectives on 2 and 4 ranks (ranks share
 #      the GPUs round-robin), exact; the nvlink and pcie transports between two processes
-#      (CUDA IPC, 64 MiB + 13 B each way), exact;
+#      (CUDA IPC, 64 MiB + 13 B each way), exact; a pair whose NVLink corrupts (fault rule) moved
+#      to pcie at the fence agreement, 2 processes, every collective exact;
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
 #   4. all_reduce_perf -m device for 2 and 4 ranks, next to the device-to-device and pinned
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
@@ -22,7 +23,7 @@
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance all_reduce_perf device_memcpy_bw)
+bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance move_mp all_reduce_perf device_memcpy_bw)
 
 build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
   local b=$1
@@ -113,6 +114,8 @@ for t in nvlink pcie; do
   timeout 120 "$bin/cuda_ipc_conformance" $t "$ipc_bytes" >"$out/gpu_${t}_conformance.log" 2>&1
   status "$t transport (CUDA IPC), 2 processes on one GPU, $ipc_bytes B each way, exact" $? "$out/gpu_${t}_conformance.log"
 done
+timeout 150 "$bin/ringfence-run" -n 2 --timeout 140 "$bin/move_mp" >"$out/gpu_move_nvlink_to_pcie.log" 2>&1
+status "corrupting nvlink pair moved to pcie at the fence agreement, 2 processes, exact" $? "$out/gpu_move_nvlink_to_pcie.log"
 
 # 3. compute-sanitizer memcheck on one small device collective (every rank process).
 if command -v compute-sanitizer >/dev/null 2>&1; then

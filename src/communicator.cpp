@@ -180,7 +180,9 @@ struct Communicator::Impl : LaneState {
   std::uint64_t epoch = 0;      // +1 per re-plan
   EventCallback event_callback;
   std::uint64_t digest_mismatch_count = 0;
-  std::vector<std::uint8_t> votes;      // fence proposals, n x n; sized at setup
+  std::vector<std::uint8_t> votes;      // fence proposals, n x n, then fallbacks, n x n; sized at setup
+  std::vector<PeerInfo> peer_info;      // by rank, ourselves included (what setup learned; moves reconnect with it)
+  std::vector<int> fallback_of;         // by rank: index in `transports` our link to it may move to, -1 = none
   std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
   std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
   std::vector<detail::TransportObservation> observations;  // per agreement; sized at setup
@@ -791,12 +793,18 @@ struct Communicator::Impl : LaneState {
       for (auto& ch : L.channels)
         if (ch->link) ch->link->fence(why);
     });
+    // Links first: a frame a peer sent just before it closed must not find its region gone (tcp
+    // would report "a signal into an unknown region"); then regions, then the memory.
+    for_each_lane([](LaneState& L) {
+      for (auto& ch : L.channels) ch->link.reset();
+    });
     remote_regs.clear();
     local_regs.clear();
-    for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions and links go before the memory they describe
+    for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions go before the memory they describe
     if (beat_lane) {
       for (auto& ch : beat_lane->channels)
         if (ch->link) ch->link->fence(why);
+      for (auto& ch : beat_lane->channels) ch->link.reset();
       beat_lane->channels.clear();
     }
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);
@@ -908,6 +916,120 @@ struct Communicator::Impl : LaneState {
     }
   }
 
+  // The transport `ch`'s link may move to when it must be fenced (CommOptions::fallbacks): the
+  // first allowed pair from its transport to another selected one that reaches the peer; -1 =
+  // none. Both ends evaluate it; the pair moves only when both name the same transport.
+  int fallback_for(const detail::Channel& ch) const {
+    for (const auto& [from, to] : options.fallbacks) {
+      if (from != ch.transport_name) continue;
+      for (std::size_t t = 0; t < transports.size(); ++t)
+        if (transports[t]->name() == to && transports[t].get() != ch.transport &&
+            transports[t]->can_reach(self, peer_info[static_cast<std::size_t>(ch.peer)]).ok)
+          return static_cast<int>(t);
+    }
+    return -1;
+  }
+
+  // Moves our links to `peer` (every lane; the heartbeat's stays) to transport `to`, at a fence
+  // agreement (docs/health.md "Moving a link"). The two ends meet in the store once both
+  // finished the agreement, driving the old links while they wait. The agreement's allreduce
+  // ends on each rank only once every chunk it sent was credited and every chunk it needed
+  // arrived, so when both ends are there nothing either needs is in flight between them (a
+  // call-fingerprint acknowledgement may be, and a later one supersedes it: they count up). Each
+  // end then closes its old links, connects new ones as at setup (store keys unique to this
+  // collective) and registers the same flags and staging memory: the signal words keep their
+  // values, the channels their message counters. Throws on a timeout or a refused connection;
+  // the caller fails the communicator.
+  void move_link(int peer, Transport& to) {
+    const LinkId l = LinkId::of(rank, peer);
+    const std::string base = fmt::format("move/{}/{}-{}", seq, l.a, l.b);
+    // Meet the peer; meanwhile keep driving the old links: a signal a transport delivers only
+    // through the sender's progress (nvlink behind copies) may be what the peer still waits for.
+    const std::string ready = base + "/ready";
+    (void)store->add(ready, 1);
+    for (const auto start = std::chrono::steady_clock::now(); store->add(ready, 0) < 2;) {
+      for_each_lane([&](LaneState& L) {
+        detail::Channel& ch = L.channel_to(peer);
+        Completion done[8];
+        std::size_t n = 0;
+        if (ch.link) (void)ch.link->poll(done, n);
+      });
+      if (std::chrono::steady_clock::now() - start > options.timeout)
+        throw TimeoutError(fmt::format("rank {}: moving the link to rank {} to {}: rank {} did not come to the move within {} ms",
+                                       rank, peer, to.name(), peer, options.timeout.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const Reachability reach = to.can_reach(self, peer_info[static_cast<std::size_t>(peer)]);
+    {
+      std::lock_guard lock(regs_mutex);  // cached keys were made for the old transport
+      remote_regs.clear();
+    }
+    local_regs.clear();
+    int index = 0;
+    for_each_lane([&](LaneState& L) {
+      const int lane_index = index++;
+      detail::Channel& ch = L.channel_to(peer);
+      if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
+      ch.link.reset();
+      ch.peer_inbox = RemoteRegion{};
+      ch.peer_flags = RemoteRegion{};
+      ch.inbox_region = MemoryRegion{};
+      ch.flags_region = MemoryRegion{};
+      ch.transport = &to;
+      ch.transport_name = std::string(to.name());
+      ch.expected_gbps = reach.bandwidth_gbps;
+      ch.judged.timeouts = 0;  // the new link counts from zero
+
+      const auto listener = to.listen();
+      store->set(fmt::format("{}/addr/{}/lane{}", base, rank, lane_index), listener->address());
+      const Bytes address = store->get(fmt::format("{}/addr/{}/lane{}", base, peer, lane_index), options.timeout);
+      auto pending = to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address);
+      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+      for (;;) {
+        const Status s = pending->try_finish(ch.link);
+        if (s.is_ok()) break;
+        if (s.is_error()) throw_status(s, fmt::format("rank {}: moving the link to rank {} to {}: connecting failed", rank, peer, to.name()));
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw TimeoutError(fmt::format("rank {}: moving the link to rank {} to {}: connecting timed out after {} ms", rank, peer,
+                                         to.name(), options.timeout.count()));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
+      ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
+      ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, MemoryKind::Host);
+      store->set(fmt::format("{}/regions/{}/lane{}", base, rank, lane_index), pack({ch.inbox_region.key(), ch.flags_region.key()}));
+      const auto parts = unpack(store->get(fmt::format("{}/regions/{}/lane{}", base, peer, lane_index), options.timeout), "region keys");
+      RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving their link)", rank, peer);
+      ch.peer_inbox = to.import_region(parts[0]);
+      ch.peer_flags = to.import_region(parts[1]);
+    });
+    fallback_of[static_cast<std::size_t>(peer)] = fallback_for(channel_to(peer));
+  }
+
+  // Applies agreed moves (link, index in `transports`): the ends move their links, every rank
+  // judges the link afresh and reports it. Every rank runs it with the same list.
+  void apply_moves(const std::vector<std::pair<LinkId, int>>& moves) {
+    for (const auto& [l, t] : moves) {
+      Transport& to = *transports[static_cast<std::size_t>(t)];
+      std::string detail = fmt::format("to {}", to.name());
+      if (l.a == rank || l.b == rank) {
+        const int peer = l.a == rank ? l.b : l.a;
+        detail += fmt::format(" (was {})", channel_to(peer).transport_name);
+        try {
+          move_link(peer, to);
+        } catch (const Error& e) {
+          record_failure(Status(e.code()), e.what());
+          local_abort(e.code(), peer);
+          throw;
+        }
+      }
+      if (monitor) monitor->moved(l);
+      log.warn("link {}-{} moved {} at collective #{}: agreed by all ranks; the plan is unchanged", l.a, l.b, detail, seq);
+      emit(HealthEvent{EventKind::LinkMoved, rank, l.a, l.b, 0, 0, 0, detail, 0});
+    }
+    ++epoch;
+  }
+
   void setup(const TransportRegistry& registry) {
     RINGFENCE_EXPECTS(size >= 1, "Communicator: size must be >= 1 (got {})", size);
     RINGFENCE_EXPECTS(rank >= 0 && rank < size, "Communicator: rank {} is out of range for size {}", rank, size);
@@ -961,7 +1083,7 @@ struct Communicator::Impl : LaneState {
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
     if (size == 1) return;
-    votes.resize(static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
+    votes.resize(2 * static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
     digests.resize(static_cast<std::size_t>(size));
 
     // A channel to every peer (one host, small rank counts): re-planning the ring around a
@@ -1002,6 +1124,11 @@ struct Communicator::Impl : LaneState {
         throw Error(ErrorCode::PeerUnreachable,
                     fmt::format("rank {}: no transport reaches rank {}:{}", rank, channels[i]->peer, reasons));
     }
+
+    peer_info.assign(static_cast<std::size_t>(size), self);
+    for (const auto& p : peers) peer_info[static_cast<std::size_t>(p.rank)] = p;
+    fallback_of.assign(static_cast<std::size_t>(size), -1);
+    for (auto& ch : channels) fallback_of[static_cast<std::size_t>(ch->peer)] = fallback_for(*ch);
 
     // A transport may want larger chunks (tcp: each chunk costs a wake-up and a signal round).
     // Every rank sees the same links' preferences (a job spread over hosts gives every rank a
@@ -1278,7 +1405,10 @@ struct Communicator::Impl : LaneState {
   // wants fenced (vote 2) and the fenced links it finds fit to come back (vote 1); a checksummed
   // allreduce (max) of the n x n matrix gives every rank the same result, so every rank fences
   // and readmits the same links and switches to the same plan before the next collective. A
-  // fence vote dominates a readmission vote. Returns Ok or the failure of the internal allreduce.
+  // fence vote dominates a readmission vote. A second n x n matrix carries, in row r, the
+  // transport each of r's links may move to (CommOptions::fallbacks): a link to fence whose two
+  // ends name the same one moves there instead (apply_moves) and the plan stays. Returns Ok or
+  // the failure of the internal allreduce; a move that fails throws.
   Status agree(detail::Failure& failure) {
     constexpr std::uint8_t kReadmit = 1, kFence = 2;
     // `votes` is preallocated (n x n, upper triangle used).
@@ -1338,6 +1468,10 @@ struct Communicator::Impl : LaneState {
         }
       }
     }
+    // Where each of our links may move instead of being fenced (row `rank` of the second matrix).
+    const std::size_t nn = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
+    for (int p = 0; p < size; ++p)
+      if (p != rank) votes[nn + static_cast<std::size_t>(rank * size + p)] = static_cast<std::uint8_t>(fallback_of[static_cast<std::size_t>(p)] + 1);
     // An end whose transport cannot resume a fenced link keeps it fenced.
     for (const LinkId& l : fenced)
       if (l.a == rank || l.b == rank)
@@ -1349,14 +1483,20 @@ struct Communicator::Impl : LaneState {
     RINGFENCE_TRY(detail::run_ring_allreduce(config, flags, left, right, votes.data(), votes.data(), votes.size(), max,
                                              detail::DirectWrite{}, relay_duties, failure));
     std::vector<LinkId> added, readmitted;
+    std::vector<std::pair<LinkId, int>> moves;  // links to fence whose ends both may move them: to which transport
     for (int a = 0; a < size; ++a)
       for (int b = a + 1; b < size; ++b) {
         const std::uint8_t v = votes[static_cast<std::size_t>(a * size + b)];
         const LinkId l{a, b};
         const bool known_unroutable = std::find(unroutable.begin(), unroutable.end(), l) != unroutable.end();
-        if (v == kFence && !is_fenced_link(l) && !known_unroutable) added.push_back(l);
+        const std::uint8_t to_a = votes[nn + static_cast<std::size_t>(a * size + b)], to_b = votes[nn + static_cast<std::size_t>(b * size + a)];
+        if (v == kFence && !is_fenced_link(l) && !known_unroutable) {
+          if (to_a != 0 && to_a == to_b) moves.emplace_back(l, to_a - 1);
+          else added.push_back(l);
+        }
         if (v == kReadmit && is_fenced_link(l)) readmitted.push_back(l);
       }
+    if (!moves.empty()) apply_moves(moves);
     if (added.empty() && readmitted.empty()) return Status::ok();
 
     // Every rank holds the same votes, so every rank computes the same plan. Prefer relays: the
@@ -1663,8 +1803,8 @@ struct Communicator::Impl : LaneState {
       if (op.peer != rank && is_fenced(rank, op.peer)) {
         ops.clear();
         detail::Failure f{Status(ErrorCode::Fenced), op.peer,
-                          "a route for point-to-point transfers over a fenced link (a fenced pair is not yet moved to "
-                          "another transport, e.g. shm -> tcp or nvlink -> pcie, and no third rank relays send/recv)",
+                          "a route for point-to-point transfers over a fenced link (no fallback transport both ends "
+                          "allow, RINGFENCE_FALLBACK, took the pair, and no third rank relays send/recv)",
                           0};
         raise(call, f);
       }

@@ -105,7 +105,7 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_IB_HCA", "RINGFENCE_IB_GID_INDEX", "RINGFENCE_IB_TIMEOUT", "RINGFENCE_IB_RETRY_CNT", "RINGFENCE_IB_SL", "RINGFENCE_IB_TC",
       "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
       "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
-      "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY",
+      "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_FALLBACK",
       "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
       "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
@@ -222,6 +222,16 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.digest_every = static_cast<int>(parse_integer("RINGFENCE_DIGEST_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))
     o.health_agree_every = static_cast<int>(parse_integer("RINGFENCE_HEALTH_AGREE_EVERY", *v, 0, 1 << 20));
+  if (auto v = env.get("RINGFENCE_FALLBACK")) {
+    o.fallbacks.clear();
+    if (*v != "none")
+      for (const std::string& pair : split_list(*v)) {
+        const auto colon = pair.find(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == pair.size() || pair.substr(0, colon) == pair.substr(colon + 1))
+          bad_value("RINGFENCE_FALLBACK", *v, "comma-separated from:to pairs of two different transports, such as nvlink:pcie, or none");
+        o.fallbacks.emplace_back(pair.substr(0, colon), pair.substr(colon + 1));
+      }
+  }
   if (auto v = env.get("RINGFENCE_HEALTH_FENCE_CRC_ERRORS"))
     o.health.thresholds.checksum_storm_count =
         static_cast<std::uint64_t>(parse_integer("RINGFENCE_HEALTH_FENCE_CRC_ERRORS", *v, 1, 1ll << 40));

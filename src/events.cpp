@@ -16,12 +16,13 @@ std::string_view to_string(EventKind kind) noexcept {
     case EventKind::LinkReadmitted: return "link_readmitted";
     case EventKind::LinkSuspect: return "link_suspect";
     case EventKind::LinkHealthy: return "link_healthy";
+    case EventKind::LinkMoved: return "link_moved";
   }
   return "unknown";
 }
 
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
-  for (int i = 0; i <= static_cast<int>(EventKind::LinkHealthy); ++i)
+  for (int i = 0; i <= static_cast<int>(EventKind::LinkMoved); ++i)
     if (to_string(static_cast<EventKind>(i)) == name) return static_cast<EventKind>(i);
   return std::nullopt;
 }

@@ -1,5 +1,6 @@
 #include "health_monitor.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <ringfence/error.hpp>
 
@@ -57,7 +58,8 @@ std::vector<LinkSource> parse_link_map(std::string_view text, bool* automatic) {
 HealthMonitor::HealthMonitor(const health::HealthOptions& options, std::vector<LinkSource> map,
                              std::vector<LinkId> transport_links, const Logger& log)
     : options_(options), map_(std::move(map)), log_(log), bank_(options.window) {
-  for (const LinkId& l : transport_links) policies_.try_emplace({l.a, l.b}, options_);
+  transport_links_ = std::move(transport_links);
+  for (const LinkId& l : transport_links_) policies_.try_emplace({l.a, l.b}, options_);
   bool need_nvml = false, need_sysfs = false;
   std::vector<std::string> pci;
   for (const auto& s : map_) {
@@ -121,6 +123,18 @@ void HealthMonitor::fence(LinkId link, const std::string& reason, health::TimePo
   if (it == policies_.end()) return;
   if (auto t = it->second.fence(reason, now))
     log_.info("health: link {}-{} {} -> {} ({})", link.a, link.b, to_string(t->from), to_string(t->to), reason);
+}
+
+void HealthMonitor::moved(LinkId link) {
+  std::lock_guard lock(mutex_);
+  const auto it = policies_.find({link.a, link.b});
+  if (it == policies_.end()) return;
+  std::erase_if(map_, [&](const LinkSource& s) { return s.link == link; });
+  policies_.erase(it);
+  if (std::find(transport_links_.begin(), transport_links_.end(), link) != transport_links_.end())
+    policies_.try_emplace({link.a, link.b}, options_);
+  log_.info("health: link {}-{} moved to another transport: judged afresh{}", link.a, link.b,
+            policies_.count({link.a, link.b}) ? "" : " (no longer judged: its mapped counters described the old path)");
 }
 
 std::vector<HealthMonitor::Assessment> HealthMonitor::evaluate(health::TimePoint now,

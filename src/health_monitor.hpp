@@ -77,6 +77,13 @@ class HealthMonitor {
   /// cool-down before the link may be readmitted. No-op for unmapped links. Thread-safe.
   void fence(LinkId link, const std::string& reason, health::TimePoint now);
 
+  /// Every rank agreed to move `link` to another transport instead of fencing it: its policy
+  /// starts again (a fresh link, healthy, nothing against it), and the hardware counters mapped
+  /// to it are dropped: they describe the path it no longer takes (an NVLink, an HCA port). A
+  /// link left with neither transport evidence (`transport_links`) nor a source is no longer
+  /// judged. Thread-safe.
+  void moved(LinkId link);
+
   /// Reads every source once into the counter bank (deltas, windows). Thread-safe.
   void sample(health::TimePoint now);
 
@@ -105,6 +112,7 @@ class HealthMonitor {
   std::unique_ptr<health::SysfsSource> sysfs_;
   health::CounterBank bank_;
   std::map<std::pair<int, int>, health::LinkPolicy> policies_;  // every judged link
+  std::vector<LinkId> transport_links_;                          // links judged on their transport's evidence
 };
 
 }  // namespace ringfence::detail

@@ -30,6 +30,7 @@
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
+/// | RINGFENCE_FALLBACK | `from:to` transport pairs a link that must be fenced moves along instead (docs/health.md), or `none` | nvlink:pcie |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer within the checksum storm window (10 s) that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
 /// | RINGFENCE_HEALTH_PROMETHEUS | Prometheus text file per rank (`{rank}` in the path) | none |

@@ -24,10 +24,11 @@ enum class EventKind : std::uint8_t {
   LinkReadmitted,  ///< every rank agreed: fenced link a-b served its cool-down with clean counters and is back in the plan
   LinkSuspect,     ///< this rank's policy made link a-b suspect (still in use, watched); `detail` = the rules that fired
   LinkHealthy,     ///< this rank's policy cleared link a-b (suspicion or probation over); `detail` = why
+  LinkMoved,       ///< every rank agreed: link a-b, which had to be fenced, moved to another transport; `detail` = "from -> to"
 };
 
 /// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan", "digest_mismatch",
-/// "link_readmitted", "link_suspect", "link_healthy".
+/// "link_readmitted", "link_suspect", "link_healthy", "link_moved".
 std::string_view to_string(EventKind kind) noexcept;
 /// Inverse of `to_string(EventKind)`.
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;

@@ -13,6 +13,7 @@
 #include <ringfence/log.hpp>
 #include <string>
 #include <vector>
+#include <utility>
 
 namespace ringfence {
 
@@ -167,6 +168,15 @@ struct CommOptions {
   /// switch together to a ring that avoids the fenced links. 0 disables. Must match on every
   /// rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
   int health_agree_every = 2;
+  /// Fallback transports, as (from, to) names: when the ranks agree that a link must be fenced
+  /// and both of its ends are on `from` and reach each other over `to` (another selected
+  /// transport), the pair moves to `to` instead (a `link_moved` event): the plan stays, and
+  /// so does every result, bit for bit. Otherwise the link is fenced and routed around. A moved
+  /// link is judged afresh on its new transport and may move again, or be fenced; it does not
+  /// move back. Default: nvlink -> pcie (the PCIe path avoids the NVLink fabric). An end
+  /// without the pair in its list refuses the move. Env: RINGFENCE_FALLBACK=nvlink:pcie,shm:tcp
+  /// (`none`: never move).
+  std::vector<std::pair<std::string, std::string>> fallbacks{{"nvlink", "pcie"}};
   /// Every this many collectives, ranks compare an 8-byte digest (CRC32C) of their allreduce
   /// output; a rank whose digest differs from the majority is reported as a `DigestMismatch`
   /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must

@@ -3,7 +3,7 @@
 ///
 ///   ringfence-health [--events] LOGFILE|-
 ///
-/// Columns: link, state (ok / suspect / fenced / no-plan), corrupted chunks reported, fence
+/// Columns: link, state (ok / suspect / moved / fenced / no-plan), corrupted chunks reported, fence
 /// proposals, collective at which the link was fenced, last reason. Then the re-plans.
 /// `--events` also prints every event. Exit status: 0, or 2 for usage errors, 1 when the file
 /// cannot be read or holds no event.
@@ -21,6 +21,7 @@ namespace {
 struct LinkSummary {
   std::uint64_t checksum_errors = 0;
   int proposals = 0;
+  int moves = 0;  // moved to another transport instead of fenced
   bool fenced = false;
   bool suspect = false;
   bool no_plan = false;
@@ -104,6 +105,11 @@ int main(int argc, char** argv) {
         l.suspect = false;
         if (!l.fenced) l.reason = e->detail;
         break;
+      case ringfence::EventKind::LinkMoved:
+        ++l.moves;
+        l.suspect = false;
+        l.reason = "moved " + e->detail + " at collective #" + std::to_string(e->sequence);
+        break;
       case ringfence::EventKind::NoPlan:
         l.no_plan = true;
         l.reason = "neither a relay nor a ring avoids the fenced links";
@@ -120,7 +126,7 @@ int main(int argc, char** argv) {
               malformed ? (", " + std::to_string(malformed) + " malformed lines skipped").c_str() : "");
   std::printf("%7s %9s %16s %10s %10s  %s\n", "link", "state", "crc-errors", "proposals", "fenced-at", "reason");
   for (const auto& [id, l] : links) {
-    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : (l.suspect || l.checksum_errors) ? "suspect" : "ok";
+    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : l.moves ? "moved" : (l.suspect || l.checksum_errors) ? "suspect" : "ok";
     const std::string name = std::to_string(id.first) + "-" + std::to_string(id.second);
     const std::string at = l.fenced ? "#" + std::to_string(l.fenced_at) : "-";
     std::printf("%7s %9s %16llu %10d %10s  %s\n", name.c_str(), state, static_cast<unsigned long long>(l.checksum_errors),

@@ -1,0 +1,94 @@
+// nvlink -> pcie across processes (one rank per process, ranks may share a GPU): the ranks run
+// over the nvlink transport with checksums and fence agreement; a fault rule corrupts the
+// nvlink link 0-1 (RINGFENCE_FAULT, default below), the agreement moves that pair to the pcie
+// transport, and every collective before, during and after the move is checked exactly
+// (integer-valued inputs, tests/support/verifiable.hpp): host allreduces, then a stream-ordered
+// allreduce on device memory. Exits 1 unless link 0-1 ended on pcie on both ends with no fence
+// and every other link stayed on nvlink; 77 when no CUDA runtime, driver or device is usable.
+// Run by ringfence-run over the fake runtime in CI (RINGFENCE_CUDART) and on GPUs by
+// scripts/device-check.sh. The engine's staging memory is host memory (device regions in the
+// engine are not built yet): the move is of the links, the data path host-staged.
+//   move_mp [COUNT] [ITERATIONS]   elements per allreduce (default 65537), allreduces (default 24)
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ringfence/ringfence.hpp>
+#include <ringfence/transports/cuda_ipc.hpp>
+#include <string>
+#include <vector>
+
+#include "cuda_rt.hpp"
+#include "support/verifiable.hpp"
+
+using namespace ringfence;
+
+int main(int argc, char** argv) {
+  const std::size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 65537;
+  const int iterations = argc > 2 ? std::atoi(argv[2]) : 24;
+  const Environment env = Environment::from_process();
+  CommOptions options = CommOptions::from_env(env);
+  const LaunchInfo launch = detect_launch(env);
+  tools::CudaRt cuda;
+  if (const std::string why = cuda.load(options.cuda_runtime); !why.empty()) {
+    std::printf("rank %d: skipped: %s\n", launch.rank, why.c_str());
+    return 77;
+  }
+  if (cuda.set_device(launch.rank % cuda.devices) != 0) {
+    std::printf("rank %d: cudaSetDevice(%d) failed\n", launch.rank, launch.rank % cuda.devices);
+    return 1;
+  }
+  options.transports = {std::string(transports::cuda_ipc::kNvlinkName), std::string(transports::cuda_ipc::kPcieName)};
+  options.checksum = true;
+  options.health_agree_every = 2;
+  if (options.fault.empty()) options.fault = "flip:rate=1e-5,link=0-1,seed=5,transport=nvlink";
+  TransportRegistry registry;
+  registry.add(std::string(transports::cuda_ipc::kNvlinkName), transports::cuda_ipc::make_nvlink_transport);
+  registry.add(std::string(transports::cuda_ipc::kPcieName), transports::cuda_ipc::make_pcie_transport);
+  Communicator comm = Communicator::from_launch(launch, registry, options);
+  const int rank = comm.rank(), n = comm.size();
+  if (n < 2) {
+    std::printf("rank %d: needs at least 2 ranks\n", rank);
+    return 1;
+  }
+  std::string moved;
+  comm.on_health_event([&](const HealthEvent& e) {
+    if (e.kind == EventKind::LinkMoved) moved = fmt::format("{}-{} {} at collective #{}", e.a, e.b, e.detail, e.sequence);
+  });
+
+  std::size_t wrong = 0;
+  std::vector<float> buf(count);
+  for (int it = 0; it < iterations; ++it) {
+    test::fill_input(DataType::Float32, ReduceOp::Sum, rank, n, buf.data(), count, static_cast<std::size_t>(it));
+    comm.allreduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
+    wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), count, static_cast<std::size_t>(it));
+  }
+  // After the move: one stream-ordered allreduce on device memory.
+  void* stream = nullptr;
+  void* dev = nullptr;
+  if (cuda.stream_create(&stream) != 0 || cuda.malloc_(&dev, count * sizeof(float)) != 0) {
+    std::printf("rank %d: cudaStreamCreate / cudaMalloc failed\n", rank);
+    return 1;
+  }
+  test::fill_input(DataType::Float32, ReduceOp::Sum, rank, n, buf.data(), count);
+  bool ok = cuda.memcpy_(dev, buf.data(), count * sizeof(float), tools::CudaRt::kHostToDevice) == 0;
+  comm.allreduce(dev, dev, count, DataType::Float32, ReduceOp::Sum, CudaStream{stream});
+  ok = ok && cuda.stream_sync(stream) == 0 &&
+       cuda.memcpy_(buf.data(), dev, count * sizeof(float), tools::CudaRt::kDeviceToHost) == 0;
+  const std::size_t device_wrong = ok ? test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), count) : count;
+  (void)cuda.free_(dev);
+  (void)cuda.stream_destroy(stream);
+
+  std::string links;
+  bool placed = true;
+  for (const auto& l : comm.links()) {
+    const bool pair = LinkId::of(rank, l.peer) == LinkId::of(0, 1);
+    placed = placed && l.transport == (pair ? "pcie" : "nvlink") && l.state == LinkState::Up;
+    links += fmt::format(" {}:{}", l.peer, l.transport);
+  }
+  const bool pass = wrong == 0 && device_wrong == 0 && comm.fenced_links().empty() && placed && !moved.empty();
+  std::printf("rank %d: %s: %d host allreduces of %zu floats + 1 on device, %zu + %zu wrong; %s; links%s; fenced %zu\n", rank,
+              pass ? "passed" : "FAILED", iterations, count, wrong, device_wrong, moved.empty() ? "no move" : ("moved " + moved).c_str(),
+              links.c_str(), comm.fenced_links().size());
+  return pass ? 0 : 1;
+}

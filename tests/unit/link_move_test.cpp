@@ -1,0 +1,146 @@
+// Moving a link that must be fenced to a fallback transport (CommOptions::fallbacks): the
+// pair reconnects over the other transport at the fence agreement, the plan stays, and every
+// result stays bit-identical to a fault-free run. On the CPU the pair is shm -> tcp (a fault
+// rule limited to shm plays the failing NVLink); nvlink -> pcie over the fake CUDA runtime is
+// tests/device/move_test.cpp.
+#include <ringfence/communicator.hpp>
+#include <ringfence/env.hpp>
+#include <ringfence/fault.hpp>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/move_scenario.hpp"
+
+using namespace ringfence;
+using ringfence::test::run_against_clean;
+
+TEST_CASE("a corrupting shm link moves to tcp at the agreement: same plan, bit-identical results", "[health][move]") {
+  // 4 ranks on two lanes (each lane's link moves), and 2 ranks (no route around exists: moving is
+  // the only way off the bad link).
+  for (const int n : {4, 2}) {
+    INFO("ranks " << n);
+    const auto tweak = [&](int, CommOptions& o) {
+      o.channels = n == 4 ? 2 : 1;
+      o.channel_min_bytes = 16384;
+    };
+    const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", tweak);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      REQUIRE(clean.epochs[r] == 0);
+      REQUIRE(faulty.epochs[r] == 1);
+      REQUIRE(faulty.fences[r].empty());
+      REQUIRE(faulty.relays[r].empty());
+      REQUIRE(faulty.rings[r] == clean.rings[r]);
+      REQUIRE(faulty.errors_after_first_epoch[r] == 0);  // the moved link no longer corrupts
+      REQUIRE(faulty.moved[r].size() == 1);
+      REQUIRE_THAT(faulty.moved[r][0], Catch::StartsWith("0-1 to tcp"));
+      for (const auto& [peer, transport] : faulty.transport_to[r]) {
+        INFO("peer " << peer);
+        REQUIRE(transport == (LinkId::of(r, peer) == LinkId::of(0, 1) ? "tcp" : "shm"));
+        REQUIRE(faulty.state_to[r].at(peer) == LinkState::Up);
+      }
+      if (r <= 1) REQUIRE_THAT(faulty.moved[r][0], Catch::EndsWith("(was shm)"));
+    }
+  }
+}
+
+TEST_CASE("a corrupting tcp link moves to shm (sockets closed, segments registered): same plan, bit-identical results",
+          "[health][move]") {
+  // The reverse direction: the old links are sockets with receiver threads, closed at the move,
+  // and the new links register the staging memory as segments.
+  for (const int n : {2, 3}) {
+    INFO("ranks " << n);
+    const auto tweak = [](int, CommOptions& o) {
+      o.transports = {"tcp", "shm"};
+      o.fallbacks = {{"tcp", "shm"}};
+      o.timeout = std::chrono::seconds(5);
+      o.slots = 1;
+    };
+    const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-6,link=0-1,seed=3,transport=tcp", tweak);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      REQUIRE(faulty.epochs[r] == 1);
+      REQUIRE(faulty.fences[r].empty());
+      REQUIRE(faulty.errors_after_first_epoch[r] == 0);
+      REQUIRE(faulty.moved[r].size() == 1);
+      for (const auto& [peer, transport] : faulty.transport_to[r])
+        REQUIRE(transport == (LinkId::of(r, peer) == LinkId::of(0, 1) ? "shm" : "tcp"));
+    }
+  }
+}
+
+TEST_CASE("a link whose signals need the sender's progress still moves: the ends drive the old links while they meet",
+          "[health][move]") {
+  // `hold` keeps every signal on the shm link 0-1 until a poll or wait 2 ms later (as nvlink
+  // keeps a signal behind its copies). The agreement's last credits are such signals: a rank
+  // that went to the move without polling its old link would leave its peer waiting for them
+  // in the agreement, and both would time out. One staging slot: every credit is needed.
+  const auto tweak = [](int, CommOptions& o) {
+    o.slots = 1;
+    o.timeout = std::chrono::seconds(5);
+  };
+  const auto [clean, faulty] =
+      run_against_clean(2, "hold:ms=2,link=0-1,transport=shm;flip:rate=1e-4,link=0-1,seed=3,transport=shm", tweak);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    REQUIRE(faulty.epochs[r] == 1);
+    REQUIRE(faulty.moved[r].size() == 1);
+    REQUIRE(faulty.transport_to[r].at(1 - r) == "tcp");
+  }
+}
+
+TEST_CASE("a moved link that goes on corrupting is fenced in turn and relayed around: results stay bit-identical",
+          "[health][move]") {
+  // The rule corrupts link 0-1 on every transport: it moves to tcp, still corrupts there, has
+  // no further fallback, and is fenced with a relay through rank 2.
+  const auto [clean, faulty] = run_against_clean(4, "flip:rate=1e-4,link=0-1,seed=5", {});
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(faulty.epochs[r] == 2);
+    REQUIRE(faulty.moved[r].size() == 1);
+    REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId::of(0, 1)});
+    REQUIRE(faulty.relays[r] == std::vector<Relay>{Relay{0, 2, 1}});
+    REQUIRE(faulty.rings[r] == clean.rings[r]);
+    if (r <= 1) {
+      REQUIRE(faulty.transport_to[r].at(1 - r) == "tcp");
+      REQUIRE(faulty.state_to[r].at(1 - r) == LinkState::Fenced);
+    }
+  }
+}
+
+TEST_CASE("a link moves only when both ends allow the same fallback, otherwise it is fenced as before", "[health][move]") {
+  // Rank 1 allows no fallback: link 0-1 is fenced and relayed; no rank reports a move.
+  const auto [clean, faulty] =
+      run_against_clean(4, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", [](int r, CommOptions& o) {
+        if (r == 1) o.fallbacks.clear();
+      });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(faulty.epochs[r] == 1);
+    REQUIRE(faulty.moved[r].empty());
+    REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId::of(0, 1)});
+    for (const auto& [peer, transport] : faulty.transport_to[r]) REQUIRE(transport == "shm");
+  }
+}
+
+TEST_CASE("RINGFENCE_FALLBACK and the fault rule's transport= field", "[health][move][env]") {
+  CommOptions defaults;
+  REQUIRE(defaults.fallbacks == std::vector<std::pair<std::string, std::string>>{{"nvlink", "pcie"}});
+  const auto o = CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", "nvlink:pcie,shm:tcp"}}));
+  REQUIRE(o.fallbacks == std::vector<std::pair<std::string, std::string>>{{"nvlink", "pcie"}, {"shm", "tcp"}});
+  REQUIRE(CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", "none"}})).fallbacks.empty());
+  for (const char* bad : {"nvlink", "nvlink:", ":pcie", "shm:shm", "nvlink:pcie,tcp"}) {
+    INFO(bad);
+    REQUIRE_THROWS_WITH(CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", bad}})),
+                        Catch::Contains("RINGFENCE_FALLBACK") && Catch::Contains("from:to pairs"));
+  }
+  const auto rules = parse_fault_spec("flip:rate=1e-3,link=0-1,transport=shm;delay:us=5;hold:ms=3");
+  REQUIRE(rules.size() == 3);
+  REQUIRE(rules[2].kind == FaultKind::Hold);
+  REQUIRE(rules[2].stall == std::chrono::milliseconds(3));
+  REQUIRE_THROWS_WITH(parse_fault_spec("hold:link=0-1"), Catch::Contains("a hold rule needs ms="));
+  REQUIRE(rules[0].transport == "shm");
+  REQUIRE(rules[1].transport.empty());
+  REQUIRE_THROWS_WITH(parse_fault_spec("flip:rate=1e-3,transport="), Catch::Contains("transport= needs a transport name"));
+}
