@@ -920,6 +920,7 @@ struct Communicator::Impl : LaneState {
   // first allowed pair from its transport to another selected one that reaches the peer; -1 =
   // none. Both ends evaluate it; the pair moves only when both name the same transport.
   int fallback_for(const detail::Channel& ch) const {
+    if (store->collective_only()) return -1;  // a move needs the two ends to use the store alone
     for (const auto& [from, to] : options.fallbacks) {
       if (from != ch.transport_name) continue;
       for (std::size_t t = 0; t < transports.size(); ++t)

@@ -92,6 +92,8 @@ class MpiStore final : public Store {
   /// Adds `delta` to the counter at `key` in an exchange round that every rank joins with the
   /// same key; returns the counter after every rank's delta of the round.
   std::int64_t add(std::string_view key, std::int64_t delta) override;
+  /// True: every rank must make the same calls (a link that must be fenced is not moved).
+  bool collective_only() const noexcept override { return true; }
 
   /// This rank in the MPI communicator.
   int rank() const noexcept;

@@ -43,6 +43,10 @@ class Store {
   virtual Bytes get(std::string_view key, std::chrono::milliseconds timeout) = 0;
   /// Adds `delta` to the 64-bit counter at `key` (created as 0) and returns the new value.
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
+  /// True when every rank must make the same sequence of calls (`MpiStore`): two ranks cannot
+  /// use the store alone, so a communicator on it fences a link instead of moving it to a
+  /// fallback transport (docs/health.md "Moving a link"). Default: false.
+  virtual bool collective_only() const noexcept { return false; }
 };
 
 /// A view of another store whose keys all start with `prefix`: communicators built on the same
@@ -54,6 +58,7 @@ class PrefixStore final : public Store {
   void set(std::string_view key, std::span<const std::byte> value) override;
   Bytes get(std::string_view key, std::chrono::milliseconds timeout) override;
   std::int64_t add(std::string_view key, std::int64_t delta) override;
+  bool collective_only() const noexcept override { return inner_->collective_only(); }
 
  private:
   std::string key(std::string_view k) const;

@@ -40,8 +40,8 @@ struct MoveRun {
 // `n` thread ranks run `iterations` allreduces of random floats (sums exact only in one fixed
 // order: any change of plan or corruption changes bytes), then send/recv to every peer.
 inline MoveRun run_scenario(int n, const std::string& fault, const std::function<void(int, CommOptions&)>& tweak,
-                            const TransportRegistry& registry = builtin_transports(), int iterations = 24, std::size_t count = 30000) {
-  auto store = std::make_shared<InProcessStore>();
+                            const TransportRegistry& registry = builtin_transports(), int iterations = 24, std::size_t count = 30000,
+                            std::shared_ptr<Store> store = std::make_shared<InProcessStore>()) {
   MoveRun run;
   run.outputs.assign(n, {});
   run.fences.resize(n);

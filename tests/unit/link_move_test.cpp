@@ -124,6 +124,34 @@ TEST_CASE("a link moves only when both ends allow the same fallback, otherwise i
   }
 }
 
+namespace {
+// A store that says every rank must make the same calls (as MpiStore does).
+class CollectiveOnlyStore final : public Store {
+ public:
+  void set(std::string_view key, std::span<const std::byte> value) override { inner_.set(key, value); }
+  Bytes get(std::string_view key, std::chrono::milliseconds timeout) override { return inner_.get(key, timeout); }
+  std::int64_t add(std::string_view key, std::int64_t delta) override { return inner_.add(key, delta); }
+  bool collective_only() const noexcept override { return true; }
+
+ private:
+  InProcessStore inner_;
+};
+}  // namespace
+
+TEST_CASE("on a store every rank must use together (MPI bootstrap) a link is fenced, not moved", "[health][move]") {
+  const auto tweak = [](int, CommOptions&) {};
+  const auto run = test::run_scenario(4, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", tweak, builtin_transports(), 12, 30000,
+                                      std::make_shared<CollectiveOnlyStore>());
+  INFO(run.error);
+  REQUIRE(run.error.empty());
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE(run.moved[r].empty());
+    REQUIRE(run.fences[r] == std::vector<LinkId>{LinkId::of(0, 1)});
+    REQUIRE(run.p2p_wrong[r] == 0);
+  }
+}
+
 TEST_CASE("RINGFENCE_FALLBACK and the fault rule's transport= field", "[health][move][env]") {
   CommOptions defaults;
   REQUIRE(defaults.fallbacks == std::vector<std::pair<std::string, std::string>>{{"nvlink", "pcie"}});
