@@ -3,6 +3,9 @@
 // result stays bit-identical to a fault-free run. On the CPU the pair is shm -> tcp (a fault
 // rule limited to shm plays the failing NVLink); nvlink -> pcie over the fake CUDA runtime is
 // tests/device/move_test.cpp.
+#include <atomic>
+#include <barrier>
+#include <cstdlib>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
 #include <ringfence/fault.hpp>
@@ -11,6 +14,9 @@
 
 #include "support/catch.hpp"
 #include "support/move_scenario.hpp"
+#include "support/temp_dir.hpp"
+#include "support/thread_ranks.hpp"
+#include "support/verifiable.hpp"
 
 using namespace ringfence;
 using ringfence::test::run_against_clean;
@@ -121,6 +127,71 @@ TEST_CASE("a link moves only when both ends allow the same fallback, otherwise i
     REQUIRE(faulty.moved[r].empty());
     REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId::of(0, 1)});
     for (const auto& [peer, transport] : faulty.transport_to[r]) REQUIRE(transport == "shm");
+  }
+}
+
+TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop counting against it, direct writes follow it",
+          "[health][move][nvml]") {
+  // Without checksums the agreement runs for the link map, and allreduces of alloc() memory
+  // write final values straight into the right neighbour's output, through keys made for the
+  // link's transport (they must be made again for tcp after the move). The storm goes on after
+  // the move: the NVLink counters no longer describe link 1-2, so it must not be fenced for
+  // them, neither unjudged (no checksums) nor judged afresh on its transport (checksums).
+  for (const bool checksum : {false, true}) {
+  INFO("checksums " << checksum);
+  test::TempDir dir{"ringfence-move-storm"};
+  dir.write("state", "count 1\nlinks 4\n");
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", (dir.path() / "state").string().c_str(), 1);
+  const int n = 4;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<std::string>> moved(n);
+  std::vector<std::string> to_2(n);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "1-2=nvml:0:1";
+  o.host_id = "move-storm";
+  o.fallbacks = {{"shm", "tcp"}};
+  o.channels = 1;
+  o.checksum = checksum;
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::LinkMoved) moved[r].push_back(fmt::format("{}-{} at #{}", e.a, e.b, e.sequence));
+    });
+    const std::size_t count = 300000;  // 1.2 MB: direct writes
+    auto* in = static_cast<std::int32_t*>(comm.alloc(count * 4));
+    auto* out = static_cast<std::int32_t*>(comm.alloc(count * 4));
+    for (int it = 0; it < 14; ++it) {
+      if (it >= 6) {  // from collective #7 on the NVLink replays, more at every step
+        sync.arrive_and_wait();
+        if (r == 0) dir.write("state", fmt::format("count 1\nlinks 4\nd0.l1.crc_flit {}\nd0.l1.replay {}\n", 250000 * (it - 5), 7 * (it - 5)));
+        sync.arrive_and_wait();
+      }
+      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, in, count, static_cast<std::size_t>(it));
+      comm.allreduce(in, out, count, DataType::Int32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, out, count, static_cast<std::size_t>(it));
+    }
+    fences[r] = comm.fenced_links();
+    for (const auto& l : comm.links())
+      if (l.peer == 2) to_2[r] = l.transport;
+    comm.free(in);
+    comm.free(out);
+  });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[r].empty());
+    REQUIRE(moved[r] == std::vector<std::string>{"1-2 at #8"});  // the first agreement after the storm began
+  }
+  REQUIRE(to_2[1] == "tcp");
+  REQUIRE(to_2[0] == "shm");
   }
 }
 
