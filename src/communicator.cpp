@@ -1021,6 +1021,7 @@ struct Communicator::Impl : LaneState {
         } catch (const Error& e) {
           record_failure(Status(e.code()), e.what());
           local_abort(e.code(), peer);
+          abort_peers(e.code(), peer);  // the other ranks learn it at once instead of timing out
           throw;
         }
       }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
+#include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
 #include <string>
 #include <vector>
@@ -192,6 +193,74 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
   }
   REQUIRE(to_2[1] == "tcp");
   REQUIRE(to_2[0] == "shm");
+  }
+}
+
+namespace {
+// A transport that reaches every peer and never connects: a move to it fails.
+class RefusingTransport final : public Transport {
+ public:
+  std::string_view name() const noexcept override { return "refusing"; }
+  Reachability can_reach(const PeerInfo&, const PeerInfo&) const override { return Reachability{true, 1.0, 1.0, 0, {}}; }
+  MemoryRegion register_memory(void*, std::size_t, MemoryKind) override { throw InvalidUsage("refusing: no regions"); }
+  RemoteRegion import_region(std::span<const std::byte>) override { throw InvalidUsage("refusing: no regions"); }
+  std::unique_ptr<ListenHandle> listen() override {
+    struct Handle final : ListenHandle {
+      Bytes address() const override { return to_bytes("nowhere"); }
+    };
+    return std::make_unique<Handle>();
+  }
+  std::unique_ptr<PendingLink> connect(ListenHandle&, const PeerInfo&, std::span<const std::byte>) override {
+    struct Refused final : PendingLink {
+      Status try_finish(std::unique_ptr<Link>&) noexcept override { return Status(ErrorCode::PeerUnreachable); }
+    };
+    return std::make_unique<Refused>();
+  }
+};
+}  // namespace
+
+TEST_CASE("a move that cannot connect fails the communicator on every rank with an error naming it, no hang",
+          "[health][move]") {
+  TransportRegistry registry = builtin_transports();
+  registry.add("refusing", [](const TransportContext&) { return std::make_unique<RefusingTransport>(); });
+  auto store = std::make_shared<InProcessStore>();
+  const int n = 4;
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.chunk_bytes = 4096;
+        o.timeout = std::chrono::seconds(10);
+        o.checksum = true;
+        o.health_agree_every = 2;
+        o.transports = {"shm", "refusing"};
+        o.fallbacks = {{"shm", "refusing"}};
+        o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
+        o.host_id = "refused-move";
+        Communicator comm(store, r, n, registry, o);
+        std::vector<float> buf(30000);
+        for (int it = 0; it < 12; ++it) {
+          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+        }
+        errors[static_cast<std::size_t>(r)] = "no error";
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(9));  // nobody waited out its timeout
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE_THAT(errors[r], Catch::Contains(fmt::format("rank {}: moving the link to rank {} to refusing: connecting failed", r, 1 - r)));
+  }
+  for (int r = 2; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE_THAT(errors[r], Catch::Contains("failed") && Catch::Contains("rank"));
+    REQUIRE(errors[r] != "no error");
   }
 }
 
