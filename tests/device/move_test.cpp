@@ -7,7 +7,7 @@
 #include <string>
 
 #include "support/catch.hpp"
-#include "support/move_scenario.hpp"
+#include "support/fence_scenario.hpp"
 
 using namespace ringfence;
 namespace cuda_ipc = transports::cuda_ipc;
@@ -25,19 +25,5 @@ TEST_CASE("nvlink -> pcie: a corrupting NVLink pair moves to pcie, same plan, bi
     o.timeout = std::chrono::seconds(10);
   };
   const auto [clean, faulty] = test::run_against_clean(3, "flip:rate=1e-4,link=1-2,seed=3,transport=nvlink", tweak, registry);
-  for (int r = 0; r < 3; ++r) {
-    INFO("rank " << r);
-    REQUIRE(clean.epochs[r] == 0);
-    REQUIRE(faulty.epochs[r] == 1);
-    REQUIRE(faulty.fences[r].empty());
-    REQUIRE(faulty.relays[r].empty());
-    REQUIRE(faulty.rings[r] == clean.rings[r]);
-    REQUIRE(faulty.errors_after_first_epoch[r] == 0);
-    REQUIRE(faulty.moved[r].size() == 1);
-    REQUIRE_THAT(faulty.moved[r][0], Catch::StartsWith("1-2 to pcie"));
-    for (const auto& [peer, transport] : faulty.transport_to[r]) {
-      INFO("peer " << peer);
-      REQUIRE(transport == (LinkId::of(r, peer) == LinkId::of(1, 2) ? "pcie" : "nvlink"));
-    }
-  }
+  test::require_moved_once(clean, faulty, 3, LinkId{1, 2}, "nvlink", "pcie");
 }

@@ -26,6 +26,7 @@
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 #include "support/thread_ranks.hpp"
+#include "support/fence_scenario.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
@@ -253,97 +254,8 @@ TEST_CASE("a link that corrupts every delivery fails with a clear error, not a w
   REQUIRE(r.wrong == 0);  // nobody returned a result
 }
 
-namespace {
-
-// One run of `iterations` float32 sum allreduces on `n` thread ranks with random (not
-// exactly summable) inputs from a fixed seed; returns every rank's outputs and final state.
-struct FenceRun {
-  std::vector<std::vector<std::vector<float>>> outputs;  // [rank][iteration]
-  std::vector<std::vector<LinkId>> fences;
-  std::vector<std::vector<Relay>> relays;
-  std::vector<std::vector<int>> rings;
-  std::vector<std::uint64_t> epochs;
-  std::vector<std::uint64_t> corrupt_after_fence;  // checksum errors seen after the first re-plan
-  std::vector<bool> link_fenced;                    // the local end of a fenced link shows "fenced"
-  std::string error;
-};
-
-FenceRun run_fence_scenario(int n, const std::string& fault, int iterations, std::size_t count) {
-  auto store = std::make_shared<InProcessStore>();
-  FenceRun run;
-  run.outputs.assign(n, {});
-  run.fences.resize(n);
-  run.relays.resize(n);
-  run.rings.resize(n);
-  run.epochs.resize(n);
-  run.corrupt_after_fence.resize(n);
-  run.link_fenced.assign(n, true);
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.chunk_bytes = 4096;
-        o.timeout = std::chrono::seconds(20);
-        o.checksum = true;
-        o.health_agree_every = 4;
-        o.fault = fault;
-        o.host_id = "fence-scenario";
-        Communicator comm(store, r, n, builtin_transports(), o);
-        std::mt19937 rng(1234 + static_cast<unsigned>(r));
-        std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-        std::vector<float> buf(count);
-        std::uint64_t errors_at_fence = 0;
-        bool fenced = false;
-        for (int it = 0; it < iterations; ++it) {
-          for (auto& v : buf) v = dist(rng);
-          comm.allreduce(buf.data(), buf.data(), count, DataType::Float32, ReduceOp::Sum);
-          run.outputs[r].push_back(buf);
-          if (comm.epoch() >= 1 && !fenced) {
-            fenced = true;
-            for (const auto& l : comm.links()) errors_at_fence += l.checksum_errors;
-          }
-        }
-        std::uint64_t errors_now = 0;
-        for (const auto& l : comm.links()) errors_now += l.checksum_errors;
-        std::lock_guard lock(mutex);
-        run.fences[r] = comm.fenced_links();
-        run.relays[r] = comm.relays();
-        run.rings[r] = comm.ring();
-        run.epochs[r] = comm.epoch();
-        run.corrupt_after_fence[r] = errors_now - errors_at_fence;
-        for (const auto& l : comm.links())
-          for (const auto& f : run.fences[r])
-            if (LinkId::of(r, l.peer) == f && l.state != LinkState::Fenced) run.link_fenced[r] = false;
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex);
-        run.error = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return run;
-}
-
-// Runs the scenario fault-free and with `fault`; both must finish, and every rank's every
-// output of the faulty run must be byte-identical to the fault-free run's. Returns both runs.
-std::pair<FenceRun, FenceRun> run_against_clean(int n, const std::string& fault, int iterations, std::size_t count) {
-  FenceRun clean = run_fence_scenario(n, "", iterations, count);
-  FenceRun faulty = run_fence_scenario(n, fault, iterations, count);
-  INFO(clean.error << " | " << faulty.error);
-  REQUIRE(clean.error.empty());
-  REQUIRE(faulty.error.empty());
-  std::size_t differing = 0;
-  for (int r = 0; r < n; ++r)
-    for (std::size_t it = 0; it < clean.outputs[r].size(); ++it) {
-      differing += std::memcmp(clean.outputs[r][it].data(), faulty.outputs[r][it].data(), count * sizeof(float)) != 0;
-      differing += std::memcmp(faulty.outputs[0][it].data(), faulty.outputs[r][it].data(), count * sizeof(float)) != 0;
-    }
-  REQUIRE(differing == 0);
-  return {std::move(clean), std::move(faulty)};
-}
-
-}  // namespace
+// The fence scenario (thread ranks, random float inputs, checksums, agreement every 4
+// collectives) and its comparison with the fault-free run: tests/support/fence_scenario.hpp.
 
 TEST_CASE("a corrupting link is fenced by agreement and relayed around: results stay bit-identical", "[integrity][health]") {
   // The point of ringfence: the protected run's float sums are byte-for-byte those of the
@@ -351,7 +263,7 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
   for (const auto& [n, link, relay] : {std::tuple{4, std::string("0-1"), Relay{0, 2, 1}},
                                        std::tuple{3, std::string("1-2"), Relay{1, 0, 2}}}) {
     INFO("ranks " << n << ", corrupting link " << link);
-    const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-4,link=" + link + ",seed=3", 24, 30000);
+    const auto [clean, faulty] = test::run_against_clean(n, "flip:rate=1e-4,link=" + link + ",seed=3", {}, builtin_transports(), 24, 30000);
     const auto a = std::stoi(link.substr(0, 1)), b = std::stoi(link.substr(2, 1));
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r);
@@ -360,8 +272,8 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
       REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId::of(a, b)});
       REQUIRE(faulty.relays[r] == std::vector<Relay>{relay});
       REQUIRE(faulty.rings[r] == clean.rings[r]);      // the logical ring did not change
-      REQUIRE(faulty.corrupt_after_fence[r] == 0);     // the bad link carries nothing any more
-      REQUIRE(faulty.link_fenced[r]);
+      REQUIRE(faulty.errors_after_first_epoch[r] == 0);     // the bad link carries nothing any more
+      REQUIRE(test::fenced_ends_show_fenced(faulty, r));
     }
   }
 }
@@ -373,14 +285,14 @@ TEST_CASE("a relay hop that corrupts is caught on its own link and fenced in tur
   // 2-1, which is fine), re-sent by rank 0, and 0-2 is fenced in turn: relay 0->3->1.
   const int n = 4;
   const auto [clean, faulty] =
-      run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=0-2,seed=5", 32, 30000);
+      test::run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=0-2,seed=5", {}, builtin_transports(), 32, 30000);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     REQUIRE(faulty.epochs[r] == 2);  // fenced 0-1, then 0-2
     REQUIRE(faulty.fences[r] == std::vector<LinkId>{LinkId{0, 1}, LinkId{0, 2}});
     REQUIRE(faulty.relays[r] == std::vector<Relay>{Relay{0, 3, 1}});
     REQUIRE(faulty.rings[r] == clean.rings[r]);
-    REQUIRE(faulty.link_fenced[r]);
+    REQUIRE(test::fenced_ends_show_fenced(faulty, r));
   }
 }
 
@@ -516,7 +428,7 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
   // results must stay byte-identical to the fault-free run.
   const int n = 5;
   const auto [clean, faulty] =
-      run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=5;flip:rate=1e-4,link=2-3,seed=6", 16, 20000);
+      test::run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=5;flip:rate=1e-4,link=2-3,seed=6", {}, builtin_transports(), 16, 20000);
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     std::vector<LinkId> fences = faulty.fences[r];
@@ -524,7 +436,7 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
     REQUIRE(fences == std::vector<LinkId>{LinkId{0, 1}, LinkId{2, 3}});
     REQUIRE(faulty.relays[r] == faulty.relays[0]);
     REQUIRE(faulty.relays[r].size() == 2);
-    REQUIRE(faulty.corrupt_after_fence[r] == 0);
+    REQUIRE(faulty.errors_after_first_epoch[r] == 0);
   }
 }
 

@@ -14,13 +14,26 @@
 #include <vector>
 
 #include "support/catch.hpp"
-#include "support/move_scenario.hpp"
+#include "support/fence_scenario.hpp"
 #include "support/temp_dir.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
 using namespace ringfence;
-using ringfence::test::run_against_clean;
+
+namespace {
+// The scenario's options with shm -> tcp allowed, then `tweak` (which may change that).
+std::function<void(int, CommOptions&)> shm_to_tcp(std::function<void(int, CommOptions&)> tweak) {
+  return [tweak](int r, CommOptions& o) {
+    o.fallbacks = {{"shm", "tcp"}};
+    if (tweak) tweak(r, o);
+  };
+}
+std::pair<test::FenceRun, test::FenceRun> run_against_clean(int n, const std::string& fault,
+                                                            const std::function<void(int, CommOptions&)>& tweak) {
+  return test::run_against_clean(n, fault, shm_to_tcp(tweak));
+}
+}  // namespace
 
 TEST_CASE("a corrupting shm link moves to tcp at the agreement: same plan, bit-identical results", "[health][move]") {
   // 4 ranks on two lanes (each lane's link moves), and 2 ranks (no route around exists: moving is
@@ -32,23 +45,7 @@ TEST_CASE("a corrupting shm link moves to tcp at the agreement: same plan, bit-i
       o.channel_min_bytes = 16384;
     };
     const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", tweak);
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      REQUIRE(clean.epochs[r] == 0);
-      REQUIRE(faulty.epochs[r] == 1);
-      REQUIRE(faulty.fences[r].empty());
-      REQUIRE(faulty.relays[r].empty());
-      REQUIRE(faulty.rings[r] == clean.rings[r]);
-      REQUIRE(faulty.errors_after_first_epoch[r] == 0);  // the moved link no longer corrupts
-      REQUIRE(faulty.moved[r].size() == 1);
-      REQUIRE_THAT(faulty.moved[r][0], Catch::StartsWith("0-1 to tcp"));
-      for (const auto& [peer, transport] : faulty.transport_to[r]) {
-        INFO("peer " << peer);
-        REQUIRE(transport == (LinkId::of(r, peer) == LinkId::of(0, 1) ? "tcp" : "shm"));
-        REQUIRE(faulty.state_to[r].at(peer) == LinkState::Up);
-      }
-      if (r <= 1) REQUIRE_THAT(faulty.moved[r][0], Catch::EndsWith("(was shm)"));
-    }
+    test::require_moved_once(clean, faulty, n, LinkId{0, 1}, "shm", "tcp");
   }
 }
 
@@ -65,15 +62,7 @@ TEST_CASE("a corrupting tcp link moves to shm (sockets closed, segments register
       o.slots = 1;
     };
     const auto [clean, faulty] = run_against_clean(n, "flip:rate=1e-6,link=0-1,seed=3,transport=tcp", tweak);
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      REQUIRE(faulty.epochs[r] == 1);
-      REQUIRE(faulty.fences[r].empty());
-      REQUIRE(faulty.errors_after_first_epoch[r] == 0);
-      REQUIRE(faulty.moved[r].size() == 1);
-      for (const auto& [peer, transport] : faulty.transport_to[r])
-        REQUIRE(transport == (LinkId::of(r, peer) == LinkId::of(0, 1) ? "shm" : "tcp"));
-    }
+    test::require_moved_once(clean, faulty, n, LinkId{0, 1}, "tcp", "shm");
   }
 }
 
@@ -280,7 +269,7 @@ class CollectiveOnlyStore final : public Store {
 
 TEST_CASE("on a store every rank must use together (MPI bootstrap) a link is fenced, not moved", "[health][move]") {
   const auto tweak = [](int, CommOptions&) {};
-  const auto run = test::run_scenario(4, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", tweak, builtin_transports(), 12, 30000,
+  const auto run = test::run_scenario(4, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", shm_to_tcp(tweak), builtin_transports(), 12, 30000,
                                       std::make_shared<CollectiveOnlyStore>());
   INFO(run.error);
   REQUIRE(run.error.empty());

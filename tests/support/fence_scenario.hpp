@@ -1,9 +1,10 @@
 #pragma once
-// The link-move scenario (CommOptions::fallbacks) shared by the CPU test (shm -> tcp,
-// tests/unit/link_move_test.cpp) and the fake-CUDA test (nvlink -> pcie, tests/device): thread
-// ranks run allreduces of random floats (sums exact only in one fixed order, so any change of
-// plan or any corruption changes bytes) and then send/recv to every peer; the faulty run must
-// match the fault-free run byte for byte.
+// The fence scenario shared by the fence and relay tests (tests/unit/integrity_test.cpp) and
+// the link-move tests (CommOptions::fallbacks: shm -> tcp in tests/unit/link_move_test.cpp,
+// nvlink -> pcie over the fake CUDA runtime in tests/device): thread ranks run allreduces of
+// random floats (sums exact only in one fixed order, so any change of the reduction order or
+// any corruption changes bytes) with checksums and fence agreement, then send/recv to every
+// peer whose link is not fenced; the faulty run must match the fault-free run byte for byte.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,7 +24,7 @@
 namespace ringfence::test {
 
 
-struct MoveRun {
+struct FenceRun {
   std::vector<std::vector<std::vector<float>>> outputs;  // [rank][iteration]
   std::vector<std::vector<LinkId>> fences;
   std::vector<std::vector<Relay>> relays;
@@ -31,7 +32,7 @@ struct MoveRun {
   std::vector<std::uint64_t> epochs;
   std::vector<std::map<int, std::string>> transport_to;  // [rank][peer]
   std::vector<std::map<int, LinkState>> state_to;
-  std::vector<std::uint64_t> errors_after_first_epoch;  // checksum errors seen after the first change
+  std::vector<std::uint64_t> errors_after_first_epoch;  // checksum errors seen after the first re-plan or move
   std::vector<std::vector<std::string>> moved;           // link_moved events: "a-b detail"
   std::vector<std::size_t> p2p_wrong;                    // send/recv to every peer after the collectives
   std::string error;
@@ -39,10 +40,10 @@ struct MoveRun {
 
 // `n` thread ranks run `iterations` allreduces of random floats (sums exact only in one fixed
 // order: any change of plan or corruption changes bytes), then send/recv to every peer.
-inline MoveRun run_scenario(int n, const std::string& fault, const std::function<void(int, CommOptions&)>& tweak,
+inline FenceRun run_scenario(int n, const std::string& fault, const std::function<void(int, CommOptions&)>& tweak,
                             const TransportRegistry& registry = builtin_transports(), int iterations = 24, std::size_t count = 30000,
                             std::shared_ptr<Store> store = std::make_shared<InProcessStore>()) {
-  MoveRun run;
+  FenceRun run;
   run.outputs.assign(n, {});
   run.fences.resize(n);
   run.relays.resize(n);
@@ -64,8 +65,7 @@ inline MoveRun run_scenario(int n, const std::string& fault, const std::function
         o.checksum = true;
         o.health_agree_every = 4;
         o.fault = fault;
-        o.host_id = "move-scenario";
-        o.fallbacks = {{"shm", "tcp"}};
+        o.host_id = "fence-scenario";
         if (tweak) tweak(r, o);
         Communicator comm(store, r, n, registry, o);
         std::vector<std::string> moved;
@@ -125,12 +125,46 @@ inline MoveRun run_scenario(int n, const std::string& fault, const std::function
   return run;
 }
 
+// Every rank of `faulty` moved `link` from `from` to `to` once and nothing else changed: no
+// fence, no relay, the fault-free ring, no corrupted chunk since; the pair's links are on `to`,
+// every other link on `from`, all up. (Catch2 assertions: call from the test thread.)
+inline void require_moved_once(const FenceRun& clean, const FenceRun& faulty, int n, LinkId link, const std::string& from,
+                               const std::string& to) {
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const auto i = static_cast<std::size_t>(r);
+    REQUIRE(clean.epochs[i] == 0);
+    REQUIRE(faulty.epochs[i] == 1);
+    REQUIRE(faulty.fences[i].empty());
+    REQUIRE(faulty.relays[i].empty());
+    REQUIRE(faulty.rings[i] == clean.rings[i]);
+    REQUIRE(faulty.errors_after_first_epoch[i] == 0);  // the moved link no longer corrupts
+    REQUIRE(faulty.moved[i].size() == 1);
+    REQUIRE_THAT(faulty.moved[i][0], Catch::StartsWith(fmt::format("{}-{} to {}", link.a, link.b, to)));
+    if (r == link.a || r == link.b) REQUIRE_THAT(faulty.moved[i][0], Catch::EndsWith(fmt::format("(was {})", from)));
+    for (const auto& [peer, transport] : faulty.transport_to[i]) {
+      INFO("peer " << peer);
+      REQUIRE(transport == (LinkId::of(r, peer) == link ? to : from));
+      REQUIRE(faulty.state_to[i].at(peer) == LinkState::Up);
+    }
+  }
+}
+
+// True when rank r's end of every link in its fence list shows "fenced".
+inline bool fenced_ends_show_fenced(const FenceRun& run, int r) {
+  for (const LinkId& f : run.fences[static_cast<std::size_t>(r)])
+    if (f.a == r || f.b == r)
+      if (run.state_to[static_cast<std::size_t>(r)].at(f.a == r ? f.b : f.a) != LinkState::Fenced) return false;
+  return true;
+}
+
 // Runs fault-free and with `fault`; every output of the faulty run must be byte-identical to
 // the fault-free run's, on every rank.
-inline std::pair<MoveRun, MoveRun> run_against_clean(int n, const std::string& fault, const std::function<void(int, CommOptions&)>& tweak,
-                                                     const TransportRegistry& registry = builtin_transports()) {
-  MoveRun clean = run_scenario(n, "", tweak, registry);
-  MoveRun faulty = run_scenario(n, fault, tweak, registry);
+inline std::pair<FenceRun, FenceRun> run_against_clean(int n, const std::string& fault, const std::function<void(int, CommOptions&)>& tweak,
+                                                     const TransportRegistry& registry = builtin_transports(), int iterations = 24,
+                                                     std::size_t count = 30000) {
+  FenceRun clean = run_scenario(n, "", tweak, registry, iterations, count);
+  FenceRun faulty = run_scenario(n, fault, tweak, registry, iterations, count);
   INFO(clean.error << " | " << faulty.error);
   REQUIRE(clean.error.empty());
   REQUIRE(faulty.error.empty());
