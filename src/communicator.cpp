@@ -856,6 +856,19 @@ struct Communicator::Impl : LaneState {
   static constexpr int kMaxAutoLanes = 4;
 
   static constexpr int kBeatLane = -1;  // connect_lane index of the heartbeat lane
+  // Polls `pending` until `ch.link` is up. `what` ("rank 0: connecting to rank 1 over tcp")
+  // starts the error: "... failed" (the transport's error class) or "... timed out after N ms".
+  void finish_connect(PendingLink& pending, detail::Channel& ch, std::chrono::steady_clock::time_point deadline,
+                      const std::string& what) {
+    for (;;) {
+      const Status s = pending.try_finish(ch.link);
+      if (s.is_ok()) return;
+      if (s.is_error()) throw_status(s, what + " failed");
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw TimeoutError(fmt::format("{} timed out after {} ms", what, options.timeout.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
   // Connects lane `index` of `L` (its channels name peer and transport): allocates its flags,
   // staging slots and scratch, listens, connects to every peer (non-blocking, polled against
   // the deadline), registers the flags and the inbox each peer writes into and imports theirs.
@@ -885,16 +898,8 @@ struct Communicator::Impl : LaneState {
     for (std::size_t i = 0; i < L.channels.size(); ++i) {
       auto& ch = *L.channels[i];
       const Bytes address = store->get(fmt::format("addr/{}/{}{}", ch.peer, ch.transport_name, suffix), options.timeout);
-      auto pending = ch.transport->connect(*listeners[index_of(ch.transport)], peers[i], address);
-      for (;;) {
-        const Status s = pending->try_finish(ch.link);
-        if (s.is_ok()) break;
-        if (s.is_error()) throw_status(s, fmt::format("rank {}: connecting to rank {} over {} failed", rank, ch.peer, ch.transport_name));
-        if (std::chrono::steady_clock::now() >= deadline)
-          throw TimeoutError(fmt::format("rank {}: connecting to rank {} over {} timed out after {} ms", rank, ch.peer,
-                                         ch.transport_name, options.timeout.count()));
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
+      finish_connect(*ch.transport->connect(*listeners[index_of(ch.transport)], peers[i], address), ch, deadline,
+                     fmt::format("rank {}: connecting to rank {} over {}", rank, ch.peer, ch.transport_name));
     }
 
     for (auto& ch : L.channels) {
@@ -984,17 +989,9 @@ struct Communicator::Impl : LaneState {
       const auto listener = to.listen();
       store->set(fmt::format("{}/addr/{}/lane{}", base, rank, lane_index), listener->address());
       const Bytes address = store->get(fmt::format("{}/addr/{}/lane{}", base, peer, lane_index), options.timeout);
-      auto pending = to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address);
-      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
-      for (;;) {
-        const Status s = pending->try_finish(ch.link);
-        if (s.is_ok()) break;
-        if (s.is_error()) throw_status(s, fmt::format("rank {}: moving the link to rank {} to {}: connecting failed", rank, peer, to.name()));
-        if (std::chrono::steady_clock::now() >= deadline)
-          throw TimeoutError(fmt::format("rank {}: moving the link to rank {} to {}: connecting timed out after {} ms", rank, peer,
-                                         to.name(), options.timeout.count()));
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
+      finish_connect(*to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address), ch,
+                     std::chrono::steady_clock::now() + options.timeout,
+                     fmt::format("rank {}: moving the link to rank {} to {}: connecting", rank, peer, to.name()));
       const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
       ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
       ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, MemoryKind::Host);
