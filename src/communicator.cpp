@@ -793,18 +793,12 @@ struct Communicator::Impl : LaneState {
       for (auto& ch : L.channels)
         if (ch->link) ch->link->fence(why);
     });
-    // Links first: a frame a peer sent just before it closed must not find its region gone (tcp
-    // would report "a signal into an unknown region"); then regions, then the memory.
-    for_each_lane([](LaneState& L) {
-      for (auto& ch : L.channels) ch->link.reset();
-    });
     remote_regs.clear();
     local_regs.clear();
-    for_each_lane([](LaneState& L) { L.channels.clear(); });  // regions go before the memory they describe
+    for_each_lane([](LaneState& L) { L.channels.clear(); });  // links, then regions, before the memory they describe
     if (beat_lane) {
       for (auto& ch : beat_lane->channels)
         if (ch->link) ch->link->fence(why);
-      for (auto& ch : beat_lane->channels) ch->link.reset();
       beat_lane->channels.clear();
     }
     for (auto it = allocations.rbegin(); it != allocations.rend(); ++it) release(it->first, it->second);

@@ -147,12 +147,14 @@ struct Channel {
   int peer = -1;
   std::string transport_name;
   Transport* transport = nullptr;
-  std::unique_ptr<Link> link;
   std::byte* inbox = nullptr;   ///< our staging slots that this peer writes into
   MemoryRegion inbox_region;    ///< registration of `inbox` with `transport`
   MemoryRegion flags_region;    ///< registration of our FlagBlock with `transport`
   RemoteRegion peer_inbox;      ///< the peer's staging slots for us
   RemoteRegion peer_flags;      ///< the peer's FlagBlock
+  /// Declared after the regions, so it is destroyed before them: a frame the peer sent just
+  /// before it closed must not find its region gone (tcp: "a signal into an unknown region").
+  std::unique_ptr<Link> link;
   std::uint64_t sent = 0;       ///< messages written to the peer
   std::uint64_t received = 0;   ///< messages consumed from the peer
   // Integrity (checksum mode). As a sender: what we wrote (for re-sends), NACKs seen, re-sends
