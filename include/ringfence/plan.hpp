@@ -27,6 +27,29 @@ struct LinkId {
 /// search steps and returns nullopt).
 std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& fenced, long max_steps = 1'000'000);
 
+/// Where one rank sits, for planning the unfenced ("home") ring: its host and, when known,
+/// its GPU and that GPU's NVLinks (from NVML, see `CommOptions::health_gpu`). Value type.
+struct RankPlacement {
+  std::string host;                  ///< host id: equal strings = same host
+  std::string gpu;                   ///< PCI bus id of the rank's GPU (normalised); empty = unknown
+  std::vector<std::string> nvlinks;  ///< normalised bus ids at the far ends of that GPU's active NVLinks
+};
+
+/// True when ranks `x` and `y` of `ranks` sit on one host and their GPUs are known and either
+/// the same GPU or joined by an active NVLink (named by either end). Such a pair moves data
+/// device to device without crossing PCIe, so the planner makes it ring neighbours when it can.
+bool gpu_joined(const std::vector<RankPlacement>& ranks, int x, int y);
+
+/// The home ring: the plan with nothing fenced. Hosts follow in the order of their lowest rank and
+/// each host's ranks are contiguous, so a ring crosses between hosts once per host and direction.
+/// Within a host the ranks are ordered so that as many ring neighbours as possible are `gpu_joined`
+/// (with one host the closing hop counts too): GPUs bridged 0-2 and 1-3 give 0, 1, 3, 2 (both
+/// bridges are hops). Ties, and hosts with no joined pair, take the lexicographically smallest
+/// order, so without GPU facts a host's ranks ascend (one host: 0, 1, ..., n-1). A host of more
+/// than 16 ranks is ordered by a greedy walk (nearest joined rank first). Deterministic and pure:
+/// every rank computes the same ring from the same placements. Empty input gives an empty ring.
+std::vector<int> plan_home_ring(const std::vector<RankPlacement>& ranks);
+
 /// A fenced ring hop `from -> to` carried through `via` instead: `from -> via -> to`, the relay
 /// forwarding chunks unchanged. The logical ring, and with it the order in which every
 /// element's contributions are added, stays the same, so results stay bit-identical to the
