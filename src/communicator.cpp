@@ -1056,22 +1056,10 @@ struct Communicator::Impl : LaneState {
     engine.slot_bytes = std::max<std::size_t>(64, (options.chunk_bytes + 63) / 64 * 64);
     engine.timeout = options.timeout;
     engine.checksum = options.checksum;
-    if (size > 1 && (engine.checksum || !options.health_link_map.empty())) {
-      // With checksums every link of this rank is judged on its transport's evidence too.
-      std::vector<LinkId> own;
-      if (engine.checksum)
-        for (int p = 0; p < size; ++p)
-          if (p != rank) own.push_back(LinkId::of(rank, p));
-      bool automatic = false;
-      std::vector<detail::LinkSource> map = detail::parse_link_map(options.health_link_map, &automatic);
-      if (automatic) {
-        std::vector<detail::LinkSource> found = nvlink_map();
-        map.insert(map.end(), found.begin(), found.end());
-      }
-      monitor = std::make_unique<detail::HealthMonitor>(options.health, std::move(map), std::move(own), log);
-      observations.reserve(static_cast<std::size_t>(size));
-      timed.reserve(static_cast<std::size_t>(size));
-    }
+    // The link map's syntax is checked before anything connects.
+    bool automatic_map = false;
+    std::vector<detail::LinkSource> link_map = detail::parse_link_map(options.health_link_map, &automatic_map);
+    const std::vector<health::NvLinkPeer> own_nvlinks = read_gpu_topology();
     log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, self.host_id,
              fmt::join(registry.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
@@ -1120,6 +1108,21 @@ struct Communicator::Impl : LaneState {
 
     peer_info.assign(static_cast<std::size_t>(size), self);
     for (const auto& p : peers) peer_info[static_cast<std::size_t>(p.rank)] = p;
+
+    if (engine.checksum || !options.health_link_map.empty()) {
+      // With checksums every link of this rank is judged on its transport's evidence too.
+      std::vector<LinkId> own;
+      if (engine.checksum)
+        for (int p = 0; p < size; ++p)
+          if (p != rank) own.push_back(LinkId::of(rank, p));
+      if (automatic_map) {
+        std::vector<detail::LinkSource> found = nvlink_map(own_nvlinks);
+        link_map.insert(link_map.end(), found.begin(), found.end());
+      }
+      monitor = std::make_unique<detail::HealthMonitor>(options.health, std::move(link_map), std::move(own), log);
+      observations.reserve(static_cast<std::size_t>(size));
+      timed.reserve(static_cast<std::size_t>(size));
+    }
     fallback_of.assign(static_cast<std::size_t>(size), -1);
     for (auto& ch : channels) fallback_of[static_cast<std::size_t>(ch->peer)] = fallback_for(*ch);
 
@@ -1158,18 +1161,23 @@ struct Communicator::Impl : LaneState {
       }
       connect_lane(*beat_lane, kBeatLane, peers);
     }
-    // The home ring: each host's ranks next to each other (hosts in order of their lowest rank,
-    // ranks ascending within a host), so a ring crosses between hosts once per host and
-    // direction; on one host it is 0, 1, ..., n-1. Every rank derives it from the same peer list.
+    // The home ring: each host's ranks next to each other (hosts in order of their lowest rank),
+    // so a ring crosses between hosts once per host and direction; within a host NVLink-joined
+    // (or same-GPU) ranks are neighbours where the GPUs are known, else ranks ascend (one host:
+    // 0, 1, ..., n-1). Every rank derives it from the same peer list (`plan_home_ring`).
+    std::vector<RankPlacement> placement(static_cast<std::size_t>(size));
     std::vector<std::string> host_of(static_cast<std::size_t>(size));
-    host_of[static_cast<std::size_t>(rank)] = self.host_id;
-    for (const auto& p : peers) host_of[static_cast<std::size_t>(p.rank)] = p.host_id;
-    home_ring.clear();
     for (int r = 0; r < size; ++r) {
-      if (std::find(home_ring.begin(), home_ring.end(), r) != home_ring.end()) continue;
-      for (int q = r; q < size; ++q)
-        if (host_of[static_cast<std::size_t>(q)] == host_of[static_cast<std::size_t>(r)]) home_ring.push_back(q);
+      const PeerInfo& p = peer_info[static_cast<std::size_t>(r)];
+      placement[static_cast<std::size_t>(r)] = RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids};
+      host_of[static_cast<std::size_t>(r)] = p.host_id;
     }
+    home_ring = plan_home_ring(placement);
+    int joined_hops = 0;
+    for (int i = 0; i < size; ++i)
+      joined_hops += gpu_joined(placement, home_ring[static_cast<std::size_t>(i)], home_ring[static_cast<std::size_t>((i + 1) % size)]);
+    if (joined_hops > 0)
+      log.info("planner: home ring {} ({} of {} hops NVLink or same GPU)", fmt::join(home_ring, ","), joined_hops, size);
     int hosts = 0;  // distinct host ids
     for (int r = 0; r < size; ++r)
       hosts += std::find(host_of.begin(), host_of.begin() + r, host_of[static_cast<std::size_t>(r)]) == host_of.begin() + r;
@@ -1192,27 +1200,36 @@ struct Communicator::Impl : LaneState {
              right->transport_name);
   }
 
-  // `RINGFENCE_HEALTH_LINK_MAP=auto`: every rank publishes the PCI bus id of its GPU
-  // (`RINGFENCE_HEALTH_GPU`, an NVML index; none = "") and maps each active NVLink of its GPU
-  // whose far end is another rank's GPU to the link with that rank. Collective over the store.
-  std::vector<detail::LinkSource> nvlink_map() {
-    std::string bus;
-    std::vector<health::NvLinkPeer> links;
-    if (options.health_gpu >= 0) {
-      const health::NvmlSource nvml(options.health.nvml_library);
-      const auto gpu = static_cast<unsigned>(options.health_gpu);
-      if (!nvml.available())
-        log.warn("health: RINGFENCE_HEALTH_LINK_MAP=auto but NVML is unavailable ({}): no NVLink is mapped",
-                 nvml.unavailable_reason());
-      else if (auto id = nvml.pci_bus_id(gpu))
-        bus = *id, links = nvml.nvlink_peers(gpu);
-      else
-        log.warn("health: NVML has no PCI bus id for GPU {} (RINGFENCE_HEALTH_GPU): no NVLink is mapped", gpu);
+  // This rank's GPU (`RINGFENCE_HEALTH_GPU`, an NVML index; none = -1) as NVML sees it: its PCI
+  // bus id and the far ends of its active NVLinks go into `self` (every rank learns them with
+  // the peer info, for the planner and the automatic link map); returns the NVLinks with their
+  // indices (for the map). NVML unavailable or no bus id: unknown, with a warning.
+  std::vector<health::NvLinkPeer> read_gpu_topology() {
+    if (options.health_gpu < 0 || size == 1) return {};
+    const health::NvmlSource nvml(options.health.nvml_library);
+    const auto gpu = static_cast<unsigned>(options.health_gpu);
+    if (!nvml.available()) {
+      log.warn("RINGFENCE_HEALTH_GPU={} but NVML is unavailable ({}): no NVLink is planned for or mapped", gpu,
+               nvml.unavailable_reason());
+      return {};
     }
-    store->set(fmt::format("gpu/{}", rank), to_bytes(bus));
+    const auto id = nvml.pci_bus_id(gpu);
+    if (!id) {
+      log.warn("NVML has no PCI bus id for GPU {} (RINGFENCE_HEALTH_GPU): no NVLink is planned for or mapped", gpu);
+      return {};
+    }
+    std::vector<health::NvLinkPeer> links = nvml.nvlink_peers(gpu);
+    self.gpu_bus_id = *id;
+    for (const auto& l : links) self.nvlink_bus_ids.push_back(l.remote_bus_id);
+    return links;
+  }
+
+  // `RINGFENCE_HEALTH_LINK_MAP=auto`: maps each active NVLink of this rank's GPU whose far end is
+  // another rank's GPU (bus ids from the peer info) to the link with that rank.
+  std::vector<detail::LinkSource> nvlink_map(const std::vector<health::NvLinkPeer>& links) {
+    const std::string& bus = self.gpu_bus_id;
     std::vector<std::string> bus_of(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r)
-      bus_of[static_cast<std::size_t>(r)] = r == rank ? bus : to_string(store->get(fmt::format("gpu/{}", r), options.timeout));
+    for (int r = 0; r < size; ++r) bus_of[static_cast<std::size_t>(r)] = peer_info[static_cast<std::size_t>(r)].gpu_bus_id;
     std::vector<detail::LinkSource> out;
     for (const auto& e : health::nvlink_edges(rank, static_cast<unsigned>(std::max(options.health_gpu, 0)), links, bus_of))
       out.push_back(detail::LinkSource{LinkId::of(rank, e.peer), detail::LinkSource::Kind::Nvml, std::to_string(e.gpu),

@@ -194,9 +194,11 @@ struct CommOptions {
   /// even without checksums). Must be non-empty on every rank or on none.
   /// Env: RINGFENCE_HEALTH_LINK_MAP.
   std::string health_link_map;
-  /// NVML index of this rank's GPU, for `health_link_map` entry `auto` (each active NVLink of
-  /// this GPU whose far end is another rank's GPU is mapped to the link with that rank; ranks
-  /// exchange their GPUs' PCI bus ids through the store). -1 = none. Env: RINGFENCE_HEALTH_GPU.
+  /// NVML index of this rank's GPU. Its PCI bus id and active NVLinks travel with the rank's
+  /// peer info: the planner makes NVLink-joined (and same-GPU) ranks ring neighbours
+  /// (`plan_home_ring`), and `health_link_map` entry `auto` maps each active NVLink of this GPU
+  /// whose far end is another rank's GPU to the link with that rank. -1 = none (rank order).
+  /// Env: RINGFENCE_HEALTH_GPU.
   int health_gpu = -1;
   /// With a link map: a background thread also samples the counter sources this often, so
   /// windows see bursts between agreements (started and stopped with the communicator).

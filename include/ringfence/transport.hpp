@@ -34,6 +34,12 @@ struct PeerInfo {
   int rank = -1;        ///< global rank
   std::string host_id;  ///< equal strings = same host (shared memory possible)
   std::int32_t pid = 0; ///< process id on that host
+  /// PCI bus id of this rank's GPU in `health::normalize_pci_bus_id` form ("0000:3b:00.0"),
+  /// read from NVML for `CommOptions::health_gpu`; empty = unknown (no GPU named, no NVML).
+  std::string gpu_bus_id;
+  /// Normalised bus ids at the far ends of that GPU's active NVLinks (NVML), in link order;
+  /// the planner makes NVLink-joined ranks ring neighbours (`plan_home_ring`).
+  std::vector<std::string> nvlink_bus_ids;
 };
 
 /// Serialises a `PeerInfo` for the bootstrap store.

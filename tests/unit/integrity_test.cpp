@@ -699,6 +699,112 @@ TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a s
   }
 }
 
+TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm on a bridge is relayed around",
+          "[health][nvml][e2e][topology][plan]") {
+  // Four ranks, one GPU each (NVML index = rank), NVLink bridges 0-2 and 1-3 only. The home ring
+  // must use both bridges (0, 1, 3, 2; rank order would use none). Bridge 1-3 then storms:
+  // the automatic map fences ring hop 1 -> 3 and rank 0 relays it; results stay exact.
+  test::TempDir dir{"ringfence-planner"};
+  std::string topo = "count 4\nlinks 1\n";
+  for (int g = 0; g < 4; ++g)
+    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
+  dir.write("state", topo);
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<int>> home(n), rings(n);
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<Relay>> relays(n);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "auto";
+  o.health_interval = std::chrono::milliseconds(0);
+  o.host_id = "planner";
+  const std::string error = test::run_ranks(
+      n,
+      [&](int r) {
+        CommOptions mine = o;
+        mine.health_gpu = r;
+        return mine;
+      },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        home[r] = comm.ring();
+        std::vector<float> buf(30000);
+        for (int it = 0; it < 8; ++it) {
+          if (it == 2) {
+            sync.arrive_and_wait();
+            if (r == 0) dir.write("state", topo + "d3.l0.replay 3\n");  // GPU 3's bridge to GPU 1
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
+        }
+        rings[r] = comm.ring();
+        fences[r] = comm.fenced_links();
+        relays[r] = comm.relays();
+      });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(home[r] == std::vector<int>{0, 1, 3, 2});
+    REQUIRE(rings[r] == std::vector<int>{0, 1, 3, 2});
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{1, 3}});
+    REQUIRE(relays[r] == std::vector<Relay>{Relay{1, 0, 3}});
+  }
+}
+
+TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unknown GPU breaks no agreement",
+          "[health][nvml][e2e][topology][plan]") {
+  // The same bridges, but rank 2 names no GPU: every rank learns only bridge 1-3, and the ring
+  // is the lexicographically first that uses it, 0, 1, 3, 2. With no rank naming a GPU the
+  // ranks ascend.
+  test::TempDir dir{"ringfence-planner-partial"};
+  std::string topo = "count 4\nlinks 1\n";
+  for (int g = 0; g < 4; ++g)
+    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
+  dir.write("state", topo);
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  for (const bool any_gpu : {true, false}) {
+    std::vector<std::vector<int>> rings(n);
+    std::atomic<std::size_t> wrong{0};
+    CommOptions o;
+    o.timeout = std::chrono::seconds(20);
+    o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+    o.host_id = "planner";
+    const std::string error = test::run_ranks(
+        n,
+        [&](int r) {
+          CommOptions mine = o;
+          mine.health_gpu = any_gpu && r != 2 ? r : -1;
+          return mine;
+        },
+        [&](Communicator& comm) {
+          rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
+          std::vector<std::int64_t> buf(5000);
+          test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
+        });
+    INFO("any_gpu " << any_gpu << ": " << error);
+    REQUIRE(error.empty());
+    REQUIRE(wrong == 0);
+    for (int r = 0; r < n; ++r)
+      REQUIRE(rings[static_cast<std::size_t>(r)] == (any_gpu ? std::vector<int>{0, 1, 3, 2} : std::vector<int>{0, 1, 2, 3}));
+  }
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+}
+
 TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",
           "[health][nvml][e2e][probation]") {
   test::TempDir dir{"ringfence-probation"};
