@@ -638,6 +638,38 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
   }
 }
 
+namespace {
+// Options for thread ranks on the fake NVML with the automatic NVLink map (`map`) or none, on
+// host `host`, agreements every 2 collectives, no background sampling.
+CommOptions fake_nvml_options(const char* host, bool map) {
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  if (map) o.health_link_map = "auto";
+  o.health_interval = std::chrono::milliseconds(0);
+  o.host_id = host;
+  return o;
+}
+
+// Per-rank options: `o` with RINGFENCE_HEALTH_GPU = gpu(rank).
+std::function<CommOptions(int)> per_rank_gpu(const CommOptions& o, std::function<int(int)> gpu) {
+  return [o, gpu](int r) {
+    CommOptions mine = o;
+    mine.health_gpu = gpu(r);
+    return mine;
+  };
+}
+
+// Fake NVML state: four GPUs with bus ids 0000:2g:00.0 and one NVLink each, bridging 0-2 and 1-3.
+std::string bridged_gpus() {
+  std::string topo = "count 4\nlinks 1\n";
+  for (int g = 0; g < 4; ++g)
+    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
+  return topo;
+}
+}  // namespace
+
 TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a storm on one fences its ranks' link",
           "[health][nvml][e2e][topology]") {
   // Four ranks, one GPU each (NVML index = rank), NVLinks in a ring: link 0 of GPU g joins GPU
@@ -656,20 +688,8 @@ TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a s
   std::atomic<std::size_t> wrong{0};
   std::vector<std::vector<LinkId>> fences(n);
   std::vector<std::string> proposal(n);
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
-  o.health_agree_every = 2;
-  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-  o.health_link_map = "auto";
-  o.health_interval = std::chrono::milliseconds(0);
-  o.host_id = "topology";
   const std::string error = test::run_ranks(
-      n,
-      [&](int r) {
-        CommOptions mine = o;
-        mine.health_gpu = r;
-        return mine;
-      },
+      n, per_rank_gpu(fake_nvml_options("topology", true), [](int r) { return r; }),
       [&](Communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         comm.on_health_event([&, r](const HealthEvent& e) {
@@ -705,9 +725,7 @@ TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm o
   // must use both bridges (0, 1, 3, 2; rank order would use none). Bridge 1-3 then storms:
   // the automatic map fences ring hop 1 -> 3 and rank 0 relays it; results stay exact.
   test::TempDir dir{"ringfence-planner"};
-  std::string topo = "count 4\nlinks 1\n";
-  for (int g = 0; g < 4; ++g)
-    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
+  const std::string topo = bridged_gpus();
   dir.write("state", topo);
   const std::string state = (dir.path() / "state").string();
   ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
@@ -717,20 +735,8 @@ TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm o
   std::vector<std::vector<int>> home(n), rings(n);
   std::vector<std::vector<LinkId>> fences(n);
   std::vector<std::vector<Relay>> relays(n);
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
-  o.health_agree_every = 2;
-  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-  o.health_link_map = "auto";
-  o.health_interval = std::chrono::milliseconds(0);
-  o.host_id = "planner";
   const std::string error = test::run_ranks(
-      n,
-      [&](int r) {
-        CommOptions mine = o;
-        mine.health_gpu = r;
-        return mine;
-      },
+      n, per_rank_gpu(fake_nvml_options("planner", true), [](int r) { return r; }),
       [&](Communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         home[r] = comm.ring();
@@ -768,9 +774,7 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
   // is the lexicographically first that uses it, 0, 1, 3, 2. With no rank naming a GPU the
   // ranks ascend.
   test::TempDir dir{"ringfence-planner-partial"};
-  std::string topo = "count 4\nlinks 1\n";
-  for (int g = 0; g < 4; ++g)
-    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
+  const std::string topo = bridged_gpus();
   dir.write("state", topo);
   const std::string state = (dir.path() / "state").string();
   ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
@@ -778,17 +782,8 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
   for (const bool any_gpu : {true, false}) {
     std::vector<std::vector<int>> rings(n);
     std::atomic<std::size_t> wrong{0};
-    CommOptions o;
-    o.timeout = std::chrono::seconds(20);
-    o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-    o.host_id = "planner";
     const std::string error = test::run_ranks(
-        n,
-        [&](int r) {
-          CommOptions mine = o;
-          mine.health_gpu = any_gpu && r != 2 ? r : -1;
-          return mine;
-        },
+        n, per_rank_gpu(fake_nvml_options("planner", false), [&](int r) { return any_gpu && r != 2 ? r : -1; }),
         [&](Communicator& comm) {
           rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
           std::vector<std::int64_t> buf(5000);
