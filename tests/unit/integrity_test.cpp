@@ -587,57 +587,6 @@ TEST_CASE("result digests name a rank whose output diverged", "[integrity][healt
   }
 }
 
-TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays around it", "[health][nvml][e2e]") {
-  test::TempDir dir{"ringfence-storm"};
-  dir.write("state", "count 1\nlinks 4\n");
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
-  const int n = 4;
-  std::barrier sync(n, [&]() noexcept {});
-  std::atomic<std::size_t> wrong{0};
-  std::vector<std::vector<LinkId>> fences(n);
-  std::vector<std::vector<int>> rings(n);
-  std::vector<std::vector<Relay>> relays(n);
-  std::vector<std::uint64_t> fenced_at(n, 0);
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
-  o.health_agree_every = 2;
-  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-  o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
-  o.host_id = "storm";
-  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    comm.on_health_event([&, r](const HealthEvent& e) {
-      if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
-    });
-    std::vector<std::int32_t> buf(10000);
-    for (int it = 0; it < 12; ++it) {
-      if (it == 6) {  // all ranks between collectives #6 and #7: the NVLink starts replaying
-        sync.arrive_and_wait();
-        if (r == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
-        sync.arrive_and_wait();
-      }
-      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-    }
-    fences[r] = comm.fenced_links();
-    rings[r] = comm.ring();
-    relays[r] = comm.relays();
-  });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
-  INFO(error);
-  REQUIRE(error.empty());
-  REQUIRE(wrong == 0);
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r);
-    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{1, 2}});
-    REQUIRE(fenced_at[r] == 8);  // first agreement after the storm (agreements at 2, 4, 6, 8, ...)
-    REQUIRE(rings[r] == rings[0]);
-    REQUIRE(relays[r] == std::vector<Relay>{Relay{1, 0, 2}});  // hop 1 -> 2 now goes through rank 0
-  }
-}
-
 namespace {
 // Options for thread ranks on the fake NVML with the automatic NVLink map (`map`) or none, on
 // host `host`, agreements every 2 collectives, no background sampling.
@@ -668,7 +617,72 @@ std::string bridged_gpus() {
     topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\n", g, 0x20 + g, 0x20 + (g + 2) % 4);
   return topo;
 }
+
+// Runs `iterations` exact sum allreduces of `count` elements of `type` on `comm`. Before
+// collective `at` (0-based) all ranks meet at `meet()`, rank 0 calls `change()` (a new fake NVML
+// state), and all meet again, so every rank runs the same collectives before and after the
+// change. Returns the number of wrong elements.
+std::size_t allreduces_changing_at(Communicator& comm, int iterations, int at, DataType type, std::size_t count,
+                                   const std::function<void()>& meet, const std::function<void()>& change) {
+  const int n = comm.size();
+  std::vector<std::byte> buf(count * size_of(type));
+  std::size_t wrong = 0;
+  for (int it = 0; it < iterations; ++it) {
+    if (it == at) {
+      meet();
+      if (comm.rank() == 0) change();
+      meet();
+    }
+    test::fill_input(type, ReduceOp::Sum, comm.rank(), n, buf.data(), count);
+    comm.allreduce(buf.data(), buf.data(), count, type, ReduceOp::Sum);
+    wrong += test::count_wrong(type, ReduceOp::Sum, n, buf.data(), count);
+  }
+  return wrong;
+}
 }  // namespace
+
+TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays around it", "[health][nvml][e2e]") {
+  test::TempDir dir{"ringfence-storm"};
+  dir.write("state", "count 1\nlinks 4\n");
+  const std::string state = (dir.path() / "state").string();
+  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const int n = 4;
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<int>> rings(n);
+  std::vector<std::vector<Relay>> relays(n);
+  std::vector<std::uint64_t> fenced_at(n, 0);
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
+  o.host_id = "storm";
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::LinkFenced) fenced_at[r] = e.sequence;
+    });
+    // Between collectives #6 and #7 the NVLink starts replaying.
+    wrong += allreduces_changing_at(comm, 12, 6, DataType::Int32, 10000, [&] { sync.arrive_and_wait(); },
+                                    [&] { dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n"); });
+    fences[r] = comm.fenced_links();
+    rings[r] = comm.ring();
+    relays[r] = comm.relays();
+  });
+  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[r] == std::vector<LinkId>{LinkId{1, 2}});
+    REQUIRE(fenced_at[r] == 8);  // first agreement after the storm (agreements at 2, 4, 6, 8, ...)
+    REQUIRE(rings[r] == rings[0]);
+    REQUIRE(relays[r] == std::vector<Relay>{Relay{1, 0, 2}});  // hop 1 -> 2 now goes through rank 0
+  }
+}
 
 TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a storm on one fences its ranks' link",
           "[health][nvml][e2e][topology]") {
@@ -695,17 +709,8 @@ TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a s
         comm.on_health_event([&, r](const HealthEvent& e) {
           if (e.kind == EventKind::FenceProposed) proposal[r] = fmt::format("{}-{}", e.a, e.b);
         });
-        std::vector<std::int32_t> buf(10000);
-        for (int it = 0; it < 8; ++it) {
-          if (it == 2) {
-            sync.arrive_and_wait();
-            if (r == 0) dir.write("state", topo + "d1.l1.replay 3\n");
-            sync.arrive_and_wait();
-          }
-          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-        }
+        wrong += allreduces_changing_at(comm, 8, 2, DataType::Int32, 10000, [&] { sync.arrive_and_wait(); },
+                                        [&] { dir.write("state", topo + "d1.l1.replay 3\n"); });
         fences[r] = comm.fenced_links();
       });
   ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
@@ -740,17 +745,8 @@ TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm o
       [&](Communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         home[r] = comm.ring();
-        std::vector<float> buf(30000);
-        for (int it = 0; it < 8; ++it) {
-          if (it == 2) {
-            sync.arrive_and_wait();
-            if (r == 0) dir.write("state", topo + "d3.l0.replay 3\n");  // GPU 3's bridge to GPU 1
-            sync.arrive_and_wait();
-          }
-          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
-        }
+        wrong += allreduces_changing_at(comm, 8, 2, DataType::Float32, 30000, [&] { sync.arrive_and_wait(); },
+                                        [&] { dir.write("state", topo + "d3.l0.replay 3\n"); });  // GPU 3's bridge to GPU 1
         rings[r] = comm.ring();
         fences[r] = comm.fenced_links();
         relays[r] = comm.relays();
