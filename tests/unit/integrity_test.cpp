@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fake_nvml_state.hpp"
 #include "support/temp_dir.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/fence_scenario.hpp"
@@ -729,11 +730,8 @@ TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm o
   // Four ranks, one GPU each (NVML index = rank), NVLink bridges 0-2 and 1-3 only. The home ring
   // must use both bridges (0, 1, 3, 2; rank order would use none). Bridge 1-3 then storms:
   // the automatic map fences ring hop 1 -> 3 and rank 0 relays it; results stay exact.
-  test::TempDir dir{"ringfence-planner"};
   const std::string topo = bridged_gpus();
-  dir.write("state", topo);
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-planner", topo);
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
@@ -746,12 +744,11 @@ TEST_CASE("the planner makes NVLink-bridged ranks ring neighbours, and a storm o
         const auto r = static_cast<std::size_t>(comm.rank());
         home[r] = comm.ring();
         wrong += allreduces_changing_at(comm, 8, 2, DataType::Float32, 30000, [&] { sync.arrive_and_wait(); },
-                                        [&] { dir.write("state", topo + "d3.l0.replay 3\n"); });  // GPU 3's bridge to GPU 1
+                                        [&] { nvml.write(topo + "d3.l0.replay 3\n"); });  // GPU 3's bridge to GPU 1
         rings[r] = comm.ring();
         fences[r] = comm.fenced_links();
         relays[r] = comm.relays();
       });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
@@ -769,11 +766,7 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
   // The same bridges, but rank 2 names no GPU: every rank learns only bridge 1-3, and the ring
   // is the lexicographically first that uses it, 0, 1, 3, 2. With no rank naming a GPU the
   // ranks ascend.
-  test::TempDir dir{"ringfence-planner-partial"};
-  const std::string topo = bridged_gpus();
-  dir.write("state", topo);
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-planner-partial", bridged_gpus());
   const int n = 4;
   for (const bool any_gpu : {true, false}) {
     std::vector<std::vector<int>> rings(n);
@@ -793,7 +786,6 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
     for (int r = 0; r < n; ++r)
       REQUIRE(rings[static_cast<std::size_t>(r)] == (any_gpu ? std::vector<int>{0, 1, 3, 2} : std::vector<int>{0, 1, 2, 3}));
   }
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
 }
 
 TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",
