@@ -844,10 +844,16 @@ struct Communicator::Impl : LaneState {
     if (options.channels > 0) return options.channels;
     int local = 1;
     for (const auto& p : peers) local += p.host_id == self.host_id;
-    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-    return std::clamp(static_cast<int>(cpus > 0 ? cpus : 1) / local, 1, kMaxAutoLanes);
+    const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    // Every link a network link: at least two lanes unless the host is oversubscribed. A tcp
+    // lane's thread spends most of a step in the kernel (blocking sends, socket reads), and a
+    // second lane overlaps them; 2 tcp ranks on the 2-core VM gain about 1.17x busbw at >= 16
+    // MiB (docs/tuning.md "Channels").
+    const int least = network_only() && local <= cpus ? kNetworkMinLanes : 1;
+    return std::clamp(std::max(static_cast<int>(cpus) / local, least), 1, kMaxAutoLanes);
   }
   static constexpr int kMaxAutoLanes = 4;
+  static constexpr int kNetworkMinLanes = 2;
 
   static constexpr int kBeatLane = -1;  // connect_lane index of the heartbeat lane
   // Polls `pending` until `ch.link` is up. `what` ("rank 0: connecting to rank 1 over tcp")

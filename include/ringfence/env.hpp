@@ -18,7 +18,7 @@
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
 /// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
 /// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
-/// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4) | 0 |
+/// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4; ≥ 2 for network-only links on a host not oversubscribed) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
 /// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
 /// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 1M |

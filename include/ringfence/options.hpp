@@ -139,7 +139,9 @@ struct CommOptions {
   /// peer and its own worker thread; ring collectives (allreduce, reduce-scatter, allgather,
   /// broadcast, reduce) of at least `2 × channel_min_bytes` are split into one slice per channel
   /// and run at once. 0 = auto: online cores ÷ ranks on this host, at most 4 (1 on an
-  /// oversubscribed host). Must match on every rank. Env: RINGFENCE_CHANNELS.
+  /// oversubscribed host); at least 2 when every link is a network link (only network
+  /// transports selected) and the host is not oversubscribed (docs/tuning.md "Channels").
+  /// Must match on every rank. Env: RINGFENCE_CHANNELS.
   int channels = 0;
   /// Smallest slice a channel is given (bytes); a call uses min(channels, bytes ÷ this) channels.
   /// Must match on every rank. Env: RINGFENCE_CHANNEL_MIN_BYTES.

@@ -1,6 +1,9 @@
 // Every collective besides allreduce, end to end over shm with thread ranks: every dtype (and
 // op where one applies), in place and out of place, odd counts, every root; exact results;
 // nothing written outside the output; argument errors name the argument and the rank.
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -689,6 +692,34 @@ TEST_CASE("channels: ring collectives split across lanes are exact in every plac
     REQUIRE(err.empty());
     REQUIRE(wrong == 0);
     REQUIRE(links_not_on_3_lanes == 0);
+  }
+}
+
+TEST_CASE("channels: auto gives network-only communicators at least two lanes unless the host is oversubscribed",
+          "[engine][channels][tcp]") {
+  // Auto lanes = online cores / ranks on the host, at most 4; with every link tcp at least 2
+  // when there are no more ranks than cores. A 4 MiB allreduce splits over min(lanes, 4) lanes.
+  const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  for (const char* transports : {"tcp", "shm"}) {
+    const int n = 2;
+    const bool network = std::string(transports) == "tcp";
+    const int expected = std::clamp(std::max(static_cast<int>(cpus) / n, network && n <= cpus ? 2 : 1), 1, 4);
+    CommOptions o;
+    o.transports = {transports};
+    o.host_id = "lanes";
+    std::atomic<int> wrong_lanes{0};
+    std::atomic<std::size_t> wrong{0};
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      std::vector<float> buf(1 << 20);
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
+      for (const auto& l : comm.links()) wrong_lanes += l.channels_used != expected;
+    });
+    INFO(transports << " on " << cpus << " cores: " << err);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+    REQUIRE(wrong_lanes == 0);
   }
 }
 
