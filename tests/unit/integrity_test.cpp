@@ -279,49 +279,6 @@ TEST_CASE("a corrupting link is fenced by agreement and relayed around: results 
   }
 }
 
-TEST_CASE("when no relay can carry the fenced hops the ring is re-ordered around them, with exact results",
-          "[integrity][health][replan]") {
-  // Five ranks; links 0-1, 1-2, 2-3 and 0-4 corrupt: four of the five hops of ring 0..4. No set
-  // of relays carries all four (each rank is left two or three links), but one ring avoids them:
-  // 0, 2, 4, 1, 3. Inputs whose sums are exact in any order (the reduction order changes).
-  const int n = 5;
-  std::vector<std::vector<int>> rings(n);
-  std::vector<std::vector<LinkId>> fences(n);
-  std::vector<std::vector<Relay>> relays(n);
-  std::atomic<std::size_t> wrong{0};
-  CommOptions o;
-  o.chunk_bytes = 4096;
-  o.timeout = std::chrono::seconds(20);
-  o.checksum = true;
-  o.health_agree_every = 4;
-  o.fault = "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=1-2,seed=4;flip:rate=1e-4,link=2-3,seed=5;"
-            "flip:rate=1e-4,link=0-4,seed=6";
-  o.host_id = "replan";
-  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    std::vector<float> buf(30000);
-    for (int it = 0; it < 32; ++it) {
-      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
-    }
-    rings[r] = comm.ring();
-    fences[r] = comm.fenced_links();
-    relays[r] = comm.relays();
-  });
-  INFO(error);
-  REQUIRE(error.empty());
-  REQUIRE(wrong == 0);
-  for (int r = 0; r < n; ++r) {
-    INFO("rank " << r);
-    std::vector<LinkId> f = fences[r];
-    std::sort(f.begin(), f.end(), [](LinkId x, LinkId y) { return std::pair(x.a, x.b) < std::pair(y.a, y.b); });
-    REQUIRE(f == std::vector<LinkId>{LinkId{0, 1}, LinkId{0, 4}, LinkId{1, 2}, LinkId{2, 3}});
-    REQUIRE(rings[r] == std::vector<int>{0, 2, 4, 1, 3});
-    REQUIRE(relays[r].empty());
-  }
-}
-
 TEST_CASE("a relay hop that corrupts is caught on its own link and fenced in turn: results stay bit-identical",
           "[integrity][health][relay]") {
   // Link 0-1 corrupts and is relayed 0->2->1; then the first hop of that relay (0-2) corrupts
@@ -384,6 +341,36 @@ std::string run_plan_scenario(int n, const CommOptions& o, int iterations, std::
 }
 
 }  // namespace
+
+TEST_CASE("when no relay can carry the fenced hops the ring is re-ordered around them, with exact results",
+          "[integrity][health][replan]") {
+  // Five ranks; links 0-1, 1-2, 2-3 and 0-4 corrupt: four of the five hops of ring 0..4. No set
+  // of relays carries all four (each rank is left two or three links), but one ring avoids them:
+  // 0, 2, 4, 1, 3. Inputs whose sums are exact in any order (the reduction order changes).
+  const int n = 5;
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.health_agree_every = 4;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=1-2,seed=4;flip:rate=1e-4,link=2-3,seed=5;"
+            "flip:rate=1e-4,link=0-4,seed=6";
+  o.host_id = "replan";
+  std::vector<PlanOutcome> out;
+  std::size_t wrong = 0;
+  const std::string error = run_plan_scenario(n, o, 32, 30000, LinkId{0, 1}, [](int, Communicator&) {}, out, wrong);
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    std::vector<LinkId> f = out[static_cast<std::size_t>(r)].fences;
+    std::sort(f.begin(), f.end(), [](LinkId x, LinkId y) { return std::pair(x.a, x.b) < std::pair(y.a, y.b); });
+    REQUIRE(f == std::vector<LinkId>{LinkId{0, 1}, LinkId{0, 4}, LinkId{1, 2}, LinkId{2, 3}});
+    REQUIRE(out[static_cast<std::size_t>(r)].ring == std::vector<int>{0, 2, 4, 1, 3});
+    REQUIRE(out[static_cast<std::size_t>(r)].relays == 0);
+  }
+}
 
 TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmitted after its cool-down and probation",
           "[integrity][health][probation]") {
