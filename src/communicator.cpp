@@ -846,9 +846,8 @@ struct Communicator::Impl : LaneState {
     for (const auto& p : peers) local += p.host_id == self.host_id;
     const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
     // Every link a network link: at least two lanes unless the host is oversubscribed. A tcp
-    // lane's thread spends most of a step in the kernel (blocking sends, socket reads), and a
-    // second lane overlaps them; 2 tcp ranks on the 2-core VM gain about 1.17x busbw at >= 16
-    // MiB (docs/tuning.md "Channels").
+    // lane's thread blocks in sends and socket reads, and a second lane overlaps them; 2 tcp
+    // ranks on the 2-core VM gain 1.16-1.20x median busbw from 16 MiB (docs/tuning.md "Channels").
     const int least = network_only() && local <= cpus ? kNetworkMinLanes : 1;
     return std::clamp(std::max(static_cast<int>(cpus) / local, least), 1, kMaxAutoLanes);
   }
@@ -1172,11 +1171,9 @@ struct Communicator::Impl : LaneState {
     // (or same-GPU) ranks are neighbours where the GPUs are known, else ranks ascend (one host:
     // 0, 1, ..., n-1). Every rank derives it from the same peer list (`plan_home_ring`).
     std::vector<RankPlacement> placement(static_cast<std::size_t>(size));
-    std::vector<std::string> host_of(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
       const PeerInfo& p = peer_info[static_cast<std::size_t>(r)];
       placement[static_cast<std::size_t>(r)] = RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids};
-      host_of[static_cast<std::size_t>(r)] = p.host_id;
     }
     home_ring = plan_home_ring(placement);
     int joined_hops = 0;
@@ -1185,8 +1182,8 @@ struct Communicator::Impl : LaneState {
     if (joined_hops > 0)
       log.info("planner: home ring {} ({} of {} hops NVLink or same GPU)", fmt::join(home_ring, ","), joined_hops, size);
     int hosts = 0;  // distinct host ids
-    for (int r = 0; r < size; ++r)
-      hosts += std::find(host_of.begin(), host_of.begin() + r, host_of[static_cast<std::size_t>(r)]) == host_of.begin() + r;
+    for (auto it = peer_info.begin(); it != peer_info.end(); ++it)
+      hosts += std::none_of(peer_info.begin(), it, [&](const PeerInfo& q) { return q.host_id == it->host_id; });
     // The tuner's model: across hosts, or with no shared-memory transport selected, the slowest
     // hop is a network link (tcp's figures). Both are the same on every rank (host ids are
     // global; the transport selection is in the protocol fingerprint).
