@@ -698,10 +698,12 @@ TEST_CASE("channels: ring collectives split across lanes are exact in every plac
 TEST_CASE("channels: auto gives network-only communicators at least two lanes unless the host is oversubscribed",
           "[engine][channels][tcp]") {
   // Auto lanes = online cores / ranks on the host, at most 4; with every link tcp at least 2
-  // when there are no more ranks than cores. A 4 MiB allreduce splits over min(lanes, 4) lanes.
+  // when there are no more ranks than cores. One rank per core (2..8 ranks) makes the two rules
+  // differ on any machine of up to 15 cores: tcp gets 2 lanes, shm 1. A 4 MiB allreduce splits
+  // over min(lanes, 4) lanes; the link to the right neighbour carries the ring's data.
   const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const int n = static_cast<int>(std::clamp(cpus, 2L, 8L));
   for (const char* transports : {"tcp", "shm"}) {
-    const int n = 2;
     const bool network = std::string(transports) == "tcp";
     const int expected = std::clamp(std::max(static_cast<int>(cpus) / n, network && n <= cpus ? 2 : 1), 1, 4);
     CommOptions o;
@@ -714,9 +716,11 @@ TEST_CASE("channels: auto gives network-only communicators at least two lanes un
       test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
       comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
       wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size());
-      for (const auto& l : comm.links()) wrong_lanes += l.channels_used != expected;
+      const int right = (comm.rank() + 1) % n;
+      for (const auto& l : comm.links())
+        if (l.peer == right) wrong_lanes += l.channels_used != expected;
     });
-    INFO(transports << " on " << cpus << " cores: " << err);
+    INFO(transports << ", " << n << " ranks on " << cpus << " cores, expected " << expected << " lanes: " << err);
     REQUIRE(err.empty());
     REQUIRE(wrong == 0);
     REQUIRE(wrong_lanes == 0);
