@@ -1173,7 +1173,7 @@ struct Communicator::Impl : LaneState {
     std::vector<RankPlacement> placement(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
       const PeerInfo& p = peer_info[static_cast<std::size_t>(r)];
-      placement[static_cast<std::size_t>(r)] = RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids};
+      placement[static_cast<std::size_t>(r)] = RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids, p.nvswitch_links};
     }
     home_ring = plan_home_ring(placement);
     int joined_hops = 0;
@@ -1204,7 +1204,8 @@ struct Communicator::Impl : LaneState {
   }
 
   // This rank's GPU (`RINGFENCE_HEALTH_GPU`, an NVML index; none = -1) as NVML sees it: its PCI
-  // bus id and the far ends of its active NVLinks go into `self` (every rank learns them with
+  // bus id, the far ends of its active NVLinks and the count of those that end at an NVSwitch
+  // go into `self` (every rank learns them with
   // the peer info, for the planner and the automatic link map); returns the NVLinks with their
   // indices (for the map). NVML unavailable or no bus id: unknown, with a warning.
   std::vector<health::NvLinkPeer> read_gpu_topology() {
@@ -1223,7 +1224,12 @@ struct Communicator::Impl : LaneState {
     }
     std::vector<health::NvLinkPeer> links = nvml.nvlink_peers(gpu);
     self.gpu_bus_id = *id;
-    for (const auto& l : links) self.nvlink_bus_ids.push_back(l.remote_bus_id);
+    for (const auto& l : links) {
+      if (l.far_end == health::NvLinkFarEnd::Switch)
+        ++self.nvswitch_links;
+      else
+        self.nvlink_bus_ids.push_back(l.remote_bus_id);
+    }
     return links;
   }
 

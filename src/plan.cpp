@@ -46,16 +46,23 @@ std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& f
   return s.path;
 }
 
+GpuPath gpu_path(const RankPlacement& a, const RankPlacement& b) {
+  using Kind = GpuPath::Kind;
+  if (a.host != b.host || a.gpu.empty() || b.gpu.empty()) return {};
+  if (a.gpu == b.gpu) return {Kind::SameGpu, 0};
+  auto named = [](const RankPlacement& p, const std::string& bus) {
+    return static_cast<unsigned>(std::count(p.nvlinks.begin(), p.nvlinks.end(), bus));
+  };
+  if (const unsigned direct = std::max(named(a, b.gpu), named(b, a.gpu)); direct > 0) return {Kind::NvLink, direct};
+  if (a.nvswitch_links > 0 && b.nvswitch_links > 0) return {Kind::NvSwitch, std::min(a.nvswitch_links, b.nvswitch_links)};
+  return {Kind::Pcie, 0};
+}
+
 bool gpu_joined(const std::vector<RankPlacement>& ranks, int x, int y) {
   const int n = static_cast<int>(ranks.size());
   if (x < 0 || y < 0 || x >= n || y >= n || x == y) return false;
-  const RankPlacement& a = ranks[static_cast<std::size_t>(x)];
-  const RankPlacement& b = ranks[static_cast<std::size_t>(y)];
-  if (a.host != b.host || a.gpu.empty() || b.gpu.empty()) return false;
-  auto names = [](const RankPlacement& p, const std::string& bus) {
-    return std::find(p.nvlinks.begin(), p.nvlinks.end(), bus) != p.nvlinks.end();
-  };
-  return a.gpu == b.gpu || names(a, b.gpu) || names(b, a.gpu);
+  const GpuPath::Kind k = gpu_path(ranks[static_cast<std::size_t>(x)], ranks[static_cast<std::size_t>(y)]).kind;
+  return k == GpuPath::Kind::SameGpu || k == GpuPath::Kind::NvLink || k == GpuPath::Kind::NvSwitch;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 /// two neighbours are joined by a fenced link. Pure functions, identical on every rank for the
 /// same input, so ranks that agree on the fenced set agree on the ring.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,11 +33,35 @@ std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& f
 struct RankPlacement {
   std::string host;                  ///< host id: equal strings = same host
   std::string gpu;                   ///< PCI bus id of the rank's GPU (normalised); empty = unknown
-  std::vector<std::string> nvlinks;  ///< normalised bus ids at the far ends of that GPU's active NVLinks
+  std::vector<std::string> nvlinks;  ///< normalised bus ids at the far ends of that GPU's active NVLinks (switches excluded)
+  unsigned nvswitch_links = 0;       ///< active NVLinks of that GPU to NVSwitches
 };
 
+/// How the GPUs of two ranks exchange data, as NVML describes them (`gpu_path`). Value type.
+struct GpuPath {
+  /// The kind of path.
+  enum class Kind : std::uint8_t {
+    Unknown,   ///< different hosts, or a GPU not known
+    SameGpu,   ///< one GPU: device-local copies
+    NvLink,    ///< direct NVLinks join the two GPUs
+    NvSwitch,  ///< both GPUs have active NVLinks to NVSwitches (and none to each other)
+    Pcie,      ///< known, different GPUs of one host with no NVLink between them
+  };
+  Kind kind = Kind::Unknown;
+  /// NvLink: the links joining the two GPUs (the larger count named by either end); NvSwitch:
+  /// the smaller of the two GPUs' switch link counts (the narrower end); otherwise 0.
+  unsigned links = 0;
+  /// Member-wise equality.
+  friend bool operator==(const GpuPath&, const GpuPath&) = default;
+};
+
+/// The path between the GPUs of `a` and `b` (see `GpuPath`). A direct NVLink counts when either
+/// end names the other's bus id (one end may have read its far ends wrong or not at all). Pure.
+GpuPath gpu_path(const RankPlacement& a, const RankPlacement& b);
+
 /// True when ranks `x` and `y` of `ranks` sit on one host and their GPUs are known and either
-/// the same GPU or joined by an active NVLink (named by either end). Such a pair moves data
+/// the same GPU, joined by an active NVLink (named by either end), or both connected to the
+/// host's NVSwitches (`gpu_path` is SameGpu, NvLink or NvSwitch). Such a pair moves data
 /// device to device without crossing PCIe, so the planner makes it ring neighbours when it can.
 bool gpu_joined(const std::vector<RankPlacement>& ranks, int x, int y);
 

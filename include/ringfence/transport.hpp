@@ -38,8 +38,12 @@ struct PeerInfo {
   /// read from NVML for `CommOptions::health_gpu`; empty = unknown (no GPU named, no NVML).
   std::string gpu_bus_id;
   /// Normalised bus ids at the far ends of that GPU's active NVLinks (NVML), in link order;
-  /// the planner makes NVLink-joined ranks ring neighbours (`plan_home_ring`).
+  /// the planner makes NVLink-joined ranks ring neighbours (`plan_home_ring`). Links to
+  /// NVSwitches are not listed here but counted in `nvswitch_links`.
   std::vector<std::string> nvlink_bus_ids;
+  /// Active NVLinks of that GPU whose far end is an NVSwitch (NVML): two GPUs of one host that
+  /// both have some reach each other through the switches (HGX / DGX boards). 0 = none or unknown.
+  std::uint32_t nvswitch_links = 0;
 };
 
 /// Serialises a `PeerInfo` for the bootstrap store.

@@ -99,6 +99,11 @@ using EventSetWaitFn = NvmlReturn (*)(NvmlEventSet, NvmlEventData*, unsigned int
 using EventSetFreeFn = NvmlReturn (*)(NvmlEventSet);
 using GetPciInfoFn = NvmlReturn (*)(NvmlDevice, NvmlPciInfo*);
 using GetNvLinkRemotePciInfoFn = NvmlReturn (*)(NvmlDevice, unsigned int, NvmlPciInfo*);
+// nvmlIntNvLinkDeviceType_t (an int-sized enum): GPU 0, IBMNPU 1, SWITCH 2, UNKNOWN 0xFF.
+using GetNvLinkRemoteDeviceTypeFn = NvmlReturn (*)(NvmlDevice, unsigned int, int*);
+constexpr int kNvLinkTypeGpu = 0;
+constexpr int kNvLinkTypeIbmNpu = 1;
+constexpr int kNvLinkTypeSwitch = 2;
 
 template <class Fn>
 Fn lookup(void* lib, const char* name) {
@@ -221,6 +226,7 @@ struct NvmlSource::Impl {
   bool pci_info_legacy = false;  // get_pci_info is the unversioned (legacy-layout) symbol
   GetNvLinkRemotePciInfoFn get_remote_pci = nullptr;
   bool remote_pci_legacy = false;  // likewise
+  GetNvLinkRemoteDeviceTypeFn get_remote_type = nullptr;  // optional: without it far ends are Unknown
   NvmlEventSet event_set = nullptr;  // null: no GPU has Xid events registered
   std::vector<Xid> xid;              // per GPU, sized device count when the event set exists
   bool drain_ok = true;              // the latest drain did not fail (else Xid counts read unknown)
@@ -280,6 +286,7 @@ NvmlSource::NvmlSource(const std::string& library, unsigned max_links) : impl_(s
     m.get_remote_pci = lookup<GetNvLinkRemotePciInfoFn>(m.lib, "nvmlDeviceGetNvLinkRemotePciInfo");
     m.remote_pci_legacy = true;
   }
+  m.get_remote_type = lookup<GetNvLinkRemoteDeviceTypeFn>(m.lib, "nvmlDeviceGetNvLinkRemoteDeviceType");
   if (m.init == nullptr || m.shutdown == nullptr || m.get_count == nullptr || m.get_handle == nullptr) {
     m.reason = fmt::format("{} lacks nvmlInit/nvmlShutdown/nvmlDeviceGetCount/nvmlDeviceGetHandleByIndex", library);
     return;
@@ -413,9 +420,18 @@ std::vector<NvLinkPeer> NvmlSource::nvlink_peers(unsigned index) const {
   for (unsigned link = 0; link < m.max_links; ++link) {
     int state = 0;
     if (m.get_nvlink_state(dev, link, &state) != kNvmlSuccess || state != 1) continue;
+    NvLinkFarEnd far_end = NvLinkFarEnd::Unknown;
+    if (int type = -1; m.get_remote_type != nullptr && m.get_remote_type(dev, link, &type) == kNvmlSuccess)
+      far_end = type == kNvLinkTypeGpu      ? NvLinkFarEnd::Gpu
+                : type == kNvLinkTypeSwitch ? NvLinkFarEnd::Switch
+                : type == kNvLinkTypeIbmNpu ? NvLinkFarEnd::Cpu
+                                            : NvLinkFarEnd::Unknown;
     NvmlPciInfo info{};
-    if (m.get_remote_pci(dev, link, &info) != kNvmlSuccess) continue;
-    if (std::optional<std::string> id = bus_id_of(info, m.remote_pci_legacy)) out.push_back({link, std::move(*id)});
+    std::optional<std::string> id;
+    if (m.get_remote_pci(dev, link, &info) == kNvmlSuccess) id = bus_id_of(info, m.remote_pci_legacy);
+    // A switch counts without a readable bus id (some platforms leave it empty); anything else
+    // must name its far end.
+    if (id || far_end == NvLinkFarEnd::Switch) out.push_back({link, id ? std::move(*id) : std::string(), far_end});
   }
   return out;
 }

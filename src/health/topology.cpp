@@ -58,6 +58,7 @@ std::vector<NvlinkEdge> nvlink_edges(int rank, unsigned gpu, const std::vector<N
 
   std::vector<NvlinkEdge> edges;
   for (const NvLinkPeer& l : links) {
+    if (l.far_end == NvLinkFarEnd::Switch) continue;  // shared by every pair of the GPU: no one edge
     const std::optional<std::string> remote = normalize_pci_bus_id(l.remote_bus_id);
     if (!remote || (self && *remote == *self)) continue;  // unknown far end, or a loop to our own GPU
     for (std::size_t r = 0; r < ids.size(); ++r) {

@@ -104,6 +104,33 @@ TEST_CASE("cuda_ipc: reachability needs one host and a usable CUDA runtime, and 
   }
 }
 
+TEST_CASE("nvlink: the expected bandwidth of a pair follows its GPUs' NVML facts", "[cuda_ipc][topology]") {
+  Pair nv(cuda_ipc::kNvlinkName, 0, 0, false);
+  Pair pc(cuda_ipc::kPcieName, 0, 0, false);
+  auto with_gpu = [](PeerInfo p, std::string bus, std::vector<std::string> links, std::uint32_t switches) {
+    p.gpu_bus_id = std::move(bus);
+    p.nvlink_bus_ids = std::move(links);
+    p.nvswitch_links = switches;
+    return p;
+  };
+  auto gbps = [](Pair& p, const PeerInfo& a, const PeerInfo& b) {
+    const Reachability r = p.a->can_reach(a, b);
+    REQUIRE(r.ok);
+    return r.bandwidth_gbps;
+  };
+  const PeerInfo a2 = with_gpu(nv.pa, "0000:3b:00.0", {"0000:3c:00.0", "0000:3c:00.0"}, 0);
+  const PeerInfo b = with_gpu(nv.pb, "0000:3c:00.0", {}, 0);
+  const PeerInfo c = with_gpu(nv.pb, "0000:3d:00.0", {}, 0);
+  REQUIRE(gbps(nv, nv.pa, nv.pb) == cuda_ipc::kNominalNvlinkGbps);      // GPUs not named
+  REQUIRE(gbps(nv, a2, b) == 2 * cuda_ipc::kNvlinkLinkGbps);            // two direct NVLinks
+  REQUIRE(gbps(nv, b, a2) == 2 * cuda_ipc::kNvlinkLinkGbps);            // the same from the other end
+  REQUIRE(gbps(nv, a2, c) == cuda_ipc::kPcieGbps);                      // no NVLink: peer to peer over PCIe
+  REQUIRE(gbps(nv, with_gpu(nv.pa, "0000:3b:00.0", {}, 18), with_gpu(nv.pb, "0000:3c:00.0", {}, 12)) ==
+          12 * cuda_ipc::kNvlinkLinkGbps);                              // NVSwitch: the narrower end
+  REQUIRE(gbps(nv, b, with_gpu(nv.pb, "0000:3c:00.0", {}, 0)) == cuda_ipc::kNominalNvlinkGbps);  // one GPU shared
+  REQUIRE(gbps(pc, a2, b) == cuda_ipc::kPcieGbps);                      // pcie stages through the host whatever joins the GPUs
+}
+
 TEST_CASE("cuda_ipc: a signal is stored only after the writes before it landed, completions in order", "[cuda_ipc][conformance]") {
   for (std::string_view name : {cuda_ipc::kNvlinkName, cuda_ipc::kPcieName}) {
     INFO(name);

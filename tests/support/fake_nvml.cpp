@@ -19,6 +19,8 @@
 //   d0.l1.remote 0000:3c:00.0   far end of NVLink 1 (nvmlDeviceGetNvLinkRemotePciInfo_v2), filled
 //                          like d0.bus. Default: none, answered as SUCCESS with a zeroed struct
 //                          (empty bus id strings), which the source must treat as "no peer"
+//   d0.l1.type switch      far end's kind (nvmlDeviceGetNvLinkRemoteDeviceType): gpu (default),
+//                          npu, switch, unknown (0xFF), or NS (NOT_SUPPORTED)
 //   d0.xids 74 48 13       Xid events of GPU 0, space- or comma-separated, oldest first (see below)
 //   d0.event_types 0x8     mask nvmlDeviceGetSupportedEventTypes reports (default 0xf: SBE, DBE,
 //                          PState, Xid)
@@ -312,6 +314,18 @@ int nvmlDeviceGetNvLinkRemotePciInfo_v2(DeviceSt* device, unsigned int link, Pci
   auto it = s.kv.find(dev_key(device, ("l" + std::to_string(link) + ".remote").c_str()));
   if (it != s.kv.end() && it->second == "NS") return kNotSupported;
   fill_pci(pci, it != s.kv.end() ? it->second : std::string());  // unconnected: zeroed, as documented above
+  return kSuccess;
+}
+
+int nvmlDeviceGetNvLinkRemoteDeviceType(DeviceSt* device, unsigned int link, int* type) {
+  const State s = load();
+  if (!valid(s, device)) return kInvalidArgument;
+  if (s.has(dev_key(device, "nvlink"))) return kNotSupported;
+  if (link >= s.num("links", 4)) return kInvalidArgument;
+  auto it = s.kv.find(dev_key(device, ("l" + std::to_string(link) + ".type").c_str()));
+  const std::string kind = it != s.kv.end() ? it->second : std::string("gpu");
+  if (kind == "NS") return kNotSupported;
+  *type = kind == "gpu" ? 0 : kind == "npu" ? 1 : kind == "switch" ? 2 : 0xFF;
   return kSuccess;
 }
 

@@ -401,8 +401,12 @@ TEST_CASE("PCI bus ids and NVLink peers from the fake NVML", "[health][nvml][top
       "d0.l2.state 0\nd0.l2.remote 0000:3d:00.0\n"  // inactive: left out
       "d0.l3.remote NS\n"                           // not supported: left out
       "d0.l4.remote garbage\n"                      // unparseable: left out
-      "d0.l5.remote 0000:C1:00.0\n"                 // an NVSwitch, say: still a peer
-      "d1.nvlink NS\n");
+      "d0.l5.remote 0000:C1:00.0\nd0.l5.type switch\n"  // an NVSwitch
+      "d1.nvlink NS\n"
+      "d3.l0.type switch\n"                            // a switch with a zeroed far end: still a link
+      "d3.l1.type NS\nd3.l1.remote 0000:3b:00.0\n"      // kind not supported: Unknown, named
+      "d3.l2.type npu\nd3.l2.remote 0000:00:01.0\n"     // a CPU
+      "d3.l4.type unknown\nd3.l4.remote 0000:3d:00.0\n");
   NvmlSource nvml(RINGFENCE_FAKE_NVML_PATH);
   REQUIRE(nvml.pci_bus_id(0) == "0000:3b:00.0");
   REQUIRE(nvml.pci_bus_id(1) == "0000:3c:00.0");
@@ -411,13 +415,20 @@ TEST_CASE("PCI bus ids and NVLink peers from the fake NVML", "[health][nvml][top
   REQUIRE_FALSE(nvml.pci_bus_id(4));              // out of range
 
   const std::vector<NvLinkPeer> p0 = nvml.nvlink_peers(0);
-  REQUIRE(p0 == std::vector<NvLinkPeer>{{0, "0000:3c:00.0"}, {1, "0000:3c:00.0"}, {5, "0000:c1:00.0"}});
+  using enum NvLinkFarEnd;
+  REQUIRE(p0 == std::vector<NvLinkPeer>{{0, "0000:3c:00.0", Gpu}, {1, "0000:3c:00.0", Gpu}, {5, "0000:c1:00.0", Switch}});
   REQUIRE(nvml.nvlink_peers(1).empty());  // NVLink not supported
-  REQUIRE(nvml.nvlink_peers(3).empty());  // active links with a zeroed far end: no peer
+  // GPU 3: links 3 and 5 are active with a zeroed far end of kind gpu: no peer.
+  REQUIRE(nvml.nvlink_peers(3) ==
+          std::vector<NvLinkPeer>{{0, "", Switch}, {1, "0000:3b:00.0", Unknown}, {2, "0000:00:01.0", Cpu}, {4, "0000:3d:00.0", Unknown}});
   REQUIRE(nvml.nvlink_peers(9).empty());
 
   // Ranks 0 (GPU 0), 1 and 2 (both on GPU 1), 3 (GPU 2: bus id unknown).
   std::vector<std::string> bus_of_rank;
   for (unsigned gpu : {0u, 1u, 1u, 2u}) bus_of_rank.push_back(nvml.pci_bus_id(gpu).value_or(""));
   REQUIRE(nvlink_edges(0, 0, p0, bus_of_rank) == std::vector<NvlinkEdge>{{1, 0, 0}, {1, 0, 1}, {2, 0, 0}, {2, 0, 1}});
+  // A switch link gives no edge even where its bus id is a rank's GPU (it serves every pair).
+  std::vector<NvLinkPeer> via_switch = p0;
+  via_switch[0].far_end = Switch;
+  REQUIRE(nvlink_edges(0, 0, via_switch, bus_of_rank) == std::vector<NvlinkEdge>{{1, 0, 1}, {2, 0, 1}});
 }

@@ -818,6 +818,38 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
   }
 }
 
+TEST_CASE("GPUs on NVSwitches are joined: every rank learns which GPUs reach the switches and plans with it",
+          "[health][nvml][e2e][topology][plan]") {
+  // GPUs 0 and 2 have two active NVLinks each, both ending at an NVSwitch (whose far-end bus id
+  // NVML leaves empty on link 1); GPUs 1 and 3 have none. Ranks 0 and 2 are joined through the
+  // switches, so the ring is 0, 1, 3, 2 (rank order joins nobody). The switch links map to no
+  // ring edge (they serve every pair of the GPU), which the automatic map must accept.
+  std::string topo = "count 4\nlinks 2\n";
+  for (int g = 0; g < 4; ++g) {
+    topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\n", g, 0x40 + g);
+    if (g % 2 == 0)
+      topo += fmt::format("d{0}.l0.type switch\nd{0}.l0.remote 0000:c0:00.0\nd{0}.l1.type switch\n", g);
+    else
+      topo += fmt::format("d{0}.l0.state 0\nd{0}.l1.state 0\n", g);
+  }
+  const test::FakeNvmlState nvml("ringfence-planner-nvswitch", topo);
+  const int n = 4;
+  std::vector<std::vector<int>> rings(n);
+  std::atomic<std::size_t> wrong{0};
+  const std::string error =
+      test::run_ranks(n, per_rank_gpu(fake_nvml_options("nvswitch", true), [](int r) { return r; }), [&](Communicator& comm) {
+        rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
+        std::vector<std::int64_t> buf(5000);
+        test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
+        wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
+      });
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) REQUIRE(rings[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 3, 2});
+}
+
 TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",
           "[health][nvml][e2e][probation]") {
   test::TempDir dir{"ringfence-probation"};

@@ -172,6 +172,34 @@ TEST_CASE("the home ring makes NVLink-joined and same-GPU ranks neighbours", "[p
   REQUIRE(plan_home_ring(placements({"a", "a", "a", "b"}, {0, 1, 2, 9}, {{0, 1}, {0, 2}})) == std::vector<int>{1, 0, 2, 3});
 }
 
+TEST_CASE("gpu_path tells one GPU, direct NVLinks, NVSwitches and PCIe apart", "[plan][topology]") {
+  using Kind = GpuPath::Kind;
+  const RankPlacement a{"h", "g0", {"g1", "g1", "sw"}, 0};
+  const RankPlacement b{"h", "g1", {}, 0};
+  const RankPlacement c{"h", "g2", {}, 0};
+  REQUIRE(gpu_path(a, b) == GpuPath{Kind::NvLink, 2});  // two links, named by one end only
+  REQUIRE(gpu_path(b, a) == GpuPath{Kind::NvLink, 2});
+  REQUIRE(gpu_path(a, a) == GpuPath{Kind::SameGpu, 0});
+  REQUIRE(gpu_path(b, c) == GpuPath{Kind::Pcie, 0});
+  REQUIRE(gpu_path(b, RankPlacement{"h", "", {}, 18}) == GpuPath{});            // a GPU not known
+  REQUIRE(gpu_path(b, RankPlacement{"other", "g1", {}, 0}) == GpuPath{});       // another host
+  // An HGX board: every GPU's links end at NVSwitches; the narrower end counts.
+  const RankPlacement s18{"h", "g3", {}, 18}, s12{"h", "g4", {}, 12};
+  REQUIRE(gpu_path(s18, s12) == GpuPath{Kind::NvSwitch, 12});
+  REQUIRE(gpu_path(s12, s18) == GpuPath{Kind::NvSwitch, 12});
+  REQUIRE(gpu_path(s18, c) == GpuPath{Kind::Pcie, 0});  // only one end on the switches
+  REQUIRE(gpu_path(RankPlacement{"h", "g5", {"g3"}, 18}, s18) == GpuPath{Kind::NvLink, 1});  // a direct link wins
+  // The planner: ranks 0 and 2 on the switches, 1 and 3 not: 0 and 2 become neighbours (the
+  // closing hop), where rank order joins nobody.
+  const std::vector<RankPlacement> mixed{{"h", "g0", {}, 4}, {"h", "g1", {}, 0}, {"h", "g2", {}, 4}, {"h", "g3", {}, 0}};
+  REQUIRE(gpu_joined(mixed, 0, 2));
+  REQUIRE_FALSE(gpu_joined(mixed, 0, 1));
+  REQUIRE(plan_home_ring(mixed) == std::vector<int>{0, 1, 3, 2});
+  // Every GPU on the switches: all pairs joined, so rank order.
+  const std::vector<RankPlacement> hgx{{"h", "g0", {}, 18}, {"h", "g1", {}, 18}, {"h", "g2", {}, 18}, {"h", "g3", {}, 18}};
+  REQUIRE(plan_home_ring(hgx) == std::vector<int>{0, 1, 2, 3});
+}
+
 TEST_CASE("the home ring has the most joined neighbours and is the lexicographically first such ring", "[plan][topology]") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 400; ++trial) {
@@ -187,7 +215,9 @@ TEST_CASE("the home ring has the most joined neighbours and is the lexicographic
     for (int a = 0; a < gpus; ++a)
       for (int b = a + 1; b < gpus; ++b)
         if (rng() % 3 == 0) links.emplace_back(rng() % 2 ? a : b, rng() % 2 ? b : a);
-    const auto p = placements(host, gpu, links);
+    auto p = placements(host, gpu, links);
+    if (trial % 4 == 1)  // some GPUs on NVSwitches too
+      for (auto& r : p) r.nvswitch_links = rng() % 2 ? 0u : 1u + static_cast<unsigned>(rng() % 18);
     const std::vector<int> ring = plan_home_ring(p);
     INFO("trial " << trial << " n=" << n);
     REQUIRE(ring == brute_home_ring(p));

@@ -29,6 +29,7 @@ TEST_CASE("peer info round-trips through its bytes and malformed bytes are refus
   PeerInfo p{3, "node-7", 4242};
   p.gpu_bus_id = "0000:3b:00.0";
   p.nvlink_bus_ids = {"0000:3c:00.0", "0000:5d:00.0"};
+  p.nvswitch_links = 18;
   const Bytes b = serialize(p);
   const PeerInfo q = deserialize_peer_info(b);
   REQUIRE(q.rank == 3);
@@ -36,18 +37,21 @@ TEST_CASE("peer info round-trips through its bytes and malformed bytes are refus
   REQUIRE(q.host_id == "node-7");
   REQUIRE(q.gpu_bus_id == "0000:3b:00.0");
   REQUIRE(q.nvlink_bus_ids == p.nvlink_bus_ids);
+  REQUIRE(q.nvswitch_links == 18u);
   const PeerInfo plain = deserialize_peer_info(serialize(PeerInfo{0, "h", 1}));
   REQUIRE(plain.gpu_bus_id.empty());
   REQUIRE(plain.nvlink_bus_ids.empty());
+  REQUIRE(plain.nvswitch_links == 0u);
   // Every truncation, and a trailing byte, is an error naming the problem.
   for (std::size_t n = 0; n < b.size(); ++n)
     REQUIRE_THROWS_WITH(deserialize_peer_info(std::span(b.data(), n)), Catch::Contains("malformed peer info"));
   Bytes longer = b;
   longer.push_back(std::byte{0});
   REQUIRE_THROWS_WITH(deserialize_peer_info(longer), Catch::Contains("1 trailing bytes"));
-  // A huge NVLink count cannot make it allocate: refused before reading the ids.
+  // A huge NVLink count cannot make it allocate: refused before reading the ids. (With no ids
+  // the count is the u32 before the final NVSwitch link count.)
   Bytes huge = serialize(PeerInfo{0, "h", 1});
   const std::uint32_t count = 0xffffffffu;
-  std::memcpy(huge.data() + huge.size() - 4, &count, 4);
+  std::memcpy(huge.data() + huge.size() - 8, &count, 4);
   REQUIRE_THROWS_WITH(deserialize_peer_info(huge), Catch::Contains("4294967295 NVLinks"));
 }

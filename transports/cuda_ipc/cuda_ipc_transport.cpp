@@ -12,6 +12,7 @@
 #include <ringfence/error.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
+#include <ringfence/plan.hpp>
 #include <ringfence/transport_util.hpp>
 #include <ringfence/transports/cuda_ipc.hpp>
 #include <ringfence/transports/shm.hpp>
@@ -416,10 +417,25 @@ class CudaIpcTransport final : public Transport {
       return r;
     }
     r.ok = true;
-    // Nominal figures until a probe refines them: an NVLink 4 pair, one PCIe Gen5 x16 direction.
-    r.bandwidth_gbps = shared_->mode == Mode::Nvlink ? 100.0 : 25.0;
-    r.latency_us = shared_->mode == Mode::Nvlink ? 5.0 : 10.0;
     r.min_chunk_bytes = shared_->mode == Mode::Pcie ? kPcieChunkBytes : 0;
+    r.bandwidth_gbps = kPcieGbps;  // pcie: one PCIe Gen5 x16 direction
+    r.latency_us = 10.0;
+    if (shared_->mode == Mode::Nvlink) {
+      // From the GPUs' NVML facts when both ranks named one (`CommOptions::health_gpu`):
+      // NVLink-joined or switch-connected pairs get their links' bandwidth, other pairs copy peer
+      // to peer over PCIe (when the GPUs allow it: `connect` refuses pairs without peer access).
+      // Unknown GPUs and one GPU shared keep the nominal figure of an NVLink 4 pair.
+      auto place = [](const PeerInfo& p) { return RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids, p.nvswitch_links}; };
+      const GpuPath path = gpu_path(place(self), place(peer));
+      r.latency_us = 5.0;
+      switch (path.kind) {
+        case GpuPath::Kind::NvLink:
+        case GpuPath::Kind::NvSwitch: r.bandwidth_gbps = kNvlinkLinkGbps * path.links; break;
+        case GpuPath::Kind::Pcie: r.bandwidth_gbps = kPcieGbps, r.latency_us = 10.0; break;
+        case GpuPath::Kind::Unknown:
+        case GpuPath::Kind::SameGpu: r.bandwidth_gbps = kNominalNvlinkGbps; break;
+      }
+    }
     return r;
   }
 

@@ -153,9 +153,12 @@ class NvmlSource {
   /// The active NVLinks of GPU `index` whose far end NVML names: every link below
   /// `max_links` whose nvmlDeviceGetNvLinkState is active and whose
   /// nvmlDeviceGetNvLinkRemotePciInfo_v2 (falls back to the unversioned symbol) succeeds with
-  /// a bus id `normalize_pci_bus_id` accepts; in link order. Links that are inactive, unknown,
-  /// unsupported or whose far end is empty / non-printable (NCCL: NVSwitch on some platforms)
-  /// are left out. Empty when unavailable. Never throws except `std::bad_alloc`.
+  /// a bus id `normalize_pci_bus_id` accepts, or whose far end
+  /// nvmlDeviceGetNvLinkRemoteDeviceType calls a switch (its bus id may then be empty: NCCL
+  /// sees NVSwitch far ends empty on some platforms); in link order. `far_end` is that call's
+  /// answer (Unknown when the symbol is missing or the call fails). Links that are inactive,
+  /// unsupported, or neither named nor a switch are left out. Empty when unavailable. Never
+  /// throws except `std::bad_alloc`.
   std::vector<NvLinkPeer> nvlink_peers(unsigned index) const;
 
  private:

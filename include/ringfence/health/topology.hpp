@@ -5,6 +5,7 @@
 /// those peers to (peer rank, GPU, link) edges. Nothing here calls NVML; everything is a pure
 /// function of its arguments, so it is tested without hardware.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,10 +24,19 @@ namespace ringfence::health {
 /// Example: `normalize_pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"`.
 std::optional<std::string> normalize_pci_bus_id(std::string_view bus_id);
 
+/// What sits at the far end of an NVLink (nvmlDeviceGetNvLinkRemoteDeviceType).
+enum class NvLinkFarEnd : std::uint8_t {
+  Unknown = 0,  ///< NVML lacks the call, or it failed or answered NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+  Gpu,          ///< another GPU (a direct NVLink, "bridge")
+  Switch,       ///< an NVSwitch: the GPU reaches every other switch-connected GPU of its host through it
+  Cpu,          ///< a CPU (IBM NPU)
+};
+
 /// One active NVLink of a GPU and the GPU (or NVSwitch, or CPU) at its far end. Value type.
 struct NvLinkPeer {
   unsigned link = 0;          ///< NVLink index on the local GPU
-  std::string remote_bus_id;  ///< PCI bus id of the far end, normalised (`normalize_pci_bus_id`)
+  std::string remote_bus_id;  ///< PCI bus id of the far end, normalised (`normalize_pci_bus_id`); may be empty for a switch
+  NvLinkFarEnd far_end = NvLinkFarEnd::Unknown;  ///< the far end's kind
   /// Member-wise equality.
   friend bool operator==(const NvLinkPeer&, const NvLinkPeer&) = default;
 };
@@ -45,7 +55,8 @@ struct NvlinkEdge {
 /// another rank's GPU. Several ranks may share a GPU: an NVLink to a GPU used by ranks 2 and 3
 /// gives an edge to each. Ranks on the SAME GPU as this rank (same bus id as
 /// `bus_id_of_rank[rank]`) get no edge, nor does a link whose far end is this rank's own GPU.
-/// A link to a bus id that is no rank's GPU (an NVSwitch, a GPU of another job) gives no edge;
+/// A link to a bus id that is no rank's GPU (a GPU of another job) gives no edge, nor does a link
+/// to an NVSwitch (its errors hit every pair of the GPU, not one ring edge);
 /// an unknown (empty or unparseable) bus id matches nothing. Bus ids are compared after
 /// `normalize_pci_bus_id`, so NVML's and Linux's spellings of one device match. `rank` outside
 /// `bus_id_of_rank` is allowed (its own GPU is then unknown). Deterministic order: by peer,

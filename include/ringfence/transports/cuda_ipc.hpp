@@ -37,6 +37,12 @@ inline constexpr std::string_view kPcieName = "pcie";
 inline constexpr std::size_t kPcieChunkBytes = std::size_t{1} << 20;
 /// `pcie`: pinned bounce slots per link (chunks in flight).
 inline constexpr std::size_t kPcieSlots = 4;
+/// `can_reach` figures (GB/s, one direction): one NVLink (NVLink 3 and 4 move 25 GB/s per link
+/// and direction), a PCIe Gen5 x16 direction, and an NVLink pair whose GPUs NVML does not
+/// describe. The health layer judges achieved bandwidth against them (docs/health.md).
+inline constexpr double kNvlinkLinkGbps = 25.0;
+inline constexpr double kPcieGbps = 25.0;
+inline constexpr double kNominalNvlinkGbps = 100.0;
 /// Operations (writes + signals) in flight per link; a further one returns InProgress.
 inline constexpr std::size_t kMaxPendingOps = 64;
 
