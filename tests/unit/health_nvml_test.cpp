@@ -10,26 +10,19 @@
 #include <ringfence/health/policy.hpp>
 
 #include "support/catch.hpp"
-#include "support/temp_dir.hpp"
+#include "support/fake_nvml_state.hpp"
 
 using namespace ringfence::health;
 using namespace std::chrono_literals;
-using ringfence::test::TempDir;
+using ringfence::test::FakeNvmlState;
 
 namespace {
 
 const TimePoint t0 = TimePoint{} + 1000s;
 
 // Points the fake at a state file in a scratch directory for the lifetime of the object.
-struct FakeNvml {
-  TempDir dir{"ringfence-nvml"};
-  std::string path = (dir.path() / "state").string();
-  explicit FakeNvml(const std::string& state) {
-    write(state);
-    ::setenv("RINGFENCE_FAKE_NVML_STATE", path.c_str(), 1);
-  }
-  ~FakeNvml() { ::unsetenv("RINGFENCE_FAKE_NVML_STATE"); }
-  void write(const std::string& state) const { dir.write("state", state); }
+struct FakeNvml : FakeNvmlState {
+  explicit FakeNvml(const std::string& state) : FakeNvmlState("ringfence-nvml", state) {}
 };
 
 // The fake's test hook: event sets created and not yet freed (global in the fake library,

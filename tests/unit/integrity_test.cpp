@@ -512,10 +512,7 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
   // collectives #6 and #7; the agreement at #8 must fence it, finds no plan, and switches
   // checksums on instead. From 4 s after connecting the link also flips bits: only the
   // checksums keep the later results exact.
-  test::TempDir dir{"ringfence-noplan"};
-  dir.write("state", "count 1\nlinks 1\n");
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-noplan", "count 1\nlinks 1\n");
   const int n = 2;
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0}, caught{0};
@@ -537,7 +534,7 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
     for (int it = 0; it < 24; ++it) {
       if (it == 6) {
         sync.arrive_and_wait();
-        if (r == 0) dir.write("state", "count 1\nlinks 1\nd0.l0.crc_flit 250000\nd0.l0.replay 7\n");
+        if (r == 0) nvml.write("count 1\nlinks 1\nd0.l0.crc_flit 250000\nd0.l0.replay 7\n");
         sync.arrive_and_wait();
       }
       if (it == 12) {  // the link starts flipping bits
@@ -551,7 +548,6 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
     T_CHECK(comm.fenced_links().empty());
     for (const auto& l : comm.links()) caught += l.checksum_errors;
   });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
@@ -673,10 +669,7 @@ std::size_t allreduces_changing_at(Communicator& comm, int iterations, int at, D
 }  // namespace
 
 TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays around it", "[health][nvml][e2e]") {
-  test::TempDir dir{"ringfence-storm"};
-  dir.write("state", "count 1\nlinks 4\n");
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-storm", "count 1\nlinks 4\n");
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
@@ -697,12 +690,11 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
     });
     // Between collectives #6 and #7 the NVLink starts replaying.
     wrong += allreduces_changing_at(comm, 12, 6, DataType::Int32, 10000, [&] { sync.arrive_and_wait(); },
-                                    [&] { dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n"); });
+                                    [&] { nvml.write("count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n"); });
     fences[r] = comm.fenced_links();
     rings[r] = comm.ring();
     relays[r] = comm.relays();
   });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
@@ -720,14 +712,11 @@ TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a s
   // Four ranks, one GPU each (NVML index = rank), NVLinks in a ring: link 0 of GPU g joins GPU
   // g+1, link 1 joins GPU g-1. GPU 1's link 1 (to GPU 0) storms: only rank 1 reads it, and
   // only through the automatic map, so link 0-1 must be fenced.
-  test::TempDir dir{"ringfence-topology"};
   std::string topo = "count 4\nlinks 2\n";
   for (int g = 0; g < 4; ++g)
     topo += fmt::format("d{0}.bus 0000:{1:02x}:00.0\nd{0}.l0.remote 0000:{2:02x}:00.0\nd{0}.l1.remote 0000:{3:02x}:00.0\n", g,
                         0x10 + g, 0x10 + (g + 1) % 4, 0x10 + (g + 3) % 4);
-  dir.write("state", topo);
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-topology", topo);
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
@@ -741,10 +730,9 @@ TEST_CASE("RINGFENCE_HEALTH_LINK_MAP=auto maps NVLinks from NVML's topology, a s
           if (e.kind == EventKind::FenceProposed) proposal[r] = fmt::format("{}-{}", e.a, e.b);
         });
         wrong += allreduces_changing_at(comm, 8, 2, DataType::Int32, 10000, [&] { sync.arrive_and_wait(); },
-                                        [&] { dir.write("state", topo + "d1.l1.replay 3\n"); });
+                                        [&] { nvml.write(topo + "d1.l1.replay 3\n"); });
         fences[r] = comm.fenced_links();
       });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
@@ -852,10 +840,7 @@ TEST_CASE("GPUs on NVSwitches are joined: every rank learns which GPUs reach the
 
 TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",
           "[health][nvml][e2e][probation]") {
-  test::TempDir dir{"ringfence-probation"};
-  dir.write("state", "count 1\nlinks 4\n");
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-probation", "count 1\nlinks 4\n");
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
   CommOptions o;
@@ -872,12 +857,11 @@ TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitte
   const std::string error = run_plan_scenario(n, o, 40, 10000, LinkId{1, 2}, [&](int it, Communicator& comm) {
     if (it == 4) {  // the NVLink replays once (a storm), then stays quiet
       sync.arrive_and_wait();
-      if (comm.rank() == 0) dir.write("state", "count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+      if (comm.rank() == 0) nvml.write("count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
       sync.arrive_and_wait();
     }
     if (it >= 8) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the cool-down pass
   }, out, wrong);
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
@@ -896,10 +880,7 @@ TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitte
 
 TEST_CASE("the background sampler reads the counter sources between collectives and stops with the communicator",
           "[health][nvml]") {
-  test::TempDir dir{"ringfence-sampler"};
-  dir.write("state", "count 1\nlinks 2\n");
-  const std::string state = (dir.path() / "state").string();
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", state.c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-sampler", "count 1\nlinks 2\n");
   auto store = std::make_shared<InProcessStore>();
   std::vector<std::uint64_t> samples(2, 0), after(2, 0);
   std::vector<std::thread> threads;
@@ -928,7 +909,6 @@ TEST_CASE("the background sampler reads the counter sources between collectives 
       }
     });
   for (auto& t : threads) t.join();
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   for (int r = 0; r < 2; ++r) {

@@ -15,7 +15,7 @@
 
 #include "support/catch.hpp"
 #include "support/fence_scenario.hpp"
-#include "support/temp_dir.hpp"
+#include "support/fake_nvml_state.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
@@ -129,9 +129,7 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
   // them, neither unjudged (no checksums) nor judged afresh on its transport (checksums).
   for (const bool checksum : {false, true}) {
   INFO("checksums " << checksum);
-  test::TempDir dir{"ringfence-move-storm"};
-  dir.write("state", "count 1\nlinks 4\n");
-  ::setenv("RINGFENCE_FAKE_NVML_STATE", (dir.path() / "state").string().c_str(), 1);
+  const test::FakeNvmlState nvml("ringfence-move-storm", "count 1\nlinks 4\n");
   const int n = 4;
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
@@ -158,7 +156,7 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
     for (int it = 0; it < 14; ++it) {
       if (it >= 6) {  // from collective #7 on the NVLink replays, more at every step
         sync.arrive_and_wait();
-        if (r == 0) dir.write("state", fmt::format("count 1\nlinks 4\nd0.l1.crc_flit {}\nd0.l1.replay {}\n", 250000 * (it - 5), 7 * (it - 5)));
+        if (r == 0) nvml.write(fmt::format("count 1\nlinks 4\nd0.l1.crc_flit {}\nd0.l1.replay {}\n", 250000 * (it - 5), 7 * (it - 5)));
         sync.arrive_and_wait();
       }
       test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, in, count, static_cast<std::size_t>(it));
@@ -171,7 +169,6 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
     comm.free(in);
     comm.free(out);
   });
-  ::unsetenv("RINGFENCE_FAKE_NVML_STATE");
   INFO(error);
   REQUIRE(error.empty());
   REQUIRE(wrong == 0);
