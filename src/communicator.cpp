@@ -24,6 +24,7 @@
 #include <ringfence/tuner.hpp>
 #include <thread>
 
+#include "cuda_api.hpp"
 #include "device_staging.hpp"
 #include "engine.hpp"
 #include "health_monitor.hpp"
@@ -182,6 +183,7 @@ struct Communicator::Impl : LaneState {
   std::uint64_t digest_mismatch_count = 0;
   std::vector<std::uint8_t> votes;      // fence proposals, n x n, then fallbacks, n x n; sized at setup
   std::vector<PeerInfo> peer_info;      // by rank, ourselves included (what setup learned; moves reconnect with it)
+  int nvml_gpu = -1;                    // NVML index of this rank's GPU (`health_gpu` resolved at setup); -1 = unknown
   std::vector<int> fallback_of;         // by rank: index in `transports` our link to it may move to, -1 = none
   std::vector<std::uint64_t> digests;   // result digests, n; sized at setup
   std::unique_ptr<detail::HealthMonitor> monitor;  // with checksums or a link map: the links' policies
@@ -1209,14 +1211,24 @@ struct Communicator::Impl : LaneState {
   // the peer info, for the planner and the automatic link map); returns the NVLinks with their
   // indices (for the map). NVML unavailable or no bus id: unknown, with a warning.
   std::vector<health::NvLinkPeer> read_gpu_topology() {
-    if (options.health_gpu < 0 || size == 1) return {};
+    RINGFENCE_EXPECTS(options.health_gpu >= CommOptions::kHealthGpuFromCuda,
+                      "rank {}: health_gpu {} is neither an NVML index, -1 (none) nor kHealthGpuFromCuda (-2)", rank,
+                      options.health_gpu);
+    if (options.health_gpu == -1 || size == 1) return {};
     const health::NvmlSource nvml(options.health.nvml_library);
-    const auto gpu = static_cast<unsigned>(options.health_gpu);
     if (!nvml.available()) {
-      log.warn("RINGFENCE_HEALTH_GPU={} but NVML is unavailable ({}): no NVLink is planned for or mapped", gpu,
-               nvml.unavailable_reason());
+      log.warn("RINGFENCE_HEALTH_GPU={} but NVML is unavailable ({}): no NVLink is planned for or mapped",
+               health_gpu_name(), nvml.unavailable_reason());
       return {};
     }
+    if (options.health_gpu == CommOptions::kHealthGpuFromCuda) {
+      const std::optional<unsigned> found = nvml_index_of_cuda_device(nvml);
+      if (!found) return {};
+      nvml_gpu = static_cast<int>(*found);
+    } else {
+      nvml_gpu = options.health_gpu;
+    }
+    const auto gpu = static_cast<unsigned>(nvml_gpu);
     const auto id = nvml.pci_bus_id(gpu);
     if (!id) {
       log.warn("NVML has no PCI bus id for GPU {} (RINGFENCE_HEALTH_GPU): no NVLink is planned for or mapped", gpu);
@@ -1233,6 +1245,33 @@ struct Communicator::Impl : LaneState {
     return links;
   }
 
+  std::string health_gpu_name() const {
+    return options.health_gpu == CommOptions::kHealthGpuFromCuda ? std::string("cuda") : std::to_string(options.health_gpu);
+  }
+
+  // `RINGFENCE_HEALTH_GPU=cuda`: the NVML index of the CUDA device current on this thread, found
+  // by its PCI bus id (CUDA orders devices fastest first, or as CUDA_VISIBLE_DEVICES says; NVML
+  // by bus id). Anything missing is a warning and leaves the GPU unknown, like NVML missing.
+  std::optional<unsigned> nvml_index_of_cuda_device(const health::NvmlSource& nvml) {
+    const detail::CudaApi cuda = detail::load_cuda_api(options.cuda_runtime);
+    auto unknown = [&](const std::string& why) {
+      log.warn("RINGFENCE_HEALTH_GPU=cuda but {}: no NVLink is planned for or mapped", why);
+      return std::nullopt;
+    };
+    if (!cuda.usable) return unknown(fmt::format("no usable CUDA runtime ({})", cuda.why_not));
+    if (cuda.get_device == nullptr || cuda.device_get_pci_bus_id == nullptr)
+      return unknown(fmt::format("{} lacks cudaGetDevice or cudaDeviceGetPCIBusId", cuda.library));
+    int device = -1;
+    if (const int err = cuda.get_device(&device); err != detail::kCudaSuccess) return unknown(cuda.describe("cudaGetDevice", err));
+    char bus[64] = {};
+    if (const int err = cuda.device_get_pci_bus_id(bus, static_cast<int>(sizeof bus) - 1, device); err != detail::kCudaSuccess)
+      return unknown(cuda.describe("cudaDeviceGetPCIBusId", err));
+    const std::optional<unsigned> index = nvml.index_of_bus_id(bus);
+    if (!index) return unknown(fmt::format("NVML has no GPU with the bus id '{}' of CUDA device {}", bus, device));
+    log.info("RINGFENCE_HEALTH_GPU=cuda: CUDA device {} ({}) is NVML GPU {}", device, bus, *index);
+    return index;
+  }
+
   // `RINGFENCE_HEALTH_LINK_MAP=auto`: maps each active NVLink of this rank's GPU whose far end is
   // another rank's GPU (bus ids from the peer info) to the link with that rank.
   std::vector<detail::LinkSource> nvlink_map(const std::vector<health::NvLinkPeer>& links) {
@@ -1240,10 +1279,10 @@ struct Communicator::Impl : LaneState {
     std::vector<std::string> bus_of(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) bus_of[static_cast<std::size_t>(r)] = peer_info[static_cast<std::size_t>(r)].gpu_bus_id;
     std::vector<detail::LinkSource> out;
-    for (const auto& e : health::nvlink_edges(rank, static_cast<unsigned>(std::max(options.health_gpu, 0)), links, bus_of))
+    for (const auto& e : health::nvlink_edges(rank, static_cast<unsigned>(std::max(nvml_gpu, 0)), links, bus_of))
       out.push_back(detail::LinkSource{LinkId::of(rank, e.peer), detail::LinkSource::Kind::Nvml, std::to_string(e.gpu),
                                        static_cast<int>(e.link)});
-    log.info("health: NVLink map of GPU {} ({}): {} link(s) to other ranks", options.health_gpu, bus.empty() ? "none" : bus,
+    log.info("health: NVLink map of GPU {} ({}): {} link(s) to other ranks", nvml_gpu, bus.empty() ? "none" : bus,
              out.size());
     return out;
   }

@@ -68,6 +68,9 @@ struct CudaApi {
   int (*stream_destroy)(void*) = nullptr;
   int (*stream_synchronize)(void*) = nullptr;
   int (*stream_wait_event)(void*, void*, unsigned) = nullptr;
+  /// cudaDeviceGetPCIBusId(char* out, int len, int device): optional, outside `ipc` (the
+  /// communicator finds its GPU in NVML with it, `CommOptions::kHealthGpuFromCuda`).
+  int (*device_get_pci_bus_id)(char*, int, int) = nullptr;
   bool ipc = false;
   std::string ipc_why_not;
 

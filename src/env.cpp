@@ -215,7 +215,8 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.health.window = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_WINDOW_MS", *v, 1, 1ll << 40));
   if (auto v = env.get("RINGFENCE_HEALTH_LINK_MAP")) o.health_link_map = *v;
   if (auto v = env.get("RINGFENCE_HEALTH_GPU"))
-    o.health_gpu = static_cast<int>(parse_integer("RINGFENCE_HEALTH_GPU", *v, -1, 1 << 16));
+    o.health_gpu = *v == "cuda" ? CommOptions::kHealthGpuFromCuda
+                                : static_cast<int>(parse_integer("RINGFENCE_HEALTH_GPU", *v, -1, 1 << 16));
   if (auto v = env.get("RINGFENCE_HEALTH_INTERVAL_MS"))
     o.health_interval = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_INTERVAL_MS", *v, 0, 1ll << 40));
   if (auto v = env.get("RINGFENCE_DIGEST_EVERY"))

@@ -199,9 +199,13 @@ struct CommOptions {
   /// NVML index of this rank's GPU. Its PCI bus id and active NVLinks travel with the rank's
   /// peer info: the planner makes NVLink-joined (and same-GPU) ranks ring neighbours
   /// (`plan_home_ring`), and `health_link_map` entry `auto` maps each active NVLink of this GPU
-  /// whose far end is another rank's GPU to the link with that rank. -1 = none (rank order).
-  /// Env: RINGFENCE_HEALTH_GPU.
+  /// whose far end is another rank's GPU to the link with that rank. -1 = none (rank order);
+  /// `kHealthGpuFromCuda` (-2) = the CUDA device current on the thread that builds the
+  /// communicator, found in NVML by its PCI bus id (CUDA and NVML number GPUs differently).
+  /// Env: RINGFENCE_HEALTH_GPU (an index, or `cuda`).
   int health_gpu = -1;
+  /// `health_gpu` value: this rank's GPU is the current CUDA device (`RINGFENCE_HEALTH_GPU=cuda`).
+  static constexpr int kHealthGpuFromCuda = -2;
   /// With a link map: a background thread also samples the counter sources this often, so
   /// windows see bursts between agreements (started and stopped with the communicator).
   /// 0 disables. Env: RINGFENCE_HEALTH_INTERVAL_MS.

@@ -409,6 +409,14 @@ std::optional<std::string> NvmlSource::pci_bus_id(unsigned index) const {
   return bus_id_of(info, m.pci_info_legacy);
 }
 
+std::optional<unsigned> NvmlSource::index_of_bus_id(std::string_view bus_id) const {
+  const std::optional<std::string> want = normalize_pci_bus_id(bus_id);
+  if (!want) return std::nullopt;
+  for (unsigned i = 0; i < device_count(); ++i)
+    if (pci_bus_id(i) == want) return i;
+  return std::nullopt;
+}
+
 std::vector<NvLinkPeer> NvmlSource::nvlink_peers(unsigned index) const {
   std::vector<NvLinkPeer> out;
   if (!available() || index >= impl_->count || impl_->get_nvlink_state == nullptr || impl_->get_remote_pci == nullptr)

@@ -25,7 +25,9 @@
 //     as on CUDA, a handle of an interior pointer is refused here (CUDA would silently give the
 //     whole allocation's) and a process cannot open its own handle;
 //   - devices: FAKE_CUDA_DEVICES of them (default 1), cudaSetDevice / cudaGetDevice per
-//     process; peer access between two of them unless FAKE_CUDA_P2P=0;
+//     thread (as in CUDA; a thread starts on device 0); peer access between two of them unless
+//     FAKE_CUDA_P2P=0; cudaDeviceGetPCIBusId gives the d-th entry of FAKE_CUDA_BUS_IDS (comma-
+//     separated) or "0000:0d:00.0" (d in hex);
 //   - cudaStreamWaitEvent makes a stream wait for the event's latest record;
 //   - the CUDA driver's dma-buf export (cuInit, cuMemGetHandleForAddressRange, cuGetErrorString:
 //     the ibverbs transport's GPUDirect RDMA path loads them from this library by path in
@@ -167,7 +169,6 @@ struct State {
   std::mutex m;
   std::map<std::uintptr_t, Allocation> device;  // device ranges mapped in this process
   std::uint64_t next_segment = 0;
-  int current_device = 0;
   std::set<int> peers_enabled;
   std::atomic<int> pinned{0};
   std::atomic<unsigned> delay_us{500};
@@ -175,6 +176,8 @@ struct State {
   std::set<void*> streams;  // live cudaStreamCreate handles
   Callbacks* callbacks = new Callbacks;  // never destroyed (its thread is detached)
 };
+
+thread_local int current_device = 0;  // cudaSetDevice is per host thread
 
 State& state() {
   static State s;
@@ -252,14 +255,26 @@ FAKE_EXPORT int cudaGetDeviceCount(int* count) {
   return 0;
 }
 FAKE_EXPORT int cudaGetDevice(int* device) {
-  std::lock_guard l(state().m);
-  *device = state().current_device;
+  *device = current_device;
   return 0;
 }
 FAKE_EXPORT int cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return 101;  // cudaErrorInvalidDevice
-  std::lock_guard l(state().m);
-  state().current_device = device;
+  current_device = device;
+  return 0;
+}
+FAKE_EXPORT int cudaDeviceGetPCIBusId(char* out, int len, int device) {
+  if (device < 0 || device >= device_count()) return 101;
+  if (out == nullptr || len <= 0) return 1;  // cudaErrorInvalidValue
+  char id[32];
+  std::snprintf(id, sizeof id, "0000:%02x:00.0", static_cast<unsigned>(device) & 0xffu);
+  std::string chosen = id;
+  if (const char* list = std::getenv("FAKE_CUDA_BUS_IDS")) {
+    std::string all = list;
+    for (int i = 0; i < device && all.find(',') != std::string::npos; ++i) all.erase(0, all.find(',') + 1);
+    chosen = all.substr(0, all.find(','));
+  }
+  std::snprintf(out, static_cast<std::size_t>(len), "%s", chosen.c_str());
   return 0;
 }
 FAKE_EXPORT int cudaDeviceCanAccessPeer(int* can, int device, int peer) {
@@ -270,7 +285,7 @@ FAKE_EXPORT int cudaDeviceCanAccessPeer(int* can, int device, int peer) {
 FAKE_EXPORT int cudaDeviceEnablePeerAccess(int peer, unsigned) {
   State& s = state();
   std::lock_guard l(s.m);
-  if (peer < 0 || peer >= device_count() || peer == s.current_device) return 101;
+  if (peer < 0 || peer >= device_count() || peer == current_device) return 101;
   if (!p2p()) return 217;  // cudaErrorPeerAccessUnsupported
   if (!s.peers_enabled.insert(peer).second) return 704;  // cudaErrorPeerAccessAlreadyEnabled
   return 0;

@@ -64,6 +64,7 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.tcp.sockets == 4);
   REQUIRE(o.tcp.interfaces == "^docker,lo");
   REQUIRE(o.health_gpu == 3);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_HEALTH_GPU", "cuda"}})).health_gpu == CommOptions::kHealthGpuFromCuda);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "off"}})).alltoall_direct_user_min_bytes ==
           SIZE_MAX);
   // A base passed in keeps fields the environment does not mention.

@@ -150,6 +150,10 @@ class NvmlSource {
   /// legacy-layout symbol). nullopt when unavailable, out of range, not supported or not
   /// printable. Never throws except `std::bad_alloc`.
   std::optional<std::string> pci_bus_id(unsigned index) const;
+  /// The index of the GPU whose `pci_bus_id` is `bus_id` (any spelling
+  /// `normalize_pci_bus_id` accepts); nullopt when no GPU has it or NVML is unavailable.
+  /// Never throws except `std::bad_alloc`.
+  std::optional<unsigned> index_of_bus_id(std::string_view bus_id) const;
   /// The active NVLinks of GPU `index` whose far end NVML names: every link below
   /// `max_links` whose nvmlDeviceGetNvLinkState is active and whose
   /// nvmlDeviceGetNvLinkRemotePciInfo_v2 (falls back to the unversioned symbol) succeeds with
