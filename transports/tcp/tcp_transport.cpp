@@ -181,6 +181,15 @@ Bytes encode_region_key(std::uint32_t id, std::uint64_t bytes) {
   return out;
 }
 
+// Receive bounce buffer per socket: a payload rest at least this large is read straight into its
+// region instead (no copy), anything smaller (headers, signals, keys, fingerprints) through it.
+inline constexpr std::size_t kRxBounceBytes = 4096;
+// Writes up to this long are copied into the link's send buffer (kTxPendingBytes) and leave with
+// the next frame on socket 0, usually the signal that announces them: one sendmsg (and one trip
+// through the TCP stack) for both.
+inline constexpr std::size_t kCoalesceBytes = 1024;
+inline constexpr std::size_t kTxPendingBytes = 4096;
+
 // ---- the link ------------------------------------------------------------------------------
 // Sender side (the thread driving the link): write/signal/poll/wait. Receiver side (the
 // transport's progress thread): the per-socket parse state below, the deferred signals, and
@@ -203,6 +212,22 @@ class TcpLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || !op.src || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
+    if (op.bytes <= kCoalesceBytes && pending_len_ + sizeof(FrameHeader) + op.bytes <= pending_.size()) {
+      FrameHeader h;
+      h.type = FrameType::Write;
+      h.socket = 0;
+      h.region = dst->id;
+      h.offset = op.dst_offset;
+      h.length = op.bytes;
+      std::memcpy(pending_.data() + pending_len_, &h, sizeof h);
+      if (op.bytes > 0) std::memcpy(pending_.data() + pending_len_ + sizeof h, op.src, op.bytes);
+      pending_len_ += sizeof h + op.bytes;
+      ++writes_sent_[0];
+      bump(stats_.writes, 1);
+      bump(stats_.bytes_written, op.bytes);
+      queue_.push(op.wr_id, Status::ok());
+      return Status::ok();
+    }
     const std::size_t sockets = fds_.size();
     const std::size_t parts = op.bytes >= 2 * stripe_min_ && sockets > 1 ? std::min(sockets, op.bytes / stripe_min_) : 1;
     const auto* src = static_cast<const std::byte*>(op.src);
@@ -247,6 +272,8 @@ class TcpLink final : public Link {
   }
 
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
+    n = 0;
+    if (pending_len_ > 0 && state_ == LinkState::Up) RINGFENCE_TRY(flush());
     queue_.pop(out, n);
     return Status::ok();
   }
@@ -256,6 +283,10 @@ class TcpLink final : public Link {
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override;
 
   void fence(FenceReason why) noexcept override {
+    // Writes that completed to the caller but wait in the send buffer still go out (they were
+    // accepted before the fence), unless the communicator failed.
+    if (why != FenceReason::Error && state_ == LinkState::Up) (void)flush();
+    pending_len_ = 0;
     state_ = why == FenceReason::Shutdown ? LinkState::Closed : LinkState::Fenced;
     if (why == FenceReason::Error) abandon_ = true;  // the communicator failed: a short goodbye only
   }
@@ -273,6 +304,10 @@ class TcpLink final : public Link {
     frame::FrameReader reader;  // parses this socket's stream (tcp_frame.hpp)
     bool closed = false;        // the peer closed this socket (everything before it was read)
     int lowat = 1;              // SO_RCVLOWAT now set on the socket
+    // Headers and small payloads are read kRxBounceBytes at a time into here and fed to the
+    // reader (one recv for many small frames); the rest of a large payload goes straight into
+    // its region.
+    std::array<std::byte, kRxBounceBytes> bounce{};
   };
   // Held by whoever reads the sockets: the progress thread (try_lock, per event) or the thread
   // waiting on this link (which takes the sockets out of the progress thread's epoll meanwhile).
@@ -316,10 +351,24 @@ class TcpLink final : public Link {
     return Status(code, native);
   }
 
+  // Sends what waits in the send buffer (small writes), if anything.
+  Status flush() noexcept { return pending_len_ == 0 ? Status::ok() : send_all(0, nullptr, 0); }
+
   // Sends every byte of `iov` on socket `s`, waiting for room (the peer's progress thread
   // drains its sockets whatever its owner does, so room comes unless the peer is gone or
-  // stopped): bounded by the communicator timeout.
-  Status send_all(std::size_t s, iovec* iov, int count) noexcept {
+  // stopped): bounded by the communicator timeout. On socket 0 the send buffer goes first, in
+  // the same sendmsg.
+  Status send_all(std::size_t s, iovec* caller_iov, int caller_count) noexcept {
+    iovec all[4];
+    iovec* iov = caller_iov;
+    int count = caller_count;
+    if (s == 0 && pending_len_ > 0) {
+      all[0] = iovec{pending_.data(), pending_len_};
+      for (int i = 0; i < caller_count && i < 3; ++i) all[i + 1] = caller_iov[i];
+      iov = all;
+      count = std::min(caller_count, 3) + 1;
+      pending_len_ = 0;  // sent below, or dropped with the link (broken, or the peer gone)
+    }
     const int fd = fds_[s];
     std::chrono::steady_clock::time_point deadline{};
     while (count > 0) {
@@ -364,6 +413,8 @@ class TcpLink final : public Link {
   std::size_t stripe_min_;
   std::uint32_t writes_sent_[kMaxSockets] = {};
   std::size_t next_socket_ = 0;
+  std::array<std::byte, kTxPendingBytes> pending_{};  // small write frames not sent yet (socket 0)
+  std::size_t pending_len_ = 0;
   LinkState state_ = LinkState::Up;
   bool abandon_ = false;  // fenced with FenceReason::Error: the destructor lingers briefly
   std::atomic<std::uint32_t> broken_code_{0};
@@ -741,24 +792,51 @@ class TcpTransport final : public Transport {
       return frame::Region{regions_[id].base, regions_[id].bytes};
     };
     auto apply = [](std::byte* flag, std::uint32_t v) noexcept { transport_util::store_flag(*reinterpret_cast<SignalFlag*>(flag), v); };
+    // Feeds `n` bytes just placed in reader.buffer() to the reader; false when the link broke.
+    auto step = [&](std::size_t n) noexcept {
+      switch (rx.reader.advance(n, lookup)) {
+        case frame::Step::NeedMore: return true;
+        case frame::Step::Write: link.order.write_done(s, apply); return true;
+        case frame::Step::Signal:
+          if (!link.order.signal(rx.reader.flag(), rx.reader.value(), rx.reader.writes_before(), apply)) {
+            malformed(link, "more early signals than fit");
+            return false;
+          }
+          return true;
+        case frame::Step::Malformed: malformed(link, rx.reader.error()); return false;
+      }
+      return false;
+    };
     for (int rounds = 0; rounds < 64; ++rounds) {
       // A malformed frame stops all reading; a peer that closed one socket may still have
       // bytes in flight on the others, which are read to their end.
       if (link.broken().code() == ErrorCode::Fenced || rx.closed) return;
       const std::span<std::byte> into = rx.reader.buffer();
-      const ssize_t n = ::recv(fd, into.data(), into.size(), MSG_DONTWAIT);
+      const bool direct = into.size() >= kRxBounceBytes;  // the rest of a large payload: no copy
+      const std::span<std::byte> to = direct ? into : std::span<std::byte>(rx.bounce);
+      const ssize_t n = ::recv(fd, to.data(), to.size(), MSG_DONTWAIT);
       if (!consumed(link, rx, n)) {
         if (!rx.closed) set_lowat(link, s);
         return;
       }
-      switch (rx.reader.advance(static_cast<std::size_t>(n), lookup)) {
-        case frame::Step::NeedMore: break;
-        case frame::Step::Write: link.order.write_done(s, apply); break;
-        case frame::Step::Signal:
-          if (!link.order.signal(rx.reader.flag(), rx.reader.value(), rx.reader.writes_before(), apply))
-            return malformed(link, "more early signals than fit");
-          break;
-        case frame::Step::Malformed: return malformed(link, rx.reader.error());
+      const auto got = static_cast<std::size_t>(n);
+      if (direct) {
+        if (!step(got)) return;
+      } else {
+        // The frames in the bounce buffer, in order, each part copied to where the reader wants
+        // it (a header into the reader; a payload, once its header passed the checks, into its
+        // region). A reader that wants nothing is malformed, and step() reports it.
+        for (std::size_t at = 0; at < got;) {
+          const std::span<std::byte> want = rx.reader.buffer();
+          const std::size_t k = std::min(want.size(), got - at);
+          if (k > 0) std::memcpy(want.data(), rx.bounce.data() + at, k);
+          at += k;
+          if (!step(k) || k == 0) return;
+        }
+      }
+      if (got < to.size()) {  // a short read: the socket is empty for now (epoll and ppoll say when not)
+        set_lowat(link, s);
+        return;
       }
     }
   }
@@ -836,6 +914,7 @@ LocalRegion::~LocalRegion() {
 }
 
 Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
+  if (pending_len_ > 0 && state_ == LinkState::Up) RINGFENCE_TRY(flush());
   if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
   if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
   if (const Status b = broken(); !b.is_ok()) return b;
@@ -843,6 +922,7 @@ Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanose
 }
 
 TcpLink::~TcpLink() {
+  if (!abandon_ && state_ != LinkState::Fenced) (void)flush();
   transport_.remove_link(this);
   transport_.linger(fds_, abandon_);
 }
