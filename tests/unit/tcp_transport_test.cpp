@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -123,6 +124,61 @@ TEST_CASE("tcp: striped writes land at their offsets and the signal comes after 
   REQUIRE(p.a_to_b->stats().bytes_written > 0);
   // Out of bounds of the imported region: refused locally, nothing sent.
   REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, mem.size() - 4, 8, 1}).code() == ErrorCode::InvalidUsage);
+}
+
+TEST_CASE("tcp: small writes leave with the next frame, several per read, and poll, fence and close send them too",
+          "[tcp][conformance]") {
+  const int sockets = GENERATE(1, 2, 3);
+  Pair p(sockets);
+  std::vector<std::byte> mem(1 << 16);
+  SignalFlag flag;
+  auto data_region = p.b->register_memory(mem.data(), mem.size(), MemoryKind::Host);
+  auto flag_region = p.b->register_memory(&flag, sizeof flag, MemoryKind::Host);
+  const RemoteRegion dst = p.a->import_region(data_region.key());
+  const RemoteRegion fdst = p.a->import_region(flag_region.key());
+  std::vector<std::byte> src(mem.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
+  // Sizes around the send buffer's limit (1 KiB) and the receive bounce buffer (4 KiB), back to
+  // back before one signal: small frames share reads, large payload rests are read in place.
+  const std::size_t sizes[] = {0, 1, 31, 1024, 1025, 4095, 4096, 4097, 8, 1000, 1000, 1000, 1000, 1000, 12000};
+  std::uint64_t id = 0;
+  std::size_t at = 0;
+  for (std::size_t bytes : sizes) {
+    REQUIRE(p.a_to_b->write(WriteOp{src.data() + at, nullptr, &dst, at, bytes, ++id}).is_ok());
+    at += bytes;
+  }
+  REQUIRE(p.a_to_b->signal(SignalOp{&fdst, 0, 1, ++id}).is_ok());
+  REQUIRE(wait_for(*p.b_to_a, flag, 1).is_ok());
+  REQUIRE(std::memcmp(mem.data(), src.data(), at) == 0);
+  // Every write completed (in order) as it was accepted, the signal after them.
+  Completion done[32];
+  std::size_t n = 0;
+  REQUIRE(p.a_to_b->poll(done, n).is_ok());
+  REQUIRE(n == id);
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(done[i].wr_id == i + 1);
+
+  // Without a signal after them, small writes still arrive: poll() sends them, and so do a
+  // health fence and closing the link. The receiver reads its sockets inside wait() (which
+  // orders its view of the memory after the progress thread's), until the bytes are there.
+  auto arrives = [&](std::size_t offset, std::size_t bytes) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      (void)p.b_to_a->wait(flag, 1000, std::chrono::milliseconds(5));
+      if (std::memcmp(mem.data() + offset, src.data() + offset, bytes) == 0) return true;
+    }
+    return false;
+  };
+  std::fill(src.begin(), src.end(), std::byte{0x5a});
+  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, 0, 100, ++id}).is_ok());
+  REQUIRE(p.a_to_b->poll(done, n).is_ok());
+  REQUIRE(arrives(0, 100));
+  REQUIRE(p.a_to_b->write(WriteOp{src.data() + 100, nullptr, &dst, 100, 100, ++id}).is_ok());
+  p.a_to_b->fence(FenceReason::HealthPolicy);
+  REQUIRE(arrives(100, 100));
+  p.a_to_b->reopen();
+  REQUIRE(p.a_to_b->write(WriteOp{src.data() + 200, nullptr, &dst, 200, 100, ++id}).is_ok());
+  p.a_to_b.reset();
+  REQUIRE(arrives(200, 100));
 }
 
 TEST_CASE("tcp: while a thread waits on one link (reading it itself), other links are still served", "[tcp][conformance]") {
