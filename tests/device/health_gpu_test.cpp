@@ -3,7 +3,6 @@
 // device, bus ids from FAKE_CUDA_BUS_IDS) and the fake NVML (tests/support/fake_nvml.cpp).
 #include <stdlib.h>
 
-#include <atomic>
 #include <ringfence/communicator.hpp>
 #include <ringfence/error.hpp>
 #include <string>
@@ -12,7 +11,6 @@
 #include "support/catch.hpp"
 #include "support/fake_nvml_state.hpp"
 #include "support/thread_ranks.hpp"
-#include "support/verifiable.hpp"
 
 extern "C" int cudaSetDevice(int);
 
@@ -28,35 +26,23 @@ struct ScopedEnv {
 
 // Four ranks, rank r on CUDA device r; returns every rank's ring (exact allreduce checked).
 std::vector<std::vector<int>> rings_with(int health_gpu, const std::string& cudart) {
-  const int n = 4;
-  std::vector<std::vector<int>> rings(n);
-  std::atomic<std::size_t> wrong{0};
-  const std::string error = test::run_ranks(
-      n,
-      [&](int r) {
-        // run_ranks calls this on rank r's thread, just before it builds the communicator:
-        // the CUDA device is per thread, as in CUDA.
-        if (cudaSetDevice(r) != 0) throw std::runtime_error("cudaSetDevice failed");
-        CommOptions o;
-        o.timeout = std::chrono::seconds(20);
-        o.host_id = "cuda-gpu";
-        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-        o.health_interval = std::chrono::milliseconds(0);
-        o.cuda_runtime = cudart;
-        o.health_gpu = health_gpu;
-        return o;
-      },
-      [&](Communicator& comm) {
-        rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
-        std::vector<std::int64_t> buf(3000);
-        test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
-        wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
-      });
-  INFO(error);
-  REQUIRE(error.empty());
-  REQUIRE(wrong == 0);
-  return rings;
+  const test::PlannedRun run = test::plan_and_allreduce(4, [&](int r) {
+    // Called on rank r's thread, just before it builds the communicator: the CUDA device is per
+    // thread, as in CUDA.
+    if (cudaSetDevice(r) != 0) throw std::runtime_error("cudaSetDevice failed");
+    CommOptions o;
+    o.timeout = std::chrono::seconds(20);
+    o.host_id = "cuda-gpu";
+    o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+    o.health_interval = std::chrono::milliseconds(0);
+    o.cuda_runtime = cudart;
+    o.health_gpu = health_gpu;
+    return o;
+  });
+  INFO(run.error);
+  REQUIRE(run.error.empty());
+  REQUIRE(run.wrong == 0);
+  return run.rings;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // Thread ranks (gloo's spawn idea): `n` communicators in one process sharing an InProcessStore.
 #include <fmt/format.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
@@ -9,6 +11,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "verifiable.hpp"
 
 // Catch2 2.x assertions are not thread-safe: rank threads use T_CHECK, which throws; the
 // thread runner (run_ranks, or a test's own) reports the failure on the test thread.
@@ -45,6 +49,31 @@ inline std::string run_ranks(int n, const std::function<CommOptions(int)>& optio
 
 inline std::string run_ranks(int n, const CommOptions& options, const std::function<void(Communicator&)>& body) {
   return run_ranks(n, [&](int) { return options; }, body);
+}
+
+// What `plan_and_allreduce` saw: the first error ("" = none), the wrong elements of all ranks,
+// and every rank's ring.
+struct PlannedRun {
+  std::string error;
+  std::size_t wrong = 0;
+  std::vector<std::vector<int>> rings;
+};
+
+// Builds `n` thread ranks with `options_of(r)` (on rank r's thread), records each rank's ring and
+// runs one exact Int64 sum allreduce of 5000 elements (inputs whose sums are exact in any order).
+inline PlannedRun plan_and_allreduce(int n, const std::function<CommOptions(int)>& options_of) {
+  PlannedRun out;
+  out.rings.resize(static_cast<std::size_t>(n));
+  std::atomic<std::size_t> wrong{0};
+  out.error = run_ranks(n, options_of, [&](Communicator& comm) {
+    out.rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
+    std::vector<std::int64_t> buf(5000);
+    fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
+    comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
+    wrong += count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
+  });
+  out.wrong = wrong;
+  return out;
 }
 
 }  // namespace ringfence::test

@@ -787,22 +787,12 @@ TEST_CASE("without a GPU named the planner keeps rank order, and one rank's unkn
   const test::FakeNvmlState nvml("ringfence-planner-partial", bridged_gpus());
   const int n = 4;
   for (const bool any_gpu : {true, false}) {
-    std::vector<std::vector<int>> rings(n);
-    std::atomic<std::size_t> wrong{0};
-    const std::string error = test::run_ranks(
-        n, per_rank_gpu(fake_nvml_options("planner", false), [&](int r) { return any_gpu && r != 2 ? r : -1; }),
-        [&](Communicator& comm) {
-          rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
-          std::vector<std::int64_t> buf(5000);
-          test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
-          wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
-        });
-    INFO("any_gpu " << any_gpu << ": " << error);
-    REQUIRE(error.empty());
-    REQUIRE(wrong == 0);
-    for (int r = 0; r < n; ++r)
-      REQUIRE(rings[static_cast<std::size_t>(r)] == (any_gpu ? std::vector<int>{0, 1, 3, 2} : std::vector<int>{0, 1, 2, 3}));
+    const test::PlannedRun run = test::plan_and_allreduce(
+        n, per_rank_gpu(fake_nvml_options("planner", false), [&](int r) { return any_gpu && r != 2 ? r : -1; }));
+    INFO("any_gpu " << any_gpu << ": " << run.error);
+    REQUIRE(run.error.empty());
+    REQUIRE(run.wrong == 0);
+    for (const auto& ring : run.rings) REQUIRE(ring == (any_gpu ? std::vector<int>{0, 1, 3, 2} : std::vector<int>{0, 1, 2, 3}));
   }
 }
 
@@ -821,21 +811,11 @@ TEST_CASE("GPUs on NVSwitches are joined: every rank learns which GPUs reach the
       topo += fmt::format("d{0}.l0.state 0\nd{0}.l1.state 0\n", g);
   }
   const test::FakeNvmlState nvml("ringfence-planner-nvswitch", topo);
-  const int n = 4;
-  std::vector<std::vector<int>> rings(n);
-  std::atomic<std::size_t> wrong{0};
-  const std::string error =
-      test::run_ranks(n, per_rank_gpu(fake_nvml_options("nvswitch", true), [](int r) { return r; }), [&](Communicator& comm) {
-        rings[static_cast<std::size_t>(comm.rank())] = comm.ring();
-        std::vector<std::int64_t> buf(5000);
-        test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
-        wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
-      });
-  INFO(error);
-  REQUIRE(error.empty());
-  REQUIRE(wrong == 0);
-  for (int r = 0; r < n; ++r) REQUIRE(rings[static_cast<std::size_t>(r)] == std::vector<int>{0, 1, 3, 2});
+  const test::PlannedRun run = test::plan_and_allreduce(4, per_rank_gpu(fake_nvml_options("nvswitch", true), [](int r) { return r; }));
+  INFO(run.error);
+  REQUIRE(run.error.empty());
+  REQUIRE(run.wrong == 0);
+  for (const auto& ring : run.rings) REQUIRE(ring == std::vector<int>{0, 1, 3, 2});
 }
 
 TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitted: the original plan returns",

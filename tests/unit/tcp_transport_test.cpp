@@ -66,6 +66,20 @@ struct Pair {
   }
 };
 
+// `bytes` of memory and a signal flag of b, registered with b and imported by a.
+struct Target {
+  std::vector<std::byte> mem;
+  SignalFlag flag;
+  MemoryRegion data_region, flag_region;
+  RemoteRegion dst, fdst;
+  Target(Pair& p, std::size_t bytes)
+      : mem(bytes),
+        data_region(p.b->register_memory(mem.data(), mem.size(), MemoryKind::Host)),
+        flag_region(p.b->register_memory(&flag, sizeof flag, MemoryKind::Host)),
+        dst(p.a->import_region(data_region.key())),
+        fdst(p.a->import_region(flag_region.key())) {}
+};
+
 Status wait_for(Link& link, SignalFlag& flag, std::uint32_t target) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (;;) {
@@ -98,12 +112,8 @@ TEST_CASE("tcp: interface filters follow NCCL_SOCKET_IFNAME", "[tcp]") {
 TEST_CASE("tcp: striped writes land at their offsets and the signal comes after them", "[tcp][conformance]") {
   const int sockets = GENERATE(1, 2, 3);
   Pair p(sockets);
-  std::vector<std::byte> mem(1 << 20);
-  SignalFlag flag;
-  auto data_region = p.b->register_memory(mem.data(), mem.size(), MemoryKind::Host);
-  auto flag_region = p.b->register_memory(&flag, sizeof flag, MemoryKind::Host);
-  const RemoteRegion dst = p.a->import_region(data_region.key());
-  const RemoteRegion fdst = p.a->import_region(flag_region.key());
+  Target t(p, 1 << 20);
+  auto& [mem, flag, data_region, flag_region, dst, fdst] = t;
   std::vector<std::uint32_t> src(200000);
   std::iota(src.begin(), src.end(), 1u);
   for (std::uint32_t round = 1; round <= 20; ++round) {
@@ -130,12 +140,8 @@ TEST_CASE("tcp: small writes leave with the next frame, several per read, and po
           "[tcp][conformance]") {
   const int sockets = GENERATE(1, 2, 3);
   Pair p(sockets);
-  std::vector<std::byte> mem(1 << 16);
-  SignalFlag flag;
-  auto data_region = p.b->register_memory(mem.data(), mem.size(), MemoryKind::Host);
-  auto flag_region = p.b->register_memory(&flag, sizeof flag, MemoryKind::Host);
-  const RemoteRegion dst = p.a->import_region(data_region.key());
-  const RemoteRegion fdst = p.a->import_region(flag_region.key());
+  Target t(p, 1 << 16);
+  auto& [mem, flag, data_region, flag_region, dst, fdst] = t;
   std::vector<std::byte> src(mem.size());
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 3);
   // Sizes around the send buffer's limit (1 KiB) and the receive bounce buffer (4 KiB), back to
