@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Cost of call fingerprints (RINGFENCE_CHECK_CALLS): allreduce latency with the check on and
 # off, side by side in one run (alternating, best of --reps), over shm at 2 and 4 ranks (or
-# --ranks), small messages where a neighbour exchange per call is visible at all.
-#   bench/fingerprint_cost.sh [--build build] [--ranks "2 4"] [--reps 3] [--transport shm]
+# --ranks), small messages where a neighbour exchange per call is visible at all (up to --max
+# bytes, default 1M). With --transport tcp the ranks talk over --ifname (default lo).
+#   bench/fingerprint_cost.sh [--build build] [--ranks "2 4"] [--reps 3] [--transport shm] [--max 1M] [--ifname lo]
 set -euo pipefail
-build=build ranks="2 4" reps=3 transport=shm
+build=build ranks="2 4" reps=3 transport=shm max=1M ifname=lo
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --transport) transport=$2; shift 2 ;;
+    --max) max=$2; shift 2 ;;
+    --ifname) ifname=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -22,7 +25,7 @@ echo "|---|---|---|---|---|"
 for n in $ranks; do
   for rep in $(seq "$reps"); do
     for mode in off on; do
-      RINGFENCE_TRANSPORTS=$transport RINGFENCE_CHECK_CALLS=$mode "$run" -n "$n" "$perf" -b 8 -e 1M -f 8 -d float -o sum \
+      RINGFENCE_TRANSPORTS=$transport RINGFENCE_SOCKET_IFNAME=$ifname RINGFENCE_CHECK_CALLS=$mode "$run" -n "$n" "$perf" -b 8 -e "$max" -f 8 -d float -o sum \
         -n 300 -w 30 2>/dev/null | awk '/^\[0\] +[0-9]/ {print $2, $7}' >"$tmp/$n-$mode-$rep"
     done
   done
