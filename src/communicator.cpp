@@ -1172,11 +1172,9 @@ struct Communicator::Impl : LaneState {
     // so a ring crosses between hosts once per host and direction; within a host NVLink-joined
     // (or same-GPU) ranks are neighbours where the GPUs are known, else ranks ascend (one host:
     // 0, 1, ..., n-1). Every rank derives it from the same peer list (`plan_home_ring`).
-    std::vector<RankPlacement> placement(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      const PeerInfo& p = peer_info[static_cast<std::size_t>(r)];
-      placement[static_cast<std::size_t>(r)] = RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids, p.nvswitch_links};
-    }
+    std::vector<RankPlacement> placement;
+    placement.reserve(peer_info.size());
+    for (const PeerInfo& p : peer_info) placement.push_back(placement_of(p));
     home_ring = plan_home_ring(placement);
     int joined_hops = 0;
     for (int i = 0; i < size; ++i)

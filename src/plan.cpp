@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ringfence/plan.hpp>
+#include <ringfence/transport.hpp>
 
 namespace ringfence {
 namespace {
@@ -44,6 +45,10 @@ std::optional<std::vector<int>> plan_ring(int size, const std::vector<LinkId>& f
   if (size == 2) return s.ok[0][1] ? std::optional<std::vector<int>>(std::vector<int>{0, 1}) : std::nullopt;
   if (!s.extend()) return std::nullopt;
   return s.path;
+}
+
+RankPlacement placement_of(const PeerInfo& info) {
+  return RankPlacement{info.host_id, info.gpu_bus_id, info.nvlink_bus_ids, info.nvswitch_links};
 }
 
 GpuPath gpu_path(const RankPlacement& a, const RankPlacement& b) {

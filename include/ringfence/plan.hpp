@@ -37,6 +37,12 @@ struct RankPlacement {
   unsigned nvswitch_links = 0;       ///< active NVLinks of that GPU to NVSwitches
 };
 
+struct PeerInfo;
+
+/// The placement a rank's peer info describes (host id, GPU bus id, NVLinks, switch links): the
+/// one conversion the planner and the transports use.
+RankPlacement placement_of(const PeerInfo& info);
+
 /// How the GPUs of two ranks exchange data, as NVML describes them (`gpu_path`). Value type.
 struct GpuPath {
   /// The kind of path.

@@ -418,24 +418,16 @@ class CudaIpcTransport final : public Transport {
     }
     r.ok = true;
     r.min_chunk_bytes = shared_->mode == Mode::Pcie ? kPcieChunkBytes : 0;
-    r.bandwidth_gbps = kPcieGbps;  // pcie: one PCIe Gen5 x16 direction
-    r.latency_us = 10.0;
-    if (shared_->mode == Mode::Nvlink) {
-      // From the GPUs' NVML facts when both ranks named one (`CommOptions::health_gpu`):
-      // NVLink-joined or switch-connected pairs get their links' bandwidth, other pairs copy peer
-      // to peer over PCIe (when the GPUs allow it: `connect` refuses pairs without peer access).
-      // Unknown GPUs and one GPU shared keep the nominal figure of an NVLink 4 pair.
-      auto place = [](const PeerInfo& p) { return RankPlacement{p.host_id, p.gpu_bus_id, p.nvlink_bus_ids, p.nvswitch_links}; };
-      const GpuPath path = gpu_path(place(self), place(peer));
-      r.latency_us = 5.0;
-      switch (path.kind) {
-        case GpuPath::Kind::NvLink:
-        case GpuPath::Kind::NvSwitch: r.bandwidth_gbps = kNvlinkLinkGbps * path.links; break;
-        case GpuPath::Kind::Pcie: r.bandwidth_gbps = kPcieGbps, r.latency_us = 10.0; break;
-        case GpuPath::Kind::Unknown:
-        case GpuPath::Kind::SameGpu: r.bandwidth_gbps = kNominalNvlinkGbps; break;
-      }
-    }
+    // pcie: one PCIe Gen5 x16 direction. nvlink: from the GPUs' NVML facts when both ranks named
+    // one (`CommOptions::health_gpu`): NVLink-joined or switch-connected pairs get their links'
+    // bandwidth, other pairs copy peer to peer over PCIe (where the GPUs allow it: `connect`
+    // refuses pairs without peer access); unknown GPUs and one shared GPU keep the nominal figure.
+    const GpuPath path = shared_->mode == Mode::Nvlink ? gpu_path(placement_of(self), placement_of(peer)) : GpuPath{GpuPath::Kind::Pcie};
+    const bool pcie = path.kind == GpuPath::Kind::Pcie;
+    r.latency_us = pcie ? 10.0 : 5.0;
+    r.bandwidth_gbps = pcie                                 ? kPcieGbps
+                       : path.links > 0                     ? kNvlinkLinkGbps * path.links  // NvLink, NvSwitch
+                                                            : kNominalNvlinkGbps;           // Unknown, SameGpu
     return r;
   }
 
