@@ -1037,6 +1037,9 @@ struct Communicator::Impl : LaneState {
     RINGFENCE_EXPECTS(options.slots >= 1 && options.slots <= 64, "rank {}: CommOptions::slots must be in [1, 64] (got {})", rank,
                       options.slots);
     RINGFENCE_EXPECTS(options.chunk_bytes > 0, "rank {}: CommOptions::chunk_bytes must be positive", rank);
+    RINGFENCE_EXPECTS(options.health_gpu >= CommOptions::kHealthGpuFromCuda,
+                      "rank {}: CommOptions::health_gpu must be an NVML index, -1 (none) or kHealthGpuFromCuda (-2) (got {})",
+                      rank, options.health_gpu);
     RINGFENCE_EXPECTS(store != nullptr, "rank {}: store must not be null", rank);
     log = Logger(options.log_level, rank);
     if (!options.health_log.empty()) {
@@ -1203,20 +1206,18 @@ struct Communicator::Impl : LaneState {
              right->transport_name);
   }
 
-  // This rank's GPU (`RINGFENCE_HEALTH_GPU`, an NVML index; none = -1) as NVML sees it: its PCI
-  // bus id, the far ends of its active NVLinks and the count of those that end at an NVSwitch
-  // go into `self` (every rank learns them with
-  // the peer info, for the planner and the automatic link map); returns the NVLinks with their
-  // indices (for the map). NVML unavailable or no bus id: unknown, with a warning.
+  // This rank's GPU (`RINGFENCE_HEALTH_GPU`: an NVML index, none = -1, or the CUDA device) as
+  // NVML sees it: its PCI bus id, the far ends of its active NVLinks and the count of those that
+  // end at an NVSwitch go into `self` (every rank learns them with the peer info, for the planner
+  // and the automatic link map); returns the NVLinks with their indices (for the map). NVML
+  // unavailable or no bus id: unknown, with a warning.
   std::vector<health::NvLinkPeer> read_gpu_topology() {
-    RINGFENCE_EXPECTS(options.health_gpu >= CommOptions::kHealthGpuFromCuda,
-                      "rank {}: health_gpu {} is neither an NVML index, -1 (none) nor kHealthGpuFromCuda (-2)", rank,
-                      options.health_gpu);
     if (options.health_gpu == -1 || size == 1) return {};
     const health::NvmlSource nvml(options.health.nvml_library);
     if (!nvml.available()) {
       log.warn("RINGFENCE_HEALTH_GPU={} but NVML is unavailable ({}): no NVLink is planned for or mapped",
-               health_gpu_name(), nvml.unavailable_reason());
+               options.health_gpu == CommOptions::kHealthGpuFromCuda ? std::string("cuda") : std::to_string(options.health_gpu),
+               nvml.unavailable_reason());
       return {};
     }
     if (options.health_gpu == CommOptions::kHealthGpuFromCuda) {
@@ -1241,10 +1242,6 @@ struct Communicator::Impl : LaneState {
         self.nvlink_bus_ids.push_back(l.remote_bus_id);
     }
     return links;
-  }
-
-  std::string health_gpu_name() const {
-    return options.health_gpu == CommOptions::kHealthGpuFromCuda ? std::string("cuda") : std::to_string(options.health_gpu);
   }
 
   // `RINGFENCE_HEALTH_GPU=cuda`: the NVML index of the CUDA device current on this thread, found

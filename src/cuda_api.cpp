@@ -74,8 +74,8 @@ CudaApi load_cuda_api(const std::string& path) {
     optional("cudaStreamSynchronize", api.stream_synchronize);
     optional("cudaStreamWaitEvent", api.stream_wait_event);
     api.ipc = missing.empty();
-    bind(handle, "cudaDeviceGetPCIBusId", api.device_get_pci_bus_id);
     if (!api.ipc) api.ipc_why_not = fmt::format("{} lacks {}", api.library, missing);
+    bind(handle, "cudaDeviceGetPCIBusId", api.device_get_pci_bus_id);  // optional, outside `ipc`
   }
   int count = 0;
   const int err = api.get_device_count(&count);
