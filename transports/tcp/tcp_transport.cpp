@@ -212,37 +212,34 @@ class TcpLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || !op.src || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
-    if (op.bytes <= kCoalesceBytes && pending_len_ + sizeof(FrameHeader) + op.bytes <= pending_.size()) {
-      FrameHeader h;
-      h.type = FrameType::Write;
-      h.socket = 0;
-      h.region = dst->id;
-      h.offset = op.dst_offset;
-      h.length = op.bytes;
-      std::memcpy(pending_.data() + pending_len_, &h, sizeof h);
-      if (op.bytes > 0) std::memcpy(pending_.data() + pending_len_ + sizeof h, op.src, op.bytes);
-      pending_len_ += sizeof h + op.bytes;
-      ++writes_sent_[0];
-      bump(stats_.writes, 1);
-      bump(stats_.bytes_written, op.bytes);
-      queue_.push(op.wr_id, Status::ok());
-      return Status::ok();
-    }
-    const std::size_t sockets = fds_.size();
-    const std::size_t parts = op.bytes >= 2 * stripe_min_ && sockets > 1 ? std::min(sockets, op.bytes / stripe_min_) : 1;
     const auto* src = static_cast<const std::byte*>(op.src);
-    for (std::size_t p = 0; p < parts; ++p) {
-      const std::size_t lo = op.bytes * p / parts, hi = op.bytes * (p + 1) / parts;
-      const std::size_t s = parts > 1 ? p : next_socket_++ % sockets;
+    auto header = [&](std::size_t s, std::size_t lo, std::size_t hi) noexcept {
       FrameHeader h;
       h.type = FrameType::Write;
       h.socket = static_cast<std::uint8_t>(s);
       h.region = dst->id;
       h.offset = op.dst_offset + lo;
       h.length = hi - lo;
-      iovec iov[2] = {{&h, sizeof h}, {const_cast<std::byte*>(src + lo), hi - lo}};
-      RINGFENCE_TRY(send_all(s, iov, 2));
-      ++writes_sent_[s];
+      return h;
+    };
+    if (op.bytes <= kCoalesceBytes && pending_len_ + sizeof(FrameHeader) + op.bytes <= pending_.size()) {
+      // Small: into the send buffer, out with the next frame on socket 0.
+      const FrameHeader h = header(0, 0, op.bytes);
+      std::memcpy(pending_.data() + pending_len_, &h, sizeof h);
+      if (op.bytes > 0) std::memcpy(pending_.data() + pending_len_ + sizeof h, src, op.bytes);
+      pending_len_ += sizeof h + op.bytes;
+      ++writes_sent_[0];
+    } else {
+      const std::size_t sockets = fds_.size();
+      const std::size_t parts = op.bytes >= 2 * stripe_min_ && sockets > 1 ? std::min(sockets, op.bytes / stripe_min_) : 1;
+      for (std::size_t p = 0; p < parts; ++p) {
+        const std::size_t lo = op.bytes * p / parts, hi = op.bytes * (p + 1) / parts;
+        const std::size_t s = parts > 1 ? p : next_socket_++ % sockets;
+        FrameHeader h = header(s, lo, hi);
+        iovec iov[2] = {{&h, sizeof h}, {const_cast<std::byte*>(src + lo), hi - lo}};
+        RINGFENCE_TRY(send_all(s, iov, 2));
+        ++writes_sent_[s];
+      }
     }
     bump(stats_.writes, 1);
     bump(stats_.bytes_written, op.bytes);
@@ -273,7 +270,7 @@ class TcpLink final : public Link {
 
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
     n = 0;
-    if (pending_len_ > 0 && state_ == LinkState::Up) RINGFENCE_TRY(flush());
+    RINGFENCE_TRY(flush());
     queue_.pop(out, n);
     return Status::ok();
   }
@@ -285,7 +282,7 @@ class TcpLink final : public Link {
   void fence(FenceReason why) noexcept override {
     // Writes that completed to the caller but wait in the send buffer still go out (they were
     // accepted before the fence), unless the communicator failed.
-    if (why != FenceReason::Error && state_ == LinkState::Up) (void)flush();
+    if (why != FenceReason::Error) (void)flush();
     pending_len_ = 0;
     state_ = why == FenceReason::Shutdown ? LinkState::Closed : LinkState::Fenced;
     if (why == FenceReason::Error) abandon_ = true;  // the communicator failed: a short goodbye only
@@ -351,8 +348,11 @@ class TcpLink final : public Link {
     return Status(code, native);
   }
 
-  // Sends what waits in the send buffer (small writes), if anything.
-  Status flush() noexcept { return pending_len_ == 0 ? Status::ok() : send_all(0, nullptr, 0); }
+  // Sends what waits in the send buffer (small writes), if anything and the link is up (a fence
+  // sends or drops it first, so a fenced link holds nothing).
+  Status flush() noexcept {
+    return pending_len_ == 0 || state_ != LinkState::Up ? Status::ok() : send_all(0, nullptr, 0);
+  }
 
   // Sends every byte of `iov` on socket `s`, waiting for room (the peer's progress thread
   // drains its sockets whatever its owner does, so room comes unless the peer is gone or
@@ -914,7 +914,7 @@ LocalRegion::~LocalRegion() {
 }
 
 Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
-  if (pending_len_ > 0 && state_ == LinkState::Up) RINGFENCE_TRY(flush());
+  RINGFENCE_TRY(flush());
   if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
   if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
   if (const Status b = broken(); !b.is_ok()) return b;
@@ -922,7 +922,7 @@ Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanose
 }
 
 TcpLink::~TcpLink() {
-  if (!abandon_ && state_ != LinkState::Fenced) (void)flush();
+  (void)flush();
   transport_.remove_link(this);
   transport_.linger(fds_, abandon_);
 }
