@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/scoped_env.hpp"
 
 extern "C" {
 int cudaMalloc(void**, std::size_t);
@@ -34,12 +35,7 @@ std::unique_ptr<Transport> make(std::string_view name, const TransportContext& c
   return name == cuda_ipc::kNvlinkName ? cuda_ipc::make_nvlink_transport(ctx) : cuda_ipc::make_pcie_transport(ctx);
 }
 
-// Sets an environment variable of the fake for one scope.
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-  ~ScopedEnv() { ::unsetenv(name.c_str()); }
-};
+using test::ScopedEnv;
 
 // Two transports of one process (ranks 0 and 1) on devices `dev_a`, `dev_b`, and a link 0 -> 1.
 struct Pair {

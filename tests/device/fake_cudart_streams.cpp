@@ -47,6 +47,7 @@
 #include <set>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <dirent.h>
@@ -266,15 +267,15 @@ FAKE_EXPORT int cudaSetDevice(int device) {
 FAKE_EXPORT int cudaDeviceGetPCIBusId(char* out, int len, int device) {
   if (device < 0 || device >= device_count()) return 101;
   if (out == nullptr || len <= 0) return 1;  // cudaErrorInvalidValue
-  char id[32];
-  std::snprintf(id, sizeof id, "0000:%02x:00.0", static_cast<unsigned>(device) & 0xffu);
-  std::string chosen = id;
-  if (const char* list = std::getenv("FAKE_CUDA_BUS_IDS")) {
-    std::string all = list;
-    for (int i = 0; i < device && all.find(',') != std::string::npos; ++i) all.erase(0, all.find(',') + 1);
-    chosen = all.substr(0, all.find(','));
+  const char* list = std::getenv("FAKE_CUDA_BUS_IDS");
+  if (list == nullptr) {
+    std::snprintf(out, static_cast<std::size_t>(len), "0000:%02x:00.0", static_cast<unsigned>(device) & 0xffu);
+    return 0;
   }
-  std::snprintf(out, static_cast<std::size_t>(len), "%s", chosen.c_str());
+  std::string_view rest = list;  // entry `device` of the comma-separated list (the last if it is shorter)
+  for (int i = 0; i < device && rest.find(',') != std::string_view::npos; ++i) rest.remove_prefix(rest.find(',') + 1);
+  const std::string_view id = rest.substr(0, rest.find(','));
+  std::snprintf(out, static_cast<std::size_t>(len), "%.*s", static_cast<int>(id.size()), id.data());
   return 0;
 }
 FAKE_EXPORT int cudaDeviceCanAccessPeer(int* can, int device, int peer) {

@@ -1,8 +1,6 @@
 // RINGFENCE_HEALTH_GPU=cuda (CommOptions::kHealthGpuFromCuda): each rank finds its GPU in NVML
 // by the PCI bus id of its current CUDA device, over the fake CUDA runtime (per-thread current
 // device, bus ids from FAKE_CUDA_BUS_IDS) and the fake NVML (tests/support/fake_nvml.cpp).
-#include <stdlib.h>
-
 #include <ringfence/communicator.hpp>
 #include <ringfence/error.hpp>
 #include <string>
@@ -10,6 +8,7 @@
 
 #include "support/catch.hpp"
 #include "support/fake_nvml_state.hpp"
+#include "support/scoped_env.hpp"
 #include "support/thread_ranks.hpp"
 
 extern "C" int cudaSetDevice(int);
@@ -18,11 +17,7 @@ using namespace ringfence;
 
 namespace {
 
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-  ~ScopedEnv() { ::unsetenv(name.c_str()); }
-};
+using test::ScopedEnv;
 
 // Four ranks, rank r on CUDA device r; returns every rank's ring (exact allreduce checked).
 std::vector<std::vector<int>> rings_with(int health_gpu, const std::string& cudart) {
@@ -65,7 +60,13 @@ TEST_CASE("RINGFENCE_HEALTH_GPU=cuda finds each rank's GPU in NVML by its CUDA d
   for (const auto& ring : rings_with(-1, RINGFENCE_FAKE_CUDART_PATH)) REQUIRE(ring == std::vector<int>{0, 1, 2, 3});
 
   // A bus id NVML does not know, or no usable CUDA runtime: the GPU is unknown (a warning),
-  // the communicator works in rank order.
+  // the communicator works in rank order. With NVML bridging 0-2 and 1-3 now, a fallback to the
+  // CUDA index as the NVML index would give 0, 1, 3, 2 instead.
+  nvml.write("count 4\nlinks 1\n"
+             "d0.bus 0000:20:00.0\nd0.l0.remote 0000:22:00.0\n"
+             "d1.bus 0000:21:00.0\nd1.l0.remote 0000:23:00.0\n"
+             "d2.bus 0000:22:00.0\nd2.l0.remote 0000:20:00.0\n"
+             "d3.bus 0000:23:00.0\nd3.l0.remote 0000:21:00.0\n");
   {
     const ScopedEnv strange("FAKE_CUDA_BUS_IDS", "0000:99:00.0");
     for (const auto& ring : rings_with(CommOptions::kHealthGpuFromCuda, RINGFENCE_FAKE_CUDART_PATH))
@@ -82,5 +83,5 @@ TEST_CASE("a health_gpu below kHealthGpuFromCuda is refused naming the rank", "[
     o.health_gpu = -3;
     return o;
   }, [](Communicator&) {});
-  REQUIRE_THAT(error, Catch::Contains("health_gpu -3") && Catch::Contains("rank"));
+  REQUIRE_THAT(error, Catch::Contains("CommOptions::health_gpu") && Catch::Contains("got -3") && Catch::Contains("rank 0"));
 }
