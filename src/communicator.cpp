@@ -583,35 +583,67 @@ struct Communicator::Impl : LaneState {
     return out + ")";
   }
 
-  // Before a collective moves data: post our fingerprint to the ranks that check it and compare
-  // the one we check. A mismatch fails the call on every rank (InvalidUsage naming both ranks);
-  // a damaged or stale fingerprint is evidence against the link, not a disagreement.
-  void check_call(const char* call, detail::CallFingerprint mine) {
+  // This collective's check: posted by begin_collective, compared by the ring executor (the
+  // first data leaves without waiting for it) or by settle_call before the call moves data.
+  detail::CallCheck call_check;
+
+  // Posts our fingerprint of the collective starting now to the ranks that check it; the
+  // comparison with the one we check comes later (settle_call, or the executor: RingCall::check).
+  void post_call(const char* call, detail::CallFingerprint mine) {
+    call_check = detail::CallCheck{};
     if (!fp_from) return;
     mine.sequence = seq;
     mine.crc = crc32c(&mine, offsetof(detail::CallFingerprint, crc));
-    detail::CallFingerprint theirs;
-    bool intact = false;
     detail::Failure failure;
-    if (!detail::exchange_fingerprints(engine, flags, left, right, relay_duties, fp_to.data(), fp_to.size(), fp_from, mine, theirs,
-                                       intact, failure)
-             .is_ok())
+    if (!detail::post_fingerprint(engine, flags, left, right, relay_duties, fp_to.data(), fp_to.size(), mine, failure).is_ok())
       raise(call, failure);
-    if (!intact) {
-      ++fp_from->checksum_errors;
+    call_check.from = fp_from;
+    call_check.mine = mine;
+  }
+
+  // Compares the fingerprints now, before the call moves data: for calls that cannot leave it
+  // to the executor (see can_defer_check).
+  void settle_call(const char* call) {
+    if (!call_check.from || call_check.settled) return;
+    detail::Failure failure;
+    if (!detail::settle_fingerprint(engine, flags, left, right, relay_duties, call_check, failure).is_ok()) raise(call, failure);
+    judge_call(call);
+  }
+
+  // Whether the executor may compare this call's fingerprints: every chunk it receives must
+  // come from the rank we check, so none is used before that rank's call is known to be ours.
+  // True for ring and chain schedules on one lane without relays; trees, one-shot and direct
+  // allreduce receive from every rank (unless there are only two), and extra lanes from links
+  // other than the checked one.
+  bool can_defer_check(const detail::RingCall& c, int lanes) const noexcept {
+    return call_check.from == left && relay_duties.count == 0 && lanes <= 1 && (!c.by_position || size == 2);
+  }
+
+  // After the data phase (or when it failed): a disagreement fails the call on this rank and
+  // aborts the others (InvalidUsage naming both ranks and both calls); a damaged or stale
+  // fingerprint is evidence against the link, not a disagreement. A failed data phase may
+  // have been cut short by the peer that found the disagreement first: its fingerprint
+  // explains the failure better than its abort does.
+  void judge_call(const char* call) {
+    detail::CallCheck& k = call_check;
+    if (!k.from) return;
+    if (!k.settled) detail::read_fingerprint(flags, k);
+    if (!k.settled) return;
+    detail::Channel& from = *k.from;
+    k.from = nullptr;  // judged once
+    if (!k.intact) {
+      ++from.checksum_errors;
       log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared", seq,
-               fp_from->peer, fp_from->transport_name);
+               from.peer, from.transport_name);
       return;
     }
-    if (theirs.collective == mine.collective && theirs.type == mine.type && theirs.op == mine.op && theirs.count == mine.count &&
-        theirs.root == mine.root)
-      return;
-    const int peer = fp_from->peer;
+    if (!k.disagree()) return;
+    const int peer = from.peer;
     abort_peers(ErrorCode::InvalidUsage, peer);
     const std::string why = fmt::format(
         "the ranks disagree on collective #{}: rank {} called {}, rank {} called {} (every rank must make the same collective "
         "calls in the same order, with the same count, datatype, op and root)",
-        seq, rank, describe(mine), peer, describe(theirs));
+        seq, rank, describe(k.mine), peer, describe(k.theirs));
     record_failure(Status(ErrorCode::InvalidUsage), why);
     const std::string message = fmt::format("rank {}: {} #{} refused: {}", rank, call, seq, why);
     log.error("{}", message);
@@ -1704,7 +1736,8 @@ struct Communicator::Impl : LaneState {
       }
     }
     ++seq;
-    if (options.check_calls && size > 1) check_call(call, fp);
+    call_check = detail::CallCheck{};
+    if (options.check_calls && size > 1) post_call(call, fp);
     if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
       detail::Failure failure;
       if (!agree(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
@@ -1716,10 +1749,15 @@ struct Communicator::Impl : LaneState {
   // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
   void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer, bool direct = false) {
     const int lanes = lanes_for(c, reducer.elem_size);
+    const bool deferred = call_check.from && !call_check.settled && can_defer_check(c, lanes);
+    if (!deferred) settle_call(call);
     if (lanes <= 1) {
+      detail::RingCall checked = c;
+      if (deferred) checked.check = &call_check;
       detail::Failure failure;
-      const Status s = detail::run_ring(engine, flags, left, right, c, reducer, direct ? direct_write_for(*this, c, reducer.elem_size) : detail::DirectWrite{},
-                                        relay_duties, failure);
+      const Status s = detail::run_ring(engine, flags, left, right, checked, reducer,
+                                        direct ? direct_write_for(*this, c, reducer.elem_size) : detail::DirectWrite{}, relay_duties, failure);
+      judge_call(call);  // first: a disagreement explains a failure better than what it caused
       if (!s.is_ok()) raise(call, failure);
       return;
     }
@@ -2280,6 +2318,7 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
   const std::size_t block = bytes / static_cast<std::size_t>(size);
   return issue(async, call, [=, this] {
     begin_collective(call, fingerprint(detail::CallKind::Alltoall, count, type));
+    settle_call(call);  // point-to-point transfers receive from every rank
     if (block == 0) return;
     // A group of sends and receives: every pair exchanges its blocks side by side. The op list
     // is this call's own (group_ops belongs to the user's thread).

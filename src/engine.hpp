@@ -239,6 +239,8 @@ struct EngineConfig {
   std::byte* scratch = nullptr;
 };
 
+struct CallCheck;
+
 /// The ring collectives the executor runs (schedules in schedule.hpp).
 enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce, DirectAllreduce, OneShotAllreduce };
 
@@ -259,6 +261,9 @@ struct RingCall {
   /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
   Channel* const* by_position = nullptr;
   Channel* const* by_rank = nullptr;
+  /// This call's fingerprint check, left to the executor (null: settled before the call, or
+  /// none). Only for calls whose every received chunk comes from `check->from`.
+  CallCheck* check = nullptr;
 };
 
 /// One point-to-point transfer of a group.
@@ -297,13 +302,40 @@ struct P2PDirect {
 Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
 
-/// Call fingerprints: writes `mine` to every channel in `to[0..n_to)` (after each has read the
-/// one `kCallSlots` calls earlier), then waits for `from`'s fingerprint of the same call into
-/// `theirs` and acknowledges it. `intact` is false when it arrived damaged or stale (a lossy or
-/// corrupting link: evidence against the link, not a disagreement). Bounded by the timeout.
-Status exchange_fingerprints(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
-                             Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
-                             CallFingerprint& theirs, bool& intact, Failure& failure) noexcept;
+/// A call fingerprint posted to the ranks that check it and not yet compared with the one
+/// `from` posted (design §6). The ring executor compares it before it uses the first chunk it
+/// receives, when a wait finds it already there, and at the end of the call, so the first data
+/// leaves without waiting for the neighbour's fingerprint (docs/failure-semantics.md).
+struct CallCheck {
+  Channel* from = nullptr;  ///< channel whose fingerprint of this call we compare (null: none pending)
+  CallFingerprint mine;     ///< ours, numbered and with its CRC
+  CallFingerprint theirs;   ///< `from`'s, once read
+  bool settled = false;     ///< `theirs` was read
+  bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
+  /// Read, intact, and a different call: the ranks disagree.
+  bool disagree() const noexcept {
+    return settled && intact &&
+           (theirs.collective != mine.collective || theirs.type != mine.type || theirs.op != mine.op || theirs.count != mine.count ||
+            theirs.root != mine.root);
+  }
+};
+
+/// Reads `check.from`'s fingerprint of `check.mine`'s call into `check` when its signal has
+/// arrived (true); does not acknowledge it. Never blocks.
+bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept;
+
+/// Call fingerprints, first half: writes `mine` to every channel in `to[0..n_to)` (after each
+/// has read the one `kCallSlots` calls earlier). Bounded by the timeout.
+Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                        Channel* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept;
+
+/// Second half, for calls that do not leave it to the executor: waits for `check.from`'s
+/// fingerprint of the same call, reads it into `check` and acknowledges it. `check.intact` is
+/// false when it arrived damaged or stale (a lossy or corrupting link: evidence against the
+/// link, not a disagreement); a disagreement is not an error here (see `CallCheck::disagree`).
+/// Bounded by the timeout.
+Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                          CallCheck& check, Failure& failure) noexcept;
 
 /// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
 /// ourselves). Never throws or allocates.

@@ -271,9 +271,8 @@ class RingRunner {
     return Status::ok();
   }
 
-  // See exchange_fingerprints() in engine.hpp.
-  Status exchange_fingerprints(Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
-                               CallFingerprint& theirs, bool& intact) noexcept {
+  // See post_fingerprint() in engine.hpp.
+  Status post_fingerprint(Channel* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept {
     const auto number = static_cast<std::uint32_t>(mine.sequence);
     const std::size_t slot = mine.sequence % kCallSlots;
     for (std::size_t i = 0; i < n_to; ++i) {
@@ -290,16 +289,39 @@ class RingRunner {
       if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
       RINGFENCE_TRY(drain(ch, "sending the call fingerprint"));
     }
-    RINGFENCE_TRY(wait_flag(*from, flags_.call[from->peer], number,
-                            "the call fingerprint of the same collective (did every rank make the same calls?)", 0));
-    std::memcpy(&theirs, flags_.calls + (static_cast<std::size_t>(from->peer) * kCallSlots + slot) * sizeof(CallFingerprint),
-                sizeof theirs);
-    const Status s = from->link->signal(SignalOp{&from->peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
-    if (!s.is_ok()) return fail(s, *from, "acknowledging the call fingerprint", 0);
-    RINGFENCE_TRY(drain(*from, "acknowledging the call fingerprint"));
-    intact = theirs.sequence == mine.sequence && theirs.crc == crc32c(&theirs, offsetof(CallFingerprint, crc));
     return Status::ok();
   }
+
+  // Reads the checked neighbour's fingerprint of this call into `check` (waiting for it when
+  // `block`; else only if it is there) and acknowledges it, freeing its slot.
+  Status settle_call(CallCheck& check, bool block) noexcept {
+    Channel& from = *check.from;
+    const auto number = static_cast<std::uint32_t>(check.mine.sequence);
+    if (!block && !reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
+    settling_ = true;  // the wait below must not try to settle the same check again
+    const Status waited =
+        wait_flag(from, flags_.call[from.peer], number, "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+    settling_ = false;
+    RINGFENCE_TRY(waited);
+    read_fingerprint(flags_, check);
+    const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
+    if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
+    return drain(from, "acknowledging the call fingerprint");
+  }
+
+  // The executor's side of a check left to it: settle it (see settle_call) and fail the call
+  // when the ranks disagree. Called before the first received chunk is used, by waits that
+  // find the fingerprint there, and at the end of the call.
+  Status verify_call(bool block) noexcept {
+    if (!check_ || check_->settled || settling_) return Status::ok();
+    RINGFENCE_TRY(settle_call(*check_, block));
+    if (check_->disagree())
+      return fail(Status(ErrorCode::InvalidUsage), *check_->from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
+    return Status::ok();
+  }
+
+  // Leaves this call's fingerprint check to the executor (see RingCall::check).
+  void check_with(CallCheck* check) noexcept { check_ = check; }
 
  private:
   // Relay duties: how many chunks each relayed sender sends in this call (its schedule's
@@ -324,6 +346,7 @@ class RingRunner {
   }
 
   Status finish_call() noexcept {
+    RINGFENCE_TRY(verify_call(true));  // a call that received nothing (a broadcast root) compares here
     // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
     if (c_.checksum && by_position_) {
       for (int p = 0; p < c_.size; ++p) {
@@ -392,6 +415,7 @@ class RingRunner {
     const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
     for (;;) {
       RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
+      RINGFENCE_TRY(verify_call(false));  // a disagreement may be why nothing comes
       if (c_.checksum) RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
       if (relays_.count > 0) {
         RINGFENCE_TRY(service_relays());
@@ -659,6 +683,7 @@ class RingRunner {
   // it arrives intact). `landed` is where the data went when written directly (else the slot).
   Status wait_chunk(Channel& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept {
     const std::uint64_t m = ch.received;
+    RINGFENCE_TRY(verify_call(true));  // no chunk is used before the sender's call is known to be ours
     RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
     slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
     if (!c_.checksum) return Status::ok();
@@ -707,6 +732,8 @@ class RingRunner {
   Channel* const* nack_all_ = nullptr;  // point-to-point mode: channel per rank (null for ourselves)
   Channel* const* by_position_ = nullptr;  // tree mode: channel per ring position (null for ourselves)
   Channel self_channel_;                // names ourselves in failures
+  CallCheck* check_ = nullptr;          // this call's fingerprint check, when left to us
+  bool settling_ = false;               // settle_call() is waiting
 };
 
 }  // namespace
@@ -714,6 +741,7 @@ class RingRunner {
 Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
   RingRunner runner(config, flags, left, right, reducer, direct, relays, failure);
+  runner.check_with(call.check);
   const std::size_t chunk = config.slot_bytes / reducer.elem_size;
   const int n = config.size;
   const std::size_t count = call.count;
@@ -751,13 +779,30 @@ Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* 
                   failure);
 }
 
-Status exchange_fingerprints(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
-                             Channel* const* to, std::size_t n_to, Channel* from, const CallFingerprint& mine,
-                             CallFingerprint& theirs, bool& intact, Failure& failure) noexcept {
+bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept {
+  const int peer = check.from->peer;
+  if (!reached(flags.call[peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(check.mine.sequence))) return false;
+  const std::size_t slot = check.mine.sequence % kCallSlots;
+  std::memcpy(&check.theirs, flags.calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * sizeof(CallFingerprint),
+              sizeof check.theirs);
+  check.settled = true;
+  check.intact = check.theirs.sequence == check.mine.sequence &&
+                 check.theirs.crc == crc32c(&check.theirs, offsetof(CallFingerprint, crc));
+  return true;
+}
+
+Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                        Channel* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
-  intact = false;
-  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).exchange_fingerprints(to, n_to, from, mine, theirs, intact);
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).post_fingerprint(to, n_to, mine);
+}
+
+Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+                          CallCheck& check, Failure& failure) noexcept {
+  static constexpr Reducer kNoReduce{};
+  static constexpr DirectWrite kNoDirect{};
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).settle_call(check, true);
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,

@@ -232,6 +232,34 @@ TEST_CASE("fingerprints: different collectives on two ranks are refused naming b
                           "broadcast(count=10, float, root=0)") == "");
 }
 
+TEST_CASE("fingerprints: no chunk of a disagreeing call is used, though the first data leaves before the comparison",
+          "[failure][fingerprint]") {
+  // Rank 1 runs an allreduce: its first chunk reaches rank 0 without waiting for rank 0's
+  // fingerprint. Rank 0 runs a broadcast from rank 1, whose only step copies what arrives into
+  // its output: the comparison comes first, so the output keeps its old contents.
+  std::vector<std::string> seen(2);
+  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<float> buf(16, comm.rank() == 0 ? -1.0f : 7.0f);
+    try {
+      if (comm.rank() == 0)
+        comm.broadcast(buf.data(), buf.data(), buf.size(), DataType::Float32, 1);
+      else
+        comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      seen[r] = "no error";
+    } catch (const InvalidUsage& e) {
+      const std::string what = e.what();
+      seen[r] = what.find("disagree") != std::string::npos ? "ok" : "message: " + what;
+    }
+    if (comm.rank() == 0)
+      for (float v : buf)
+        if (v != -1.0f) seen[r] = fmt::format("the refused broadcast wrote {} into the output", v);
+  });
+  REQUIRE(err.empty());
+  REQUIRE(seen[0] == "ok");
+  REQUIRE(seen[1] == "ok");
+}
+
 TEST_CASE("fingerprints: different roots are refused naming both", "[failure][fingerprint]") {
   REQUIRE(expect_mismatch([](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 10, DataType::Float32, 0); },
                           [](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 10, DataType::Float32, 1); }, "root=1") == "");
