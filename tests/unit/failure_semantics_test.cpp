@@ -200,7 +200,7 @@ std::string expect_mismatch(const std::function<void(Communicator&, std::vector<
                             const std::function<void(Communicator&, std::vector<float>&)>& theirs, const std::string& needle) {
   std::vector<std::string> seen(2);
   const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
-    std::vector<float> buf(64, 1.0f);
+    std::vector<float> buf(1024, 1.0f);
     comm.allreduce(buf.data(), buf.data(), 8, DataType::Float32, ReduceOp::Sum);  // in step first
     const auto r = static_cast<std::size_t>(comm.rank());
     try {
@@ -260,9 +260,32 @@ TEST_CASE("fingerprints: no chunk of a disagreeing call is used, though the firs
   REQUIRE(seen[1] == "ok");
 }
 
+TEST_CASE("fingerprints: a rank stopped by the other's abort still names the disagreement", "[failure][fingerprint]") {
+  // Rank 0, the root, sends more chunks than there are slots and sleeps on a credit before
+  // rank 1 arrives; rank 1 finds the disagreement first and aborts rank 0, whose wait then
+  // sees the abort before it looks at rank 1's fingerprint (there by then): the error still
+  // describes both calls, not just "rank 1 failed".
+  REQUIRE(expect_mismatch([](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 1024, DataType::Float32, 0); },
+                          [](Communicator& c, auto& b) {
+                            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                            c.allreduce(b.data(), b.data(), 8, DataType::Float32, ReduceOp::Sum);
+                          },
+                          "allreduce(count=8, float, sum)") == "");
+}
+
 TEST_CASE("fingerprints: different roots are refused naming both", "[failure][fingerprint]") {
   REQUIRE(expect_mismatch([](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 10, DataType::Float32, 0); },
                           [](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 10, DataType::Float32, 1); }, "root=1") == "");
+}
+
+TEST_CASE("fingerprints: two roots that only send are refused long before the timeout", "[failure][fingerprint]") {
+  // Each rank is the root of its own broadcast: both send more chunks than there are slots,
+  // neither receives, so each sleeps on a credit that never comes. The waits themselves must
+  // look at the fingerprint that arrived meanwhile, or only the 20 s timeout would end them.
+  const auto t0 = Clock::now();
+  REQUIRE(expect_mismatch([](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 1024, DataType::Float32, 0); },
+                          [](Communicator& c, auto& b) { c.broadcast(b.data(), b.data(), 1024, DataType::Float32, 1); }, "root=1") == "");
+  REQUIRE(Clock::now() - t0 < std::chrono::seconds(10));
 }
 
 TEST_CASE("fingerprints: different datatypes or ops are refused naming both", "[failure][fingerprint]") {
