@@ -1739,6 +1739,9 @@ struct Communicator::Impl : LaneState {
     call_check = detail::CallCheck{};
     if (options.check_calls && size > 1) post_call(call, fp);
     if (agreement_enabled() && seq % static_cast<std::uint64_t>(options.health_agree_every) == 0) {
+      // The agreement may fence or move the link the fingerprints travel on and re-plan who
+      // checks whom: compare them first, over the plan they were posted on.
+      settle_call(call);
       detail::Failure failure;
       if (!agree(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
       if (!options.health_prometheus.empty()) write_prometheus(snapshot_of(*this));
