@@ -31,7 +31,13 @@ struct ChunkTrailer {
 };
 
 /// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
-inline constexpr std::size_t kCallSlots = 4;
+inline constexpr std::size_t kCallSlots = 8;
+/// A reader acknowledges every this many-th fingerprint it reads (acknowledgements count up, so
+/// one frees every slot before it too), and every one it reads before a fence agreement (which
+/// may re-pair the ranks). At most `kCallSlots`, so a slot's previous call is always followed
+/// by an acknowledged one before the slot comes round again.
+inline constexpr std::size_t kCallAckEvery = 4;
+static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 
 /// Collectives as named in fingerprints and mismatch errors.
 enum class CallKind : std::uint8_t { Allreduce = 1, ReduceScatter, Allgather, Broadcast, Reduce, Alltoall, Barrier };

@@ -293,8 +293,9 @@ class RingRunner {
   }
 
   // Reads the checked neighbour's fingerprint of this call into `check` (waiting for it when
-  // `block`; else only if it is there) and acknowledges it, freeing its slot.
-  Status settle_call(CallCheck& check, bool block) noexcept {
+  // `block`; else only if it is there) and acknowledges it when its number is a multiple of
+  // kCallAckEvery or `always_ack`, freeing its slot and every one before it.
+  Status settle_call(CallCheck& check, bool block, bool always_ack) noexcept {
     Channel& from = *check.from;
     const auto number = static_cast<std::uint32_t>(check.mine.sequence);
     if (!block && !reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
@@ -304,6 +305,7 @@ class RingRunner {
     settling_ = false;
     RINGFENCE_TRY(waited);
     read_fingerprint(flags_, check);
+    if (!always_ack && number % kCallAckEvery != 0) return Status::ok();
     const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
     if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
     return drain(from, "acknowledging the call fingerprint");
@@ -314,7 +316,7 @@ class RingRunner {
   // find the fingerprint there, and at the end of the call.
   Status verify_call(bool block) noexcept {
     if (!check_ || check_->settled || settling_) return Status::ok();
-    RINGFENCE_TRY(settle_call(*check_, block));
+    RINGFENCE_TRY(settle_call(*check_, block, false));
     if (check_->disagree())
       return fail(Status(ErrorCode::InvalidUsage), *check_->from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
     return Status::ok();
@@ -683,8 +685,10 @@ class RingRunner {
   // it arrives intact). `landed` is where the data went when written directly (else the slot).
   Status wait_chunk(Channel& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept {
     const std::uint64_t m = ch.received;
-    RINGFENCE_TRY(verify_call(true));  // no chunk is used before the sender's call is known to be ours
     RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
+    // No chunk is used before the sender's call is known to be ours. From the checked rank the
+    // fingerprint came before the data on the same link, so this does not wait.
+    RINGFENCE_TRY(verify_call(true));
     slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
     if (!c_.checksum) return Status::ok();
     const std::byte* data = landed ? landed : slot;
@@ -802,7 +806,7 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* 
                           CallCheck& check, Failure& failure) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
-  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).settle_call(check, true);
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).settle_call(check, true, true);
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
