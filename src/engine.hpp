@@ -42,7 +42,8 @@ static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 /// Collectives as named in fingerprints and mismatch errors.
 enum class CallKind : std::uint8_t { Allreduce = 1, ReduceScatter, Allgather, Broadcast, Reduce, Alltoall, Barrier };
 
-/// What every rank must agree on before a collective moves data (design §6): its number and
+/// What every rank must agree on before a collective uses data it received (design §6; see
+/// docs/failure-semantics.md for when it is compared): its number and
 /// arguments. 32 bytes, written to the ring neighbour with a CRC32C so a damaged or lost one is
 /// told apart from a real disagreement.
 struct CallFingerprint {

@@ -220,10 +220,11 @@ struct CommOptions {
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;
-  /// Call fingerprints (docs/failure-semantics.md): before a collective moves data, each rank
-  /// checks that its ring neighbour makes the same call (number, collective, datatype, op,
-  /// count, root); a mismatch is `InvalidUsage` naming both ranks instead of a hang or garbage.
-  /// Costs one neighbour exchange per collective. Must match on every rank.
+  /// Call fingerprints (docs/failure-semantics.md): in every collective, each rank checks that
+  /// its ring neighbour makes the same call (number, collective, datatype, op, count, root)
+  /// before it uses any data it received; a mismatch is `InvalidUsage` naming both ranks
+  /// instead of a hang or garbage. Costs one small message per collective, sent ahead of the
+  /// data. Must match on every rank.
   /// Env: RINGFENCE_CHECK_CALLS=on|off.
   bool check_calls = true;
   /// Liveness heartbeat: a background thread per communicator signals every peer over links of
