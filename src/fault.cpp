@@ -146,21 +146,35 @@ class FaultLink final : public Link {
         ++dropped_;
         return Status::ok();
       }
-    RINGFENCE_TRY(inner_->write(op));
-    if (flip_rate_ <= 0.0 || !flip_active()) return Status::ok();
-    // Flips at byte positions next_flip_, next_flip_ + gap, ... within this write; at most
-    // kMaxFlipsPerWrite so the extra one-byte writes cannot overrun a completion queue.
+    if (flip_rate_ <= 0.0 || !flip_active() || next_flip_ >= static_cast<double>(op.bytes)) {
+      if (flip_rate_ > 0.0 && flip_active()) next_flip_ -= static_cast<double>(op.bytes);
+      return inner_->write(op);
+    }
+    // Flips at byte positions next_flip_, next_flip_ + gap, ... within this write (at most
+    // kMaxFlipsPerWrite, so the extra writes cannot overrun a completion queue). The write goes
+    // out in pieces that do not overlap: the bytes before a flip, the flipped byte, and so on.
+    // A flipped byte written over the intact one afterwards could land first on a transport
+    // that does not order writes (tcp stripes them over sockets), and the corruption would be
+    // lost. Only the last piece carries the caller's id.
+    const auto* src = static_cast<const std::byte*>(op.src);
+    std::size_t done = 0;
+    auto piece = [&](const void* from, std::size_t at, std::size_t len, bool last) noexcept {
+      WriteOp w{from, nullptr, op.dst, op.dst_offset + at, len, last ? op.wr_id : kInternalId | op.wr_id};
+      return inner_->write(w);
+    };
     int flips = 0;
-    while (next_flip_ < op.bytes && flips++ < kMaxFlipsPerWrite) {
-      const std::size_t k = static_cast<std::size_t>(next_flip_);
+    while (next_flip_ < static_cast<double>(op.bytes) && flips++ < kMaxFlipsPerWrite) {
+      const auto k = static_cast<std::size_t>(next_flip_);
+      if (k > done) RINGFENCE_TRY(piece(src + done, done, k - done, false));
       std::uint8_t& b = corrupt_[corrupt_next_++ % kCorruptRing];
-      b = static_cast<std::uint8_t>(static_cast<const std::uint8_t*>(op.src)[k] ^ (1u << (rng_.next() & 7)));
-      WriteOp flip{&b, nullptr, op.dst, op.dst_offset + k, 1, kInternalId | op.wr_id};
-      RINGFENCE_TRY(inner_->write(flip));
+      b = static_cast<std::uint8_t>(static_cast<std::uint8_t>(src[k]) ^ (1u << (rng_.next() & 7)));
+      done = k + 1;
+      RINGFENCE_TRY(piece(&b, k, 1, done == op.bytes));
       ++flips_;
       next_flip_ += 1 + draw_gap();
     }
-    next_flip_ = next_flip_ < op.bytes ? draw_gap() : next_flip_ - op.bytes;
+    if (done < op.bytes) RINGFENCE_TRY(piece(src + done, done, op.bytes - done, true));
+    next_flip_ = next_flip_ < static_cast<double>(op.bytes) ? draw_gap() : next_flip_ - static_cast<double>(op.bytes);
     return Status::ok();
   }
   Status signal(const SignalOp& op) noexcept override {
