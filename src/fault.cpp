@@ -1,6 +1,7 @@
-// Fault-injection decorator. A corrupting write is issued as the real write followed by
-// one-byte writes of flipped bytes at random offsets, so it works over any transport without a
-// scratch copy of the payload; the extra writes carry internal ids and their completions are
+// Fault-injection decorator. A corrupting write is issued in pieces that do not overlap: the
+// bytes up to a flipped one, a one-byte write of the flipped byte, and so on. So it works over
+// any transport without a scratch copy of the payload, whatever order the transport applies
+// writes in; every piece but the last carries an internal id, and those completions are
 // filtered out of poll().
 #include <charconv>
 #include <cmath>
@@ -229,7 +230,7 @@ class FaultLink final : public Link {
 
  private:
   static constexpr std::size_t kCorruptRing = 256;
-  static constexpr int kMaxFlipsPerWrite = 64;
+  static constexpr int kMaxFlipsPerWrite = 32;  // at most 64 extra pieces per write
   static constexpr std::size_t kLostRing = 64;
   static constexpr std::size_t kHeldRing = 64;
 

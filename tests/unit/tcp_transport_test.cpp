@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <ringfence/error.hpp>
+#include <ringfence/fault.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
 #include <ringfence/transports/tcp.hpp>
@@ -43,9 +44,11 @@ struct Pair {
   Logger log;
   std::unique_ptr<Transport> a, b;
   std::unique_ptr<Link> a_to_b, b_to_a;
-  explicit Pair(int sockets = 2) : options(loopback_options(sockets)) {
+  // `fault`: RINGFENCE_FAULT rules for a's side (empty: none).
+  explicit Pair(int sockets = 2, std::string_view fault = {}) : options(loopback_options(sockets)) {
     const PeerInfo pa{0, "ha", 1}, pb{1, "hb", 2};
     a = tcp::make_transport(TransportContext{pa, 2, &options, &log});
+    if (!fault.empty()) a = make_fault_transport(std::move(a), parse_fault_spec(fault), 0);
     b = tcp::make_transport(TransportContext{pb, 2, &options, &log});
     auto la = a->listen(), lb = b->listen();
     auto pa_pending = a->connect(*la, pb, lb->address());
@@ -134,6 +137,47 @@ TEST_CASE("tcp: striped writes land at their offsets and the signal comes after 
   REQUIRE(p.a_to_b->stats().bytes_written > 0);
   // Out of bounds of the imported region: refused locally, nothing sent.
   REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, mem.size() - 4, 8, 1}).code() == ErrorCode::InvalidUsage);
+}
+
+TEST_CASE("tcp: injected bit flips all arrive, though striped writes land in any order", "[tcp][fault]") {
+  // The fault decorator corrupts a write by sending it in pieces around each flipped byte. Sent
+  // as the intact write plus a one-byte write of the flipped byte, the flip would travel on
+  // socket 0 while the stripes travel on others, and could land first and be overwritten.
+  const int sockets = GENERATE(2, 3);
+  Pair p(sockets, "flip:rate=2e-4,seed=5");
+  Target t(p, 1 << 16);
+  auto& [mem, flag, data_region, flag_region, dst, fdst] = t;
+  std::vector<std::byte> src(mem.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
+  std::size_t flipped = 0;
+  for (std::uint32_t round = 1; round <= 20; ++round) {
+    std::fill(mem.begin(), mem.end(), std::byte{0});
+    REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, 0, src.size(), round}).is_ok());
+    REQUIRE(p.a_to_b->signal(SignalOp{&fdst, 0, round, 100 + round}).is_ok());
+    REQUIRE(wait_for(*p.b_to_a, flag, round).is_ok());
+    // About 13 flips per 64 KiB write: each arrived byte is the source byte with at most one
+    // bit flipped, and some are.
+    std::size_t differ = 0, multi_bit = 0;
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      const auto x = static_cast<unsigned>(mem[i] ^ src[i]);
+      multi_bit += (x & (x - 1)) != 0;
+      differ += x != 0;
+    }
+    INFO("round " << round);
+    REQUIRE(multi_bit == 0);
+    REQUIRE(differ > 0);
+    flipped += differ;
+    // One completion for the write (its pieces' are internal), one for the signal.
+    Completion done[8];
+    std::size_t n = 0;
+    REQUIRE(p.a_to_b->poll(done, n).is_ok());
+    REQUIRE(n == 2);
+    REQUIRE(done[0].wr_id == round);
+    REQUIRE(done[1].wr_id == 100 + round);
+  }
+  // 20 x 65536 bytes at 2e-4: about 262 flips.
+  REQUIRE(flipped > 150);
+  REQUIRE(flipped < 400);
 }
 
 TEST_CASE("tcp: small writes leave with the next frame, several per read, and poll, fence and close send them too",
