@@ -142,42 +142,44 @@ TEST_CASE("tcp: striped writes land at their offsets and the signal comes after 
 TEST_CASE("tcp: injected bit flips all arrive, though striped writes land in any order", "[tcp][fault]") {
   // The fault decorator corrupts a write by sending it in pieces around each flipped byte. Sent
   // as the intact write plus a one-byte write of the flipped byte, the flip would travel on
-  // socket 0 while the stripes travel on others, and could land first and be overwritten.
+  // socket 0 while the stripes travel on others, and could land first and be overwritten. One
+  // socket keeps every frame in order: with the same rules (same seed, same ranks, so the same
+  // flips) the striped link must deliver exactly the bytes the one-socket link delivers.
+  const char* spec = "flip:rate=2e-4,seed=5";
   const int sockets = GENERATE(2, 3);
-  Pair p(sockets, "flip:rate=2e-4,seed=5");
-  Target t(p, 1 << 16);
-  auto& [mem, flag, data_region, flag_region, dst, fdst] = t;
-  std::vector<std::byte> src(mem.size());
+  Pair ordered(1, spec), p(sockets, spec);
+  Target want(ordered, 1 << 16), t(p, 1 << 16);
+  std::vector<std::byte> src(t.mem.size());
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
   std::size_t flipped = 0;
   for (std::uint32_t round = 1; round <= 20; ++round) {
-    std::fill(mem.begin(), mem.end(), std::byte{0});
-    REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &dst, 0, src.size(), round}).is_ok());
-    REQUIRE(p.a_to_b->signal(SignalOp{&fdst, 0, round, 100 + round}).is_ok());
-    REQUIRE(wait_for(*p.b_to_a, flag, round).is_ok());
-    // About 13 flips per 64 KiB write: each arrived byte is the source byte with at most one
-    // bit flipped, and some are.
+    INFO("round " << round);
+    for (auto [pair, target] : {std::pair{&ordered, &want}, std::pair{&p, &t}}) {
+      std::fill(target->mem.begin(), target->mem.end(), std::byte{0});
+      REQUIRE(pair->a_to_b->write(WriteOp{src.data(), nullptr, &target->dst, 0, src.size(), round}).is_ok());
+      REQUIRE(pair->a_to_b->signal(SignalOp{&target->fdst, 0, round, 100 + round}).is_ok());
+      REQUIRE(wait_for(*pair->b_to_a, target->flag, round).is_ok());
+      // One completion for the write (its pieces' are internal), one for the signal.
+      Completion done[8];
+      std::size_t n = 0;
+      REQUIRE(pair->a_to_b->poll(done, n).is_ok());
+      REQUIRE(n == 2);
+      REQUIRE(done[0].wr_id == round);
+      REQUIRE(done[1].wr_id == 100 + round);
+    }
+    // About 13 flips per 64 KiB write, one bit each, every one of them delivered.
     std::size_t differ = 0, multi_bit = 0;
     for (std::size_t i = 0; i < src.size(); ++i) {
-      const auto x = static_cast<unsigned>(mem[i] ^ src[i]);
+      const auto x = static_cast<unsigned>(want.mem[i] ^ src[i]);
       multi_bit += (x & (x - 1)) != 0;
       differ += x != 0;
     }
-    INFO("round " << round);
     REQUIRE(multi_bit == 0);
     REQUIRE(differ > 0);
+    REQUIRE(t.mem == want.mem);
     flipped += differ;
-    // One completion for the write (its pieces' are internal), one for the signal.
-    Completion done[8];
-    std::size_t n = 0;
-    REQUIRE(p.a_to_b->poll(done, n).is_ok());
-    REQUIRE(n == 2);
-    REQUIRE(done[0].wr_id == round);
-    REQUIRE(done[1].wr_id == 100 + round);
   }
-  // 20 x 65536 bytes at 2e-4: about 262 flips.
-  REQUIRE(flipped > 150);
-  REQUIRE(flipped < 400);
+  REQUIRE(flipped > 100);  // 20 x 65536 bytes at 2e-4: about 262
 }
 
 TEST_CASE("tcp: small writes leave with the next frame, several per read, and poll, fence and close send them too",
