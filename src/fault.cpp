@@ -147,8 +147,9 @@ class FaultLink final : public Link {
         ++dropped_;
         return Status::ok();
       }
-    if (flip_rate_ <= 0.0 || !flip_active() || next_flip_ >= static_cast<double>(op.bytes)) {
-      if (flip_rate_ > 0.0 && flip_active()) next_flip_ -= static_cast<double>(op.bytes);
+    if (flip_rate_ <= 0.0 || !flip_active()) return inner_->write(op);
+    if (next_flip_ >= static_cast<double>(op.bytes)) {  // no flip in this write
+      next_flip_ -= static_cast<double>(op.bytes);
       return inner_->write(op);
     }
     // Flips at byte positions next_flip_, next_flip_ + gap, ... within this write (at most
@@ -159,22 +160,23 @@ class FaultLink final : public Link {
     // lost. Only the last piece carries the caller's id.
     const auto* src = static_cast<const std::byte*>(op.src);
     std::size_t done = 0;
-    auto piece = [&](const void* from, std::size_t at, std::size_t len, bool last) noexcept {
-      WriteOp w{from, nullptr, op.dst, op.dst_offset + at, len, last ? op.wr_id : kInternalId | op.wr_id};
-      return inner_->write(w);
+    // A piece of the source keeps its registration (it covers every part of `src`); a flipped
+    // byte lives in corrupt_, which has none.
+    auto piece = [&](const void* from, const MemoryRegion* region, std::size_t at, std::size_t len, bool last) noexcept {
+      return inner_->write(WriteOp{from, region, op.dst, op.dst_offset + at, len, last ? op.wr_id : kInternalId | op.wr_id});
     };
     int flips = 0;
     while (next_flip_ < static_cast<double>(op.bytes) && flips++ < kMaxFlipsPerWrite) {
       const auto k = static_cast<std::size_t>(next_flip_);
-      if (k > done) RINGFENCE_TRY(piece(src + done, done, k - done, false));
+      if (k > done) RINGFENCE_TRY(piece(src + done, op.src_region, done, k - done, false));
       std::uint8_t& b = corrupt_[corrupt_next_++ % kCorruptRing];
       b = static_cast<std::uint8_t>(static_cast<std::uint8_t>(src[k]) ^ (1u << (rng_.next() & 7)));
       done = k + 1;
-      RINGFENCE_TRY(piece(&b, k, 1, done == op.bytes));
+      RINGFENCE_TRY(piece(&b, nullptr, k, 1, done == op.bytes));
       ++flips_;
       next_flip_ += 1 + draw_gap();
     }
-    if (done < op.bytes) RINGFENCE_TRY(piece(src + done, done, op.bytes - done, true));
+    if (done < op.bytes) RINGFENCE_TRY(piece(src + done, op.src_region, done, op.bytes - done, true));
     next_flip_ = next_flip_ < static_cast<double>(op.bytes) ? draw_gap() : next_flip_ - static_cast<double>(op.bytes);
     return Status::ok();
   }
