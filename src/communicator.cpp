@@ -590,7 +590,6 @@ struct Communicator::Impl : LaneState {
   // Posts our fingerprint of the collective starting now to the ranks that check it; the
   // comparison with the one we check comes later (settle_call, or the executor: RingCall::check).
   void post_call(const char* call, detail::CallFingerprint mine) {
-    call_check = detail::CallCheck{};
     if (!fp_from) return;
     mine.sequence = seq;
     mine.crc = crc32c(&mine, offsetof(detail::CallFingerprint, crc));
@@ -616,7 +615,7 @@ struct Communicator::Impl : LaneState {
   // allreduce receive from every rank (unless there are only two), and extra lanes from links
   // other than the checked one.
   bool can_defer_check(const detail::RingCall& c, int lanes) const noexcept {
-    return call_check.from == left && relay_duties.count == 0 && lanes <= 1 && (!c.by_position || size == 2);
+    return call_check.from && call_check.from == left && relay_duties.count == 0 && lanes <= 1 && (!c.by_position || size == 2);
   }
 
   // After the data phase (or when it failed): a disagreement fails the call on this rank and
@@ -1752,7 +1751,7 @@ struct Communicator::Impl : LaneState {
   // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
   void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer, bool direct = false) {
     const int lanes = lanes_for(c, reducer.elem_size);
-    const bool deferred = call_check.from && !call_check.settled && can_defer_check(c, lanes);
+    const bool deferred = can_defer_check(c, lanes);  // false when there is none or it was judged (from is null)
     if (!deferred) settle_call(call);
     if (lanes <= 1) {
       detail::RingCall checked = c;

@@ -32,10 +32,11 @@ struct ChunkTrailer {
 
 /// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
 inline constexpr std::size_t kCallSlots = 8;
-/// A reader acknowledges every this many-th fingerprint it reads (acknowledgements count up, so
-/// one frees every slot before it too), and every one it reads before a fence agreement (which
-/// may re-pair the ranks). At most `kCallSlots`, so a slot's previous call is always followed
-/// by an acknowledged one before the slot comes round again.
+/// The ring executor acknowledges every this many-th fingerprint it compares (acknowledgements
+/// count up, so one frees every slot before it too); `settle_fingerprint` acknowledges every
+/// one, which covers the fingerprints compared before a fence agreement (it may re-pair the
+/// ranks). At most `kCallSlots`, so a slot's previous call is always followed by an
+/// acknowledged one before the slot comes round again.
 inline constexpr std::size_t kCallAckEvery = 4;
 static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 

@@ -298,13 +298,15 @@ class RingRunner {
   Status settle_call(CallCheck& check, bool block, bool always_ack) noexcept {
     Channel& from = *check.from;
     const auto number = static_cast<std::uint32_t>(check.mine.sequence);
-    if (!block && !reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
-    settling_ = true;  // the wait below must not try to settle the same check again
-    const Status waited =
-        wait_flag(from, flags_.call[from.peer], number, "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
-    settling_ = false;
-    RINGFENCE_TRY(waited);
-    read_fingerprint(flags_, check);
+    if (!read_fingerprint(flags_, check)) {
+      if (!block) return Status::ok();
+      settling_ = true;  // the wait below must not try to settle the same check again
+      const Status waited = wait_flag(from, flags_.call[from.peer], number,
+                                      "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+      settling_ = false;
+      RINGFENCE_TRY(waited);
+      read_fingerprint(flags_, check);
+    }
     if (!always_ack && number % kCallAckEvery != 0) return Status::ok();
     const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
     if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
