@@ -309,6 +309,12 @@ class TcpLink final : public Link {
   // Held by whoever reads the sockets: the progress thread (try_lock, per event) or the thread
   // waiting on this link (which takes the sockets out of the progress thread's epoll meanwhile).
   std::mutex rx_mutex;
+  // Guarded by rx_mutex. True while the sockets are out of the progress thread's epoll set:
+  // during a wait, and after it until `kept_until` (see TcpTransport::wait_reading), so that a
+  // thread waiting on the link again soon reads the next frames itself, with no epoll_ctl and no
+  // wake-up of the progress thread in between.
+  bool kept = false;
+  std::chrono::steady_clock::time_point kept_until{};
   const std::vector<int>& fds() const noexcept { return fds_; }
   std::vector<Rx>& rx() noexcept { return rx_; }
   int self() const noexcept { return self_; }
@@ -355,8 +361,9 @@ class TcpLink final : public Link {
   }
 
   // Sends every byte of `iov` on socket `s`, waiting for room (the peer's progress thread
-  // drains its sockets whatever its owner does, so room comes unless the peer is gone or
-  // stopped): bounded by the communicator timeout. On socket 0 the send buffer goes first, in
+  // drains its sockets whatever its owner does, taking back within kKeepIdle those a past
+  // wait kept, so room comes unless the peer is gone or stopped): bounded by the communicator
+  // timeout. On socket 0 the send buffer goes first, in
   // the same sendmsg.
   Status send_all(std::size_t s, iovec* caller_iov, int caller_count) noexcept {
     iovec all[4];
@@ -384,6 +391,9 @@ class TcpLink final : public Link {
           const auto now = std::chrono::steady_clock::now();
           if (deadline == std::chrono::steady_clock::time_point{}) deadline = now + timeout_;
           if (now >= deadline) return fail(ErrorCode::Timeout);
+          // The peer may itself be blocked sending to us, waiting for us to read: whatever a
+          // past wait kept goes back to the progress thread, which reads while we wait here.
+          give_back();
           pollfd p{fd, POLLOUT, 0};
           (void)::poll(&p, 1, 20);
           continue;
@@ -404,6 +414,8 @@ class TcpLink final : public Link {
     }
     return Status::ok();
   }
+
+  void give_back() noexcept;
 
   TcpTransport& transport_;
   int self_;
@@ -641,6 +653,13 @@ class TcpTransport final : public Transport {
   }
   void remove_link(TcpLink* link) noexcept {
     std::lock_guard lock(links_mutex_);
+    {
+      std::lock_guard rx(link->rx_mutex);
+      if (link->kept) {
+        link->kept = false;
+        kept_links_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
     for (int fd : link->fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
     links_.erase(std::remove(links_.begin(), links_.end(), link), links_.end());
   }
@@ -662,6 +681,13 @@ class TcpTransport final : public Transport {
   // Link::wait: the calling thread reads the link's sockets itself until `flag` reaches
   // `target`, the link breaks, or min(max, 20 ms) passed; the progress thread leaves the link
   // alone meanwhile (its sockets are out of the epoll set), so nothing is handed over.
+  //
+  // The sockets stay out of the epoll set for kKeepIdle after the wait: a collective waits on
+  // its links every few microseconds, and frames that arrive between two waits (a credit, the
+  // next call's fingerprint) would each wake the progress thread, which reads them and hands
+  // them over; the next wait reads them instead. The progress thread takes idle links back
+  // (take_back_idle), and a sender that finds no room gives them back at once (TcpLink::give_back),
+  // so frames are never left unread for longer than kKeepIdle plus one epoll timeout.
   Status wait_reading(TcpLink& link, SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::min<std::chrono::nanoseconds>(max, std::chrono::milliseconds(20));
@@ -669,8 +695,14 @@ class TcpTransport final : public Transport {
     Status result(ErrorCode::InProgress);
     {
       std::lock_guard lock(link.rx_mutex);  // the progress thread holds it only while it drains
-      for (std::size_t s = 0; s < sockets; ++s)
-        if (!link.rx()[s].closed) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[s], nullptr);
+      if (!link.kept) {
+        for (std::size_t s = 0; s < sockets; ++s)
+          if (!link.rx()[s].closed) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[s], nullptr);
+        link.kept = true;
+        // The progress thread sleeps without a timeout while it keeps every link: wake it so
+        // that it starts looking for idle ones.
+        if (kept_links_.fetch_add(1, std::memory_order_acq_rel) == 0) wake_progress();
+      }
       pollfd fds[kMaxSockets];
       for (;;) {
         for (std::size_t s = 0; s < sockets; ++s) drain_socket(link, s);
@@ -691,14 +723,24 @@ class TcpTransport final : public Transport {
         const timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
         (void)::ppoll(fds, k, &ts, nullptr);
       }
-      // Back to the progress thread (nothing more is read from a fenced link or an ended socket).
-      if (link.broken().code() != ErrorCode::Fenced)
-        for (std::size_t s = 0; s < sockets; ++s)
-          if (!link.rx()[s].closed) (void)watch_socket(link, s);
+      link.kept_until = std::chrono::steady_clock::now() + kKeepIdle;
     }
     link.add_wait_ns(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()));
     return result;
   }
+
+  // Puts the sockets of a kept link back into the progress thread's epoll set (nothing more is
+  // read from a link fenced as malformed, or from an ended socket). Needs link.rx_mutex.
+  void return_sockets(TcpLink& link) noexcept {
+    if (!link.kept) return;
+    link.kept = false;
+    kept_links_.fetch_sub(1, std::memory_order_acq_rel);
+    if (link.broken().code() != ErrorCode::Fenced)
+      for (std::size_t s = 0; s < link.fds().size(); ++s)
+        if (!link.rx()[s].closed) (void)watch_socket(link, s);
+  }
+  // How long a link's sockets stay with the thread that last waited on it.
+  static constexpr auto kKeepIdle = std::chrono::milliseconds(2);
 
   std::uint64_t refused() const noexcept { return refused_; }
   std::uint64_t& refused_counter() noexcept { return refused_; }
@@ -748,10 +790,14 @@ class TcpTransport final : public Transport {
   static constexpr auto kLinger = std::chrono::seconds(10);
   static constexpr auto kShortLinger = std::chrono::milliseconds(250);
 
+  void wake_progress() noexcept {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof one);
+  }
   void stop() noexcept {
     if (thread_.joinable()) {
-      const std::uint64_t one = 1;
-      (void)!::write(wake_, &one, sizeof one);
+      stopping_.store(true, std::memory_order_release);
+      wake_progress();
       thread_.join();
     }
     if (epoll_ >= 0) ::close(epoll_);
@@ -761,15 +807,20 @@ class TcpTransport final : public Transport {
 
   void progress() noexcept {
     epoll_event events[64];
+    constexpr int kKeepIdleMs = static_cast<int>(std::chrono::milliseconds(kKeepIdle).count());
     for (;;) {
-      const int n = ::epoll_wait(epoll_, events, 64, -1);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return;
-      }
+      const bool looking = kept_links_.load(std::memory_order_acquire) > 0;
+      const int n = ::epoll_wait(epoll_, events, 64, looking ? kKeepIdleMs : -1);
+      if (n < 0 && errno != EINTR) return;
       std::lock_guard lock(links_mutex_);  // links stay alive while we use them
+      if (looking) take_back_idle();
       for (int i = 0; i < n; ++i) {
-        if (events[i].data.u64 == 0) return;  // stop
+        if (events[i].data.u64 == 0) {  // stop, or a link was kept (wait_reading)
+          if (stopping_.load(std::memory_order_acquire)) return;
+          std::uint64_t count;
+          (void)!::read(wake_, &count, sizeof count);
+          continue;
+        }
         auto* link = reinterpret_cast<TcpLink*>(static_cast<std::uintptr_t>(events[i].data.u64 >> 3));
         const auto s = static_cast<std::size_t>(events[i].data.u64 & 7);
         if (std::find(links_.begin(), links_.end(), link) == links_.end()) continue;  // removed meanwhile
@@ -778,6 +829,22 @@ class TcpTransport final : public Transport {
         drain_socket(*link, s);
       }
     }
+  }
+
+  // Takes back the sockets of links nobody waited on for kKeepIdle (a link being waited on
+  // holds its rx_mutex, so try_lock skips it). Needs links_mutex_.
+  void take_back_idle() noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    for (TcpLink* link : links_) {
+      std::unique_lock rx(link->rx_mutex, std::try_to_lock);
+      if (rx.owns_lock() && link->kept && now >= link->kept_until) {
+        return_sockets(*link);
+        drain_all(*link);  // what arrived since the last wait: a level-triggered epoll would report it too
+      }
+    }
+  }
+  void drain_all(TcpLink& link) noexcept {
+    for (std::size_t s = 0; s < link.fds().size(); ++s) drain_socket(link, s);
   }
 
   // Reads what socket `s` of `link` has: headers into the reader, payloads straight into their
@@ -898,6 +965,8 @@ class TcpTransport final : public Transport {
   std::mutex links_mutex_;
   std::vector<TcpLink*> links_;
   int epoll_ = -1, wake_ = -1;
+  std::atomic<int> kept_links_{0};  // links whose sockets are out of the epoll set (TcpLink::kept)
+  std::atomic<bool> stopping_{false};
   std::thread thread_;
   std::uint64_t refused_ = 0;
   std::mutex linger_mutex_;
@@ -919,6 +988,11 @@ Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanose
   if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
   if (const Status b = broken(); !b.is_ok()) return b;
   return transport_.wait_reading(*this, flag, target, max);
+}
+
+void TcpLink::give_back() noexcept {
+  std::unique_lock rx(rx_mutex, std::try_to_lock);
+  if (rx.owns_lock()) transport_.return_sockets(*this);  // else a thread waiting on us reads
 }
 
 TcpLink::~TcpLink() {
