@@ -44,8 +44,10 @@ struct Pair {
   Logger log;
   std::unique_ptr<Transport> a, b;
   std::unique_ptr<Link> a_to_b, b_to_a;
-  // `fault`: RINGFENCE_FAULT rules for a's side (empty: none).
-  explicit Pair(int sockets = 2, std::string_view fault = {}) : options(loopback_options(sockets)) {
+  // `fault`: RINGFENCE_FAULT rules for a's side (empty: none). `buffer_bytes`: the sockets'
+  // buffers (0: the default).
+  explicit Pair(int sockets = 2, std::string_view fault = {}, int buffer_bytes = 0) : options(loopback_options(sockets)) {
+    if (buffer_bytes > 0) options.tcp.buffer_bytes = buffer_bytes;
     const PeerInfo pa{0, "ha", 1}, pb{1, "hb", 2};
     a = tcp::make_transport(TransportContext{pa, 2, &options, &log});
     if (!fault.empty()) a = make_fault_transport(std::move(a), parse_fault_spec(fault), 0);
@@ -288,6 +290,66 @@ TEST_CASE("tcp: while a thread waits on one link (reading it itself), other link
   REQUIRE(send_status.is_ok());
   REQUIRE(reached(from2.value.load(std::memory_order_acquire), 1));
   REQUIRE(std::memcmp(mem.data(), src.data(), mem.size()) == 0);
+}
+
+TEST_CASE("tcp: a link a wait kept is read again once nobody waits on it", "[tcp][conformance]") {
+  // After a wait, the waiting thread keeps the link's sockets (so that its next wait reads the
+  // next frames itself); when no wait comes, the progress thread must take them back and place
+  // what arrives: here b only watches its memory and flag, as a peer polling a flag would.
+  Pair p(2);
+  Target t(p, 4096);
+  REQUIRE(p.a_to_b->signal(SignalOp{&t.fdst, 0, 1, 1}).is_ok());
+  REQUIRE(wait_for(*p.b_to_a, t.flag, 1).is_ok());  // b's side of the link is now kept
+  std::vector<std::byte> src(t.mem.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
+  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &t.dst, 0, src.size(), 2}).is_ok());
+  REQUIRE(p.a_to_b->signal(SignalOp{&t.fdst, 0, 2, 3}).is_ok());
+  Completion c[4];
+  std::size_t n = 0;
+  REQUIRE(p.a_to_b->poll(c, n).is_ok());  // sends what waits in a's send buffer
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!reached(t.flag.value.load(std::memory_order_acquire), 2) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(reached(t.flag.value.load(std::memory_order_acquire), 2));
+  REQUIRE(std::memcmp(t.mem.data(), src.data(), src.size()) == 0);
+}
+
+TEST_CASE("tcp: two kept links whose ends both send more than the socket buffers hold do not block each other",
+          "[tcp][conformance]") {
+  // Each side waited once (so it keeps its sockets), then both write 8 MiB to each other at
+  // once through 256 KiB socket buffers: each sender must get its sockets read while it waits
+  // for room, or both wait until the timeout.
+  Pair p(2, {}, 256 * 1024);
+  Target at_b(p, 8 << 20);
+  // The same towards a: a's memory and flag, imported by b.
+  std::vector<std::byte> a_mem(8 << 20);
+  SignalFlag a_flag;
+  auto a_region = p.a->register_memory(a_mem.data(), a_mem.size(), MemoryKind::Host);
+  auto a_flag_region = p.a->register_memory(&a_flag, sizeof a_flag, MemoryKind::Host);
+  const RemoteRegion to_a = p.b->import_region(a_region.key()), to_a_flag = p.b->import_region(a_flag_region.key());
+  REQUIRE(p.a_to_b->signal(SignalOp{&at_b.fdst, 0, 1, 1}).is_ok());
+  REQUIRE(p.b_to_a->signal(SignalOp{&to_a_flag, 0, 1, 1}).is_ok());
+  REQUIRE(wait_for(*p.b_to_a, at_b.flag, 1).is_ok());
+  REQUIRE(wait_for(*p.a_to_b, a_flag, 1).is_ok());
+  std::vector<std::byte> from_a(8 << 20), from_b(8 << 20);
+  for (std::size_t i = 0; i < from_a.size(); ++i) {
+    from_a[i] = static_cast<std::byte>(i * 7 + 1);
+    from_b[i] = static_cast<std::byte>(i * 11 + 3);
+  }
+  Status sa, sb;
+  std::thread b_sends([&] {
+    sb = p.b_to_a->write(WriteOp{from_b.data(), nullptr, &to_a, 0, from_b.size(), 2});
+    if (sb.is_ok()) sb = p.b_to_a->signal(SignalOp{&to_a_flag, 0, 2, 3});
+    if (sb.is_ok()) sb = wait_for(*p.b_to_a, at_b.flag, 2);
+  });
+  sa = p.a_to_b->write(WriteOp{from_a.data(), nullptr, &at_b.dst, 0, from_a.size(), 2});
+  if (sa.is_ok()) sa = p.a_to_b->signal(SignalOp{&at_b.fdst, 0, 2, 3});
+  if (sa.is_ok()) sa = wait_for(*p.a_to_b, a_flag, 2);
+  b_sends.join();
+  REQUIRE(sa.is_ok());
+  REQUIRE(sb.is_ok());
+  REQUIRE(std::memcmp(at_b.mem.data(), from_a.data(), from_a.size()) == 0);
+  REQUIRE(std::memcmp(a_mem.data(), from_b.data(), from_b.size()) == 0);
 }
 
 TEST_CASE("tcp: a peer that leaves: writes to it complete without effect, waits on it fail", "[tcp][conformance]") {
