@@ -21,7 +21,7 @@
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4; ≥ 2 for network-only links on a host not oversubscribed) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
 /// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
-/// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 1M |
+/// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 512K |
 /// | RINGFENCE_SOCKET_IFNAME | interfaces tcp listens on: prefixes, `^` excludes, `=` exact (NCCL_SOCKET_IFNAME syntax) | first non-loopback |
 /// | RINGFENCE_IB_HCA | InfiniBand devices/ports for the ibverbs transport: `name[:port]` prefixes, `^` excludes, `=` exact (NCCL_IB_HCA syntax) | all, first active port |
 /// | RINGFENCE_IB_GID_INDEX | GID index (RoCE, routed IB), 0..255 | 0 |

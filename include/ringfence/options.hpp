@@ -38,12 +38,13 @@ struct TcpOptions {
   std::size_t stripe_min_bytes = 128 * 1024;
   /// Pipeline chunk the tcp transport asks for (`Reachability::min_chunk_bytes`), used instead of
   /// `CommOptions::chunk_bytes` when larger as soon as a link of the communicator is tcp: every
-  /// chunk costs a wake-up and a signal round on the socket (measured on loopback, 2 ranks,
-  /// 1-64 MiB, best of 2, when the progress thread still handed every chunk over: 0.97-1.39
-  /// GB/s with 1 MiB against 0.62-1.05 with 256 KiB; not re-measured since the waiting thread
-  /// reads its own link).
+  /// chunk costs a signal round on the socket. Measured on loopback, 2 ranks, allreduce busbw,
+  /// three alternating runs, once a waiting thread kept its link's sockets between waits
+  /// (bench/README.md "tcp"): 512 KiB gave 3.2-3.5 GB/s at 4 MiB, 2.9-3.4 at 16 MiB and 2.7-3.6
+  /// at 64 MiB, against 1.7-2.0, 1.75-1.9 and 1.45-2.0 with 1 MiB; 256 KiB fell between them;
+  /// at 1 MiB all were within noise.
   /// Env: RINGFENCE_TCP_CHUNK_BYTES.
-  std::size_t chunk_bytes = 1024 * 1024;
+  std::size_t chunk_bytes = 512 * 1024;
   /// SO_SNDBUF / SO_RCVBUF of every socket (the kernel may cap it).
   int buffer_bytes = 4 * 1024 * 1024;
   /// Interfaces to listen on, NCCL_SOCKET_IFNAME syntax ("eth", "^docker,lo", "=eth0"); empty =
