@@ -2,7 +2,8 @@
 // data path is noexcept and allocation-free: a write sends a frame header and the payload from
 // the caller's buffer (sendmsg, no copy on our side), a signal sends a small frame. One progress
 // thread per transport (started with the first link) reads every socket with epoll and places
-// payloads straight into registered memory, checking every length and offset first.
+// payloads straight into registered memory, checking every length and offset first; a thread
+// waiting on a link reads that link itself, and keeps it for a while (see wait_reading).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
