@@ -820,6 +820,9 @@ class TcpTransport final : public Transport {
           if (stopping_.load(std::memory_order_acquire)) return;
           std::uint64_t count;
           (void)!::read(wake_, &count, sizeof count);
+          // stop() sets the flag before it writes: a read that took its write sees the flag
+          // (without this second look, that wake-up would be lost and stop() would wait forever).
+          if (stopping_.load(std::memory_order_acquire)) return;
           continue;
         }
         auto* link = reinterpret_cast<TcpLink*>(static_cast<std::uintptr_t>(events[i].data.u64 >> 3));
