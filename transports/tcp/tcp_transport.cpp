@@ -654,13 +654,6 @@ class TcpTransport final : public Transport {
   }
   void remove_link(TcpLink* link) noexcept {
     std::lock_guard lock(links_mutex_);
-    {
-      std::lock_guard rx(link->rx_mutex);
-      if (link->kept) {
-        link->kept = false;
-        kept_links_.fetch_sub(1, std::memory_order_acq_rel);
-      }
-    }
     for (int fd : link->fds()) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
     links_.erase(std::remove(links_.begin(), links_.end(), link), links_.end());
   }
@@ -700,9 +693,10 @@ class TcpTransport final : public Transport {
         for (std::size_t s = 0; s < sockets; ++s)
           if (!link.rx()[s].closed) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.fds()[s], nullptr);
         link.kept = true;
-        // The progress thread sleeps without a timeout while it keeps every link: wake it so
-        // that it starts looking for idle ones.
-        if (kept_links_.fetch_add(1, std::memory_order_acq_rel) == 0) wake_progress();
+        // The progress thread may sleep without a timeout (it kept no link when it last
+        // looked): wake it so that it starts looking for idle ones. Once per keeping, which
+        // happens after an idle spell, not per wait.
+        wake_progress();
       }
       pollfd fds[kMaxSockets];
       for (;;) {
@@ -735,7 +729,6 @@ class TcpTransport final : public Transport {
   void return_sockets(TcpLink& link) noexcept {
     if (!link.kept) return;
     link.kept = false;
-    kept_links_.fetch_sub(1, std::memory_order_acq_rel);
     if (link.broken().code() != ErrorCode::Fenced)
       for (std::size_t s = 0; s < link.fds().size(); ++s)
         if (!link.rx()[s].closed) (void)watch_socket(link, s);
@@ -809,20 +802,17 @@ class TcpTransport final : public Transport {
   void progress() noexcept {
     epoll_event events[64];
     constexpr int kKeepIdleMs = static_cast<int>(std::chrono::milliseconds(kKeepIdle).count());
-    for (;;) {
-      const bool looking = kept_links_.load(std::memory_order_acquire) > 0;
+    bool looking = false;  // some link is kept: wake up to take it back once idle
+    // stop() sets the flag before it writes the wake-up counter, so once the thread read the
+    // counter (whoever's write it took) the flag is seen here.
+    while (!stopping_.load(std::memory_order_acquire)) {
       const int n = ::epoll_wait(epoll_, events, 64, looking ? kKeepIdleMs : -1);
       if (n < 0 && errno != EINTR) return;
       std::lock_guard lock(links_mutex_);  // links stay alive while we use them
-      if (looking) take_back_idle();
       for (int i = 0; i < n; ++i) {
         if (events[i].data.u64 == 0) {  // stop, or a link was kept (wait_reading)
-          if (stopping_.load(std::memory_order_acquire)) return;
           std::uint64_t count;
           (void)!::read(wake_, &count, sizeof count);
-          // stop() sets the flag before it writes: a read that took its write sees the flag
-          // (without this second look, that wake-up would be lost and stop() would wait forever).
-          if (stopping_.load(std::memory_order_acquire)) return;
           continue;
         }
         auto* link = reinterpret_cast<TcpLink*>(static_cast<std::uintptr_t>(events[i].data.u64 >> 3));
@@ -832,23 +822,27 @@ class TcpTransport final : public Transport {
         if (!rx.owns_lock()) continue;  // its waiting thread reads it (and took it out of the epoll set)
         drain_socket(*link, s);
       }
+      looking = take_back_idle();
     }
   }
 
   // Takes back the sockets of links nobody waited on for kKeepIdle (a link being waited on
-  // holds its rx_mutex, so try_lock skips it). Needs links_mutex_.
-  void take_back_idle() noexcept {
+  // holds its rx_mutex, so try_lock skips it); what arrived meanwhile makes the level-triggered
+  // epoll report them at once. True while some link stays kept. Needs links_mutex_.
+  bool take_back_idle() noexcept {
     const auto now = std::chrono::steady_clock::now();
+    bool kept = false;
     for (TcpLink* link : links_) {
       std::unique_lock rx(link->rx_mutex, std::try_to_lock);
-      if (rx.owns_lock() && link->kept && now >= link->kept_until) {
+      if (!rx.owns_lock()) {
+        kept = true;  // being waited on (or given back right now): look again later
+      } else if (link->kept && now >= link->kept_until) {
         return_sockets(*link);
-        drain_all(*link);  // what arrived since the last wait: a level-triggered epoll would report it too
+      } else {
+        kept = kept || link->kept;
       }
     }
-  }
-  void drain_all(TcpLink& link) noexcept {
-    for (std::size_t s = 0; s < link.fds().size(); ++s) drain_socket(link, s);
+    return kept;
   }
 
   // Reads what socket `s` of `link` has: headers into the reader, payloads straight into their
@@ -969,7 +963,6 @@ class TcpTransport final : public Transport {
   std::mutex links_mutex_;
   std::vector<TcpLink*> links_;
   int epoll_ = -1, wake_ = -1;
-  std::atomic<int> kept_links_{0};  // links whose sockets are out of the epoll set (TcpLink::kept)
   std::atomic<bool> stopping_{false};
   std::thread thread_;
   std::uint64_t refused_ = 0;
