@@ -314,6 +314,18 @@ TEST_CASE("tcp: a link a wait kept is read again once nobody waits on it", "[tcp
   REQUIRE(std::memcmp(t.mem.data(), src.data(), src.size()) == 0);
 }
 
+TEST_CASE("tcp: a transport stops at once right after a wait kept one of its links", "[tcp][conformance]") {
+  // Keeping a link wakes the progress thread through the same counter stop() writes; a wake-up
+  // read while stop() writes must not be lost (the thread would sleep forever and the
+  // destructor hang: ctest's timeout is this case's failure).
+  for (int round = 0; round < 100; ++round) {
+    Pair p(1);
+    Target t(p, 64);
+    REQUIRE(p.a_to_b->signal(SignalOp{&t.fdst, 0, 1, 1}).is_ok());
+    REQUIRE(wait_for(*p.b_to_a, t.flag, 1).is_ok());  // b keeps the link, and wakes its progress thread
+  }
+}
+
 TEST_CASE("tcp: two kept links whose ends both send more than the socket buffers hold do not block each other",
           "[tcp][conformance]") {
   // Each side waited once (so it keeps its sockets), then both write 8 MiB to each other at
