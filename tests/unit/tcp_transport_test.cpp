@@ -329,8 +329,8 @@ TEST_CASE("tcp: a transport stops at once right after a wait kept one of its lin
 TEST_CASE("tcp: two kept links whose ends both send more than the socket buffers hold do not block each other",
           "[tcp][conformance]") {
   // Each side waited once (so it keeps its sockets), then both write 8 MiB to each other at
-  // once through 256 KiB socket buffers: each sender must get its sockets read while it waits
-  // for room, or both wait until the timeout.
+  // once through 256 KiB socket buffers: each side's progress thread must take its kept sockets
+  // back and read while its owner waits for room, or both wait until the timeout.
   Pair p(2, {}, 256 * 1024);
   Target at_b(p, 8 << 20);
   // The same towards a: a's memory and flag, imported by b.
