@@ -248,6 +248,26 @@ struct EngineConfig {
 };
 
 struct CallCheck;
+struct CudaApi;
+struct DeviceKernels;
+
+/// Device regions (docs/device.md "Device regions in the engine"): the call's buffers, the
+/// staging slots its peers write into and the scratch are device memory, carried by a transport
+/// that writes device memory (nvlink, pcie). The executor then enqueues its copies
+/// (`cudaMemcpyAsync`) and reductions (the kernel module's combine, the same functors as the
+/// host's) on `stream`, and synchronizes it before any step that lets a peer read what they
+/// wrote or overwrite what they read: before a chunk is sent, before a slot is credited back,
+/// and at the end of the call. Waits poll every link of the call (a device transport stores a
+/// signal behind its copies only from a poll or wait on that link), and a call ends only once
+/// every chunk it sent was consumed. Not with checksums, trailers, relays or direct writes
+/// (they read chunks on the host): such calls fail with InvalidUsage.
+struct DeviceRegions {
+  const CudaApi* cuda = nullptr;
+  const DeviceKernels* kernels = nullptr;
+  void* stream = nullptr;  ///< the executor's stream (cudaStream_t)
+  DataType type = DataType::Float32;  ///< the call's element type and operation (for the kernels)
+  ReduceOp op = ReduceOp::Sum;
+};
 
 /// The ring collectives the executor runs (schedules in schedule.hpp).
 enum class RingCollective : std::uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce, TreeAllreduce, DirectAllreduce, OneShotAllreduce };
@@ -272,6 +292,8 @@ struct RingCall {
   /// This call's fingerprint check, left to the executor (null: settled before the call, or
   /// none). Only for calls whose every received chunk comes from `check->from`.
   CallCheck* check = nullptr;
+  /// Device regions (null: host memory, host copies and reductions).
+  const DeviceRegions* device = nullptr;
 };
 
 /// One point-to-point transfer of a group.

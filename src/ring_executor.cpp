@@ -21,6 +21,8 @@
 #include <thread>
 #include <ringfence/crc32c.hpp>
 
+#include "cuda_api.hpp"
+#include "device_kernels.hpp"
 #include "engine.hpp"
 
 namespace ringfence::detail {
@@ -53,10 +55,16 @@ class RingRunner {
     nack_all_ = by_rank;
   }
 
+  // Device regions for this call (see DeviceRegions in engine.hpp); null: host memory.
+  void use_device(const DeviceRegions* device) noexcept { dev_ = device; }
+
   // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
   // relayed sender's schedule (to know how many of its chunks this call carries).
   template <class Make>
   Status run(Make make, const void* send, void* recv) noexcept {
+    if (dev_ && (c_.checksum || c_.trailers || relays_.count > 0 || direct_.enabled))
+      return fail(Status(ErrorCode::InvalidUsage), self_channel_,
+                  "device regions without checksums, trailers, relays or direct writes (they read chunks on the host)", 0);
     const std::size_t elem = reducer_.elem_size;
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
@@ -76,15 +84,15 @@ class RingRunner {
       Channel* const tx_p =
           by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
       if (step.kind == StepKind::CopyInput) {
-        if (in + off != out + oo) copy_bytes(out + oo, in + off, bytes);
+        if (in + off != out + oo) RINGFENCE_TRY(copy(out + oo, in + off, bytes));
         continue;
       }
       if (step.kind == StepKind::ReduceInputAcc) {
-        reducer_.combine(out + oo, in + off, out + oo, step.count, c_.size);
+        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, false));
         continue;
       }
       if (step.kind == StepKind::ReduceInputAccLast) {
-        reducer_.finish(out + oo, in + off, out + oo, step.count, c_.size);
+        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, true));
         continue;
       }
       Channel& rx = *rx_p;  // every remaining step talks to a peer
@@ -113,7 +121,7 @@ class RingRunner {
           const std::byte* slot = nullptr;
           RINGFENCE_TRY(wait_chunk(rx, slot, nullptr, bytes));
           std::byte* tmp = c_.scratch + static_cast<std::size_t>(tx.sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
-          reducer_.combine(tmp, slot, in + off, step.count, c_.size);
+          RINGFENCE_TRY(combine(tmp, slot, in + off, step.count, false));
           RINGFENCE_TRY(release_chunk(rx));
           RINGFENCE_TRY(send_chunk(tx, tmp, bytes));
           break;
@@ -128,12 +136,12 @@ class RingRunner {
           RINGFENCE_TRY(wait_chunk(rx, slot, landed_in_output ? out + oo : nullptr, bytes));
           switch (step.kind) {
             case StepKind::RecvCopy:
-              if (!landed_in_output) copy_bytes(out + oo, slot, bytes);
+              if (!landed_in_output) RINGFENCE_TRY(copy(out + oo, slot, bytes));
               break;
-            case StepKind::RecvReduce: reducer_.combine(out + oo, slot, in + off, step.count, c_.size); break;
-            case StepKind::RecvReduceLast: reducer_.finish(out + oo, slot, in + off, step.count, c_.size); break;
-            case StepKind::RecvReduceAcc: reducer_.combine(out + oo, slot, out + oo, step.count, c_.size); break;
-            default: reducer_.finish(out + oo, slot, out + oo, step.count, c_.size); break;
+            case StepKind::RecvReduce: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, false)); break;
+            case StepKind::RecvReduceLast: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, true)); break;
+            case StepKind::RecvReduceAcc: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, false)); break;
+            default: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, true)); break;
           }
           RINGFENCE_TRY(release_chunk(rx));
           break;
@@ -351,6 +359,7 @@ class RingRunner {
 
   Status finish_call() noexcept {
     RINGFENCE_TRY(verify_call(true));  // a call that received nothing (a broadcast root) compares here
+    if (dev_) return finish_device_call();
     // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
     if (c_.checksum && by_position_) {
       for (int p = 0; p < c_.size; ++p) {
@@ -390,6 +399,78 @@ class RingRunner {
     return Status::ok();
   }
 
+  // ---- device regions (DeviceRegions in engine.hpp) ----
+
+  // `dst = src` over `bytes`: on the executor's stream for device regions, else at once.
+  Status copy(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+    if (!dev_) {
+      copy_bytes(dst, src, bytes);
+      return Status::ok();
+    }
+    const int err = dev_->cuda->memcpy_async(dst, src, bytes, kCudaMemcpyDefault, dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_channel_, "enqueueing a device copy (cudaMemcpyAsync)", 0);
+    dev_pending_ = true;
+    return Status::ok();
+  }
+
+  // `dst = a op b` over `count` elements (`last`: the final step, which divides for avg).
+  Status combine(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
+    if (!dev_) {
+      (last ? reducer_.finish : reducer_.combine)(dst, a, b, count, c_.size);
+      return Status::ok();
+    }
+    const int err = dev_->kernels->launch(dev_->type, dev_->op, last, c_.size, dst, a, b, count, dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_channel_, "launching a device reduction", 0);
+    dev_pending_ = true;
+    return Status::ok();
+  }
+
+  // Waits until every copy and reduction enqueued so far has run (before their destinations
+  // are sent or their sources handed back). The stream holds only our own work, which depends
+  // on nothing but the GPU, so this wait is bounded.
+  Status settle_device() noexcept {
+    if (!dev_ || !dev_pending_) return Status::ok();
+    const int err = dev_->cuda->stream_synchronize(dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_channel_, "device copies and reductions (cudaStreamSynchronize)", 0);
+    dev_pending_ = false;
+    return Status::ok();
+  }
+
+  // Calls `f(channel)` for every channel this call may talk to.
+  template <class F>
+  void for_each_call_channel(F&& f) noexcept {
+    if (by_position_) {
+      for (int p = 0; p < c_.size; ++p)
+        if (Channel* ch = by_position_[p]) f(*ch);
+    } else if (c_.size > 1) {
+      f(*right_);
+      if (left_ != right_) f(*left_);
+    }
+  }
+
+  // Polls every link of the call: a device transport stores a signal that waits behind its
+  // copies only from a poll or wait on that link, and a peer may be waiting for it.
+  Status pump_links() noexcept {
+    Status st = Status::ok();
+    for_each_call_channel([&](Channel& ch) {
+      if (st.is_ok()) st = drain(ch, "completing device copies and their signals");
+    });
+    return st;
+  }
+
+  // End of a device-region call: our output is written, every chunk we sent was consumed
+  // (so every copy we enqueued on a link finished), and the signals behind them are stored.
+  Status finish_device_call() noexcept {
+    RINGFENCE_TRY(settle_device());
+    Status st = Status::ok();
+    for_each_call_channel([&](Channel& ch) {
+      if (st.is_ok() && ch.sent > 0)
+        st = wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(ch.sent), "consumption of the last chunks", ch.sent - 1);
+    });
+    RINGFENCE_TRY(st);
+    return pump_links();
+  }
+
   // A peer failed and told everyone (abort word): fail now with its error class, naming it.
   Status check_abort(const char* what, std::uint64_t message) noexcept {
     const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire);
@@ -425,11 +506,13 @@ class RingRunner {
         RINGFENCE_TRY(service_relays());
         if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
       }
+      if (dev_) RINGFENCE_TRY(pump_links());
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-      // Sleep in slices so a relay chunk (20 us), a NACK (1 ms) or an abort (50 ms) is handled promptly.
+      // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK (1 ms) or an
+      // abort (50 ms) is handled promptly.
       const auto slice = std::min<std::chrono::nanoseconds>(
-          deadline - now, relays_.count > 0 ? std::chrono::nanoseconds(20000)
+          deadline - now, relays_.count > 0 || dev_ ? std::chrono::nanoseconds(20000)
                           : c_.checksum     ? std::chrono::nanoseconds(1000000)
                                             : std::chrono::nanoseconds(50000000));
       const Status s = ch.link->wait(flag, target, slice);
@@ -573,6 +656,7 @@ class RingRunner {
   // `dst_offset` (direct write of a final value; the slot of message m holds only the trailer).
   Status send_chunk(Channel& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept {
+    RINGFENCE_TRY(settle_device());  // `src` may be a device copy's or reduction's destination
     const std::uint64_t m = ch.sent;
     const auto slots = static_cast<std::uint64_t>(c_.slots);
     if (m >= slots)
@@ -718,6 +802,7 @@ class RingRunner {
   }
 
   Status release_chunk(Channel& ch) noexcept {
+    RINGFENCE_TRY(settle_device());  // a device copy or reduction may still read the slot
     const std::uint64_t m = ch.received;
     SignalOp sig{&ch.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
     const Status s = ch.link->signal(sig);
@@ -740,6 +825,8 @@ class RingRunner {
   Channel self_channel_;                // names ourselves in failures
   CallCheck* check_ = nullptr;          // this call's fingerprint check, when left to us
   bool settling_ = false;               // settle_call() is waiting
+  const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)
+  bool dev_pending_ = false;            // device work enqueued and not yet synchronized
 };
 
 }  // namespace
@@ -748,6 +835,7 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
   RingRunner runner(config, flags, left, right, reducer, direct, relays, failure);
   runner.check_with(call.check);
+  runner.use_device(call.device);
   const std::size_t chunk = config.slot_bytes / reducer.elem_size;
   const int n = config.size;
   const std::size_t count = call.count;

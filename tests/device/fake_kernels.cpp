@@ -1,0 +1,92 @@
+// A fake libringfence_kernels.so for CPU-only tests (src/device_kernels.hpp): the same C
+// interface as src/cuda/kernel_module.cu, running the same functors and the same vectorised loop
+// (`reduce_vec16`, as one "thread") as the device kernels. Each launch is a host function on
+// the stream (`cudaLaunchHostFunc` of the runtime the process loaded: the fake one in tests), so
+// it runs in stream order after the copies before it and before the operations after it; it
+// sleeps FAKE_KERNELS_DELAY_US first (default 300 us), so code that read a combine's
+// destination before the stream reached it sees the old bytes. Counts launches
+// (fake_kernels_launches) so tests can tell that a reduction ran "on the device".
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <ringfence/reduce_ops.hpp>
+#include <ringfence/types.hpp>
+#include <thread>
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+extern "C" int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg);
+
+namespace {
+
+using namespace ringfence;
+
+constexpr int kInvalidValue = 1;  // cudaErrorInvalidValue
+
+struct Task {
+  int type, op, finish, divisor;
+  void* dst;
+  const void* a;
+  const void* b;
+  std::size_t n;
+};
+
+std::atomic<unsigned long> launches{0};
+
+unsigned delay_us() {
+  const char* v = std::getenv("FAKE_KERNELS_DELAY_US");
+  return v != nullptr ? static_cast<unsigned>(std::strtoul(v, nullptr, 10)) : 300u;
+}
+
+template <class T, class Op>
+void apply(const Task& t, Op op) {
+  reduce_vec16(static_cast<T*>(t.dst), static_cast<const T*>(t.a), static_cast<const T*>(t.b), t.n, op, 0, 1);
+}
+
+template <DataType D>
+void dispatch(const Task& t) {
+  using T = typename StorageOf<D>::type;
+  switch (static_cast<ReduceOp>(t.op)) {
+    case ReduceOp::Sum: return apply<T>(t, SumOp<T>{});
+    case ReduceOp::Prod: return apply<T>(t, ProdOp<T>{});
+    case ReduceOp::Min: return apply<T>(t, MinOp<T>{});
+    case ReduceOp::Max: return apply<T>(t, MaxOp<T>{});
+    case ReduceOp::Avg: return t.finish != 0 ? apply<T>(t, SumDivOp<T>{t.divisor}) : apply<T>(t, SumOp<T>{});
+  }
+}
+
+void run(void* arg) {
+  std::unique_ptr<Task> t(static_cast<Task*>(arg));
+  if (const unsigned us = delay_us(); us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  switch (static_cast<DataType>(t->type)) {
+    case DataType::Int8: dispatch<DataType::Int8>(*t); break;
+    case DataType::Uint8: dispatch<DataType::Uint8>(*t); break;
+    case DataType::Int32: dispatch<DataType::Int32>(*t); break;
+    case DataType::Uint32: dispatch<DataType::Uint32>(*t); break;
+    case DataType::Int64: dispatch<DataType::Int64>(*t); break;
+    case DataType::Uint64: dispatch<DataType::Uint64>(*t); break;
+    case DataType::Float16: dispatch<DataType::Float16>(*t); break;
+    case DataType::BFloat16: dispatch<DataType::BFloat16>(*t); break;
+    case DataType::Float32: dispatch<DataType::Float32>(*t); break;
+    case DataType::Float64: dispatch<DataType::Float64>(*t); break;
+  }
+  launches.fetch_add(1);
+}
+
+}  // namespace
+
+FAKE_EXPORT int ringfence_kernels_abi_version() { return 1; }
+
+FAKE_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divisor, void* dst, const void* a, const void* b,
+                                          std::size_t n, void* stream) {
+  if (type < 0 || type > static_cast<int>(DataType::Float64) || op < 0 || op >= kNumReduceOps) return kInvalidValue;
+  if (op == static_cast<int>(ReduceOp::Avg) && finish != 0 && divisor <= 0) return kInvalidValue;
+  if (n == 0) return 0;
+  auto* task = new Task{type, op, finish, divisor, dst, a, b, n};
+  const int err = cudaLaunchHostFunc(stream, &run, task);
+  if (err != 0) delete task;
+  return err;
+}
+
+FAKE_EXPORT unsigned long fake_kernels_launches() { return launches.load(); }
