@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "cuda_api.hpp"
+#include "device_kernels.hpp"
 #include "device_staging.hpp"
 #include "engine.hpp"
 #include "health_monitor.hpp"
@@ -283,6 +284,7 @@ struct Communicator::Impl : LaneState {
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
     std::function<void()> gate = std::exchange(next_gate, {});  // a stream-ordered call's input gate
+    const bool device = std::exchange(next_device, false);     // ... and whether it runs on the device lane
     RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
     if (!async) {
       drain();
@@ -293,9 +295,14 @@ struct Communicator::Impl : LaneState {
     auto state = std::make_shared<Work::State>();
     std::lock_guard lock(queue_mutex);
     if (!worker.joinable()) worker = std::thread([this] { work_loop(); });
-    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run), gate = std::move(gate)] {
+    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run), gate = std::move(gate), device] {
                          if (gate) gate();
                          apply_timeout(t);
+                         struct Scope {
+                           bool& flag;
+                           ~Scope() { flag = false; }
+                         } scope{device_active};
+                         device_active = device;
                          run();
                        }),
                        state);
@@ -308,6 +315,143 @@ struct Communicator::Impl : LaneState {
   std::unique_ptr<detail::DeviceStager> stager;
   std::function<void()> next_gate;
 
+  // Device regions (docs/device.md "Device regions in the engine"): stream-ordered collectives
+  // run the executor on the user's device buffers over the device lane, a lane of its own whose
+  // links are device transports (nvlink, pcie) and whose staging slots and scratch are device
+  // memory. Decided by every rank together at the first stream-ordered collective.
+  std::unique_ptr<LaneState> device_lane;
+  int device_verdict = 0;           // 0: not decided yet, 1: device lane, -1: staged
+  std::string device_why_not;       // why staged (the first rank that could not, and why)
+  detail::CudaApi device_cuda;
+  detail::DeviceKernels device_kernels;
+  void* device_stream = nullptr;    // the executor's stream for device-lane calls
+  detail::DeviceRegions device_regions;
+  bool next_device = false;         // the next issued call runs on the device lane (on_device sets it)
+  bool device_active = false;       // the call running on the progress thread does
+
+  // This rank's reason it cannot run device regions (empty: it can); `via[p]` gets the device
+  // transport to rank p.
+  std::string device_lane_refusal(std::vector<Transport*>& via) {
+    if (options.device_regions == DeviceRegionsMode::Off) return "RINGFENCE_DEVICE_REGIONS=off";
+    if (engine.checksum) return "checksums are on (RINGFENCE_CHECKSUM): chunks are verified on the host";
+    if (store->collective_only()) return "the bootstrap store is collective-only (MPI): the device lane is built lazily";
+    device_cuda = detail::load_cuda_api(options.cuda_runtime);
+    if (!device_cuda.usable) return device_cuda.why_not;
+    if (!device_cuda.ipc) return device_cuda.ipc_why_not;
+    device_kernels = detail::load_device_kernels(options.cuda_kernels);
+    if (!device_kernels.usable) return device_kernels.why_not;
+    via.assign(static_cast<std::size_t>(size), nullptr);
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      for (auto& t : transports)
+        if (t->writes_device_memory() && t->can_reach(self, peer_info[static_cast<std::size_t>(p)]).ok) {
+          via[static_cast<std::size_t>(p)] = t.get();
+          break;
+        }
+      if (!via[static_cast<std::size_t>(p)])
+        return fmt::format("no transport writes device memory to rank {} (register nvlink or pcie, transports/cuda_ipc/README.md)", p);
+    }
+    return {};
+  }
+
+  // Whether stream-ordered collective `call` runs on the device lane. The first call decides,
+  // on every rank at the same call (stream-ordered collectives are issued in the same order
+  // everywhere): each rank posts whether it can, and the lane is built only when all can.
+  // Throws `CudaError` when RINGFENCE_DEVICE_REGIONS=on and some rank cannot.
+  bool use_device_lane(const char* call) {
+    if (device_verdict != 0) return device_verdict > 0;
+    check_usable(call);
+    std::vector<Transport*> via;
+    const std::string mine = device_lane_refusal(via);
+    std::string first;  // the first refusal, naming its rank
+    if (options.device_regions == DeviceRegionsMode::Off || store->collective_only()) {
+      first = fmt::format("rank {}: {}", rank, mine);  // the same on every rank: no need to ask
+    } else {
+      store->set(fmt::format("device/{}/can", rank), to_bytes(mine.empty() ? std::string("1") : "0" + mine));
+      // A rank that cannot decides alone (staged, whatever the others say: they read its "no");
+      // one that can must hear every other rank's "yes".
+      if (!mine.empty()) first = fmt::format("rank {}: {}", rank, mine);
+      for (int r = 0; r < size && first.empty(); ++r) {
+        const std::string v = to_string(store->get(fmt::format("device/{}/can", r), options.timeout));
+        if (v.empty() || v[0] != '1') first = fmt::format("rank {}: {}", r, v.empty() ? std::string("?") : v.substr(1));
+      }
+    }
+    if (!first.empty()) {
+      device_verdict = -1;
+      device_why_not = first;
+      if (options.device_regions == DeviceRegionsMode::On)
+        throw CudaError(fmt::format("rank {}: {} on a CUDA stream: device regions are required (RINGFENCE_DEVICE_REGIONS=on) but {}",
+                                    rank, call, first),
+                        0);
+      log.info("stream-ordered collectives are host-staged: {}", first);
+      return false;
+    }
+    auto L = std::make_unique<LaneState>();
+    L->engine = engine;
+    L->engine.checksum = false;
+    L->engine.trailers = false;
+    std::vector<PeerInfo> peers;
+    for (auto& ch : channels) {  // lane 0's order: connect_lane pairs channels[i] with peers[i]
+      detail::Channel& mine_ch = L->channel_to(ch->peer);
+      Transport* t = via[static_cast<std::size_t>(ch->peer)];
+      mine_ch.transport = t;
+      mine_ch.transport_name = std::string(t->name());
+      peers.push_back(peer_info[static_cast<std::size_t>(ch->peer)]);
+    }
+    connect_lane(*L, kDeviceLane, peers, MemoryKind::Device);
+    if (const int err = device_cuda.stream_create(&device_stream, detail::kCudaStreamNonBlocking); err != detail::kCudaSuccess)
+      throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaStreamCreateWithFlags", err)), err);
+    device_regions = detail::DeviceRegions{&device_cuda, &device_kernels, device_stream};
+    device_lane = std::move(L);
+    device_verdict = 1;
+    log.info("stream-ordered collectives run on device regions ({} kernels)", device_kernels.library);
+    return true;
+  }
+
+  // Runs one stream-ordered collective on the device lane: on `stream`, an event the progress
+  // thread waits for (the stream reached the call: its input is ready) and a host function that
+  // waits for the collective (later work on the stream sees the result); `queue()` issues the
+  // asynchronous collective on the user's own buffers, which then runs on the device lane.
+  template <class Queue>
+  void on_device(const char* call, CudaStream stream, Queue queue) {
+    staged(call, stream, std::span<const detail::DeviceStager::Piece>(), std::span<const detail::DeviceStager::Piece>(),
+           [&](std::byte*, std::byte*) {
+             next_device = true;
+             try {
+               Work w = queue();
+               next_device = false;
+               return w;
+             } catch (...) {
+               next_device = false;
+               throw;
+             }
+           },
+           true);
+  }
+
+  // Runs ring collective `c` of the current call on the device lane (run_ring_call's device
+  // branch): the ring order of the plan, every link direct (the device lane has one to every
+  // peer, so fenced lane-0 hops need no relay), the fingerprint compared first.
+  void run_device_call(const char* call, const detail::RingCall& c, const Reducer& reducer) {
+    settle_call(call);
+    LaneState& L = *device_lane;
+    L.engine.position = engine.position;
+    detail::Channel* left = nullptr;
+    detail::Channel* right = nullptr;
+    if (size > 1) {
+      const auto n = static_cast<std::size_t>(size), at = static_cast<std::size_t>(engine.position);
+      left = &L.channel_to(ring[(at + n - 1) % n]);
+      right = &L.channel_to(ring[(at + 1) % n]);
+    }
+    detail::RingCall d = c;
+    d.device = &device_regions;
+    d.check = nullptr;
+    detail::Failure failure;
+    const Status s = detail::run_ring(L.engine, L.flags, left, right, d, reducer, detail::DirectWrite{}, L.relay_duties, failure);
+    judge_call(call);
+    if (!s.is_ok()) raise(call, failure);
+  }
+
   // Runs one stream-ordered call: `queue(in, out)` issues the asynchronous host collective
   // from staging `in` to staging `out`. Argument checks already ran.
   template <class Queue>
@@ -318,9 +462,10 @@ struct Communicator::Impl : LaneState {
   }
   // The same with several user buffers per direction (a group of sends and receives): inputs
   // are packed one after another into staging `in`, outputs unpacked from staging `out`.
+  // `device`: the call runs on the device lane (on_device), staging nothing.
   template <class Queue>
   void staged(const char* call, CudaStream stream, std::span<const detail::DeviceStager::Piece> inputs,
-              std::span<const detail::DeviceStager::Piece> outputs, Queue queue) {
+              std::span<const detail::DeviceStager::Piece> outputs, Queue queue, bool device = false) {
     check_usable(call);
     if (!stager) stager = std::make_unique<detail::DeviceStager>(rank, call, options.cuda_runtime, options.device_staging_slots);
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(call_timeout.count() > 0 ? call_timeout : options.timeout);
@@ -329,7 +474,7 @@ struct Communicator::Impl : LaneState {
                   // Waits for the input copy in short slices, so abort() and failures end it
                   // at once. A gate that times out breaks the communicator like a failed
                   // collective: this rank skipped a call its peers are in.
-                  next_gate = [this, gate = std::move(gate), wait, call] {
+                  next_gate = [this, gate = std::move(gate), wait, call, device] {
                     const auto deadline = std::chrono::steady_clock::now() + wait;
                     auto ready = [&] {
                       try {
@@ -345,9 +490,9 @@ struct Communicator::Impl : LaneState {
                       check_usable(call);
                       if (std::chrono::steady_clock::now() < deadline) continue;
                       const std::string msg = fmt::format(
-                          "rank {}: {} on a CUDA stream: the copy of the input to host staging did not finish within {} ms (is "
-                          "the stream blocked by earlier work?)",
-                          rank, call, wait.count());
+                          "rank {}: {} on a CUDA stream: {} did not finish within {} ms (is the stream blocked by earlier work?)",
+                          rank, call, device ? "the stream's work before the call" : "the copy of the input to host staging",
+                          wait.count());
                       record_failure(Status(ErrorCode::Timeout), msg);
                       abort_peers(ErrorCode::Timeout, rank);
                       throw TimeoutError(msg);
@@ -367,7 +512,7 @@ struct Communicator::Impl : LaneState {
   // The deadline of the call about to run on every lane: set_timeout()'s value or the default.
   void apply_timeout(std::chrono::milliseconds t) noexcept {
     const std::chrono::nanoseconds effective = t.count() > 0 ? t : options.timeout;
-    for_each_lane([&](LaneState& L) { L.engine.timeout = effective; });
+    for_each_lane_and_device([&](LaneState& L) { L.engine.timeout = effective; });
   }
 
   void work_loop() {
@@ -554,7 +699,7 @@ struct Communicator::Impl : LaneState {
   // Any thread; never blocks.
   void local_abort(ErrorCode code, int blamed) noexcept {
     const std::uint32_t value = detail::FlagBlock::abort_value(code, rank, blamed);
-    for_each_lane([&](LaneState& L) {
+    for_each_lane_and_device([&](LaneState& L) {
       if (!L.flags.abort) return;
       std::uint32_t expected = 0;
       L.flags.abort->value.compare_exchange_strong(expected, value, std::memory_order_acq_rel);
@@ -822,13 +967,14 @@ struct Communicator::Impl : LaneState {
     stop_lane_workers();
     // After a failure a peer may be dead or stopped: transports must not wait for its goodbye.
     const FenceReason why = failed.load(std::memory_order_acquire) ? FenceReason::Error : FenceReason::Shutdown;
-    for_each_lane([why](LaneState& L) {
+    for_each_lane_and_device([why](LaneState& L) {
       for (auto& ch : L.channels)
         if (ch->link) ch->link->fence(why);
     });
     remote_regs.clear();
     local_regs.clear();
-    for_each_lane([](LaneState& L) { L.channels.clear(); });  // links, then regions, before the memory they describe
+    for_each_lane_and_device([](LaneState& L) { L.channels.clear(); });  // links, then regions, before the memory they describe
+    if (device_stream) device_cuda.stream_destroy(device_stream);
     if (beat_lane) {
       for (auto& ch : beat_lane->channels)
         if (ch->link) ch->link->fence(why);
@@ -869,6 +1015,13 @@ struct Communicator::Impl : LaneState {
     f(static_cast<LaneState&>(*this));
     for (auto& l : extra_lanes) f(*l);
   }
+  // The same plus the device lane, when built (aborts, timeouts, shutdown; fence agreements and
+  // moves concern the other lanes only).
+  template <class F>
+  void for_each_lane_and_device(F&& f) {
+    for_each_lane(f);
+    if (device_lane) f(*device_lane);
+  }
 
   // Lanes to build: RINGFENCE_CHANNELS, or (0 = auto) one per core this rank can count on —
   // online cores over the ranks on this host — at most kMaxAutoLanes. Every rank computes the
@@ -887,7 +1040,8 @@ struct Communicator::Impl : LaneState {
   static constexpr int kMaxAutoLanes = 4;
   static constexpr int kNetworkMinLanes = 2;
 
-  static constexpr int kBeatLane = -1;  // connect_lane index of the heartbeat lane
+  static constexpr int kBeatLane = -1;    // connect_lane index of the heartbeat lane
+  static constexpr int kDeviceLane = -2;  // connect_lane index of the device lane
   // Polls `pending` until `ch.link` is up. `what` ("rank 0: connecting to rank 1 over tcp")
   // starts the error: "... failed" (the transport's error class) or "... timed out after N ms".
   void finish_connect(PendingLink& pending, detail::Channel& ch, std::chrono::steady_clock::time_point deadline,
@@ -904,16 +1058,33 @@ struct Communicator::Impl : LaneState {
   // Connects lane `index` of `L` (its channels name peer and transport): allocates its flags,
   // staging slots and scratch, listens, connects to every peer (non-blocking, polled against
   // the deadline), registers the flags and the inbox each peer writes into and imports theirs.
-  // Store keys of lane 0 have no suffix, lane c's end in "/lane<c>".
-  void connect_lane(LaneState& L, int index, const std::vector<PeerInfo>& peers) {
-    const std::string suffix = index == 0 ? std::string() : index == kBeatLane ? std::string("/beat") : fmt::format("/lane{}", index);
+  // Store keys of lane 0 have no suffix, lane c's end in "/lane<c>". `memory` Device (the device
+  // lane): staging slots and scratch in device memory from the channels' transports (one
+  // allocation per channel, registered whole), flags in host memory as always.
+  void connect_lane(LaneState& L, int index, const std::vector<PeerInfo>& peers, MemoryKind memory = MemoryKind::Host) {
+    const std::string suffix = index == 0           ? std::string()
+                               : index == kBeatLane   ? std::string("/beat")
+                               : index == kDeviceLane ? std::string("/device")
+                                                      : fmt::format("/lane{}", index);
     L.flags_mem = allocate(detail::FlagBlock::bytes(size));
     L.flags.bind(L.flags_mem, size);
     const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
-    L.inbox_mem = allocate(inbox_bytes * L.channels.size());
-    for (std::size_t i = 0; i < L.channels.size(); ++i)
-      L.channels[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
-    L.scratch_mem = allocate(L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots + 1));
+    const std::size_t scratch_bytes = L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots + 1);
+    if (memory == MemoryKind::Host) {
+      L.inbox_mem = allocate(inbox_bytes * L.channels.size());
+      for (std::size_t i = 0; i < L.channels.size(); ++i)
+        L.channels[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
+      L.scratch_mem = allocate(scratch_bytes);
+    } else {
+      auto device_alloc = [&](Transport& t, std::size_t bytes) {
+        void* p = t.allocate(bytes, MemoryKind::Device);
+        if (!p) throw CudaError(fmt::format("rank {}: {} allocates no device memory", rank, t.name()), 0);
+        allocations.emplace_back(p, &t);
+        return static_cast<std::byte*>(p);
+      };
+      for (auto& ch : L.channels) ch->inbox = device_alloc(*ch->transport, inbox_bytes);
+      if (!L.channels.empty()) L.scratch_mem = device_alloc(*L.channels.front()->transport, scratch_bytes);
+    }
     L.engine.scratch = static_cast<std::byte*>(L.scratch_mem);
 
     auto index_of = [&](const Transport* t) {
@@ -936,7 +1107,7 @@ struct Communicator::Impl : LaneState {
 
     for (auto& ch : L.channels) {
       ch->flags_region = ch->transport->register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
-      ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, MemoryKind::Host);
+      ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, memory);
       store->set(fmt::format("regions/{}/for/{}{}", rank, ch->peer, suffix),
                  pack({ch->inbox_region.key(), ch->flags_region.key(), to_bytes(protocol_fingerprint())}));
     }
@@ -1664,7 +1835,7 @@ struct Communicator::Impl : LaneState {
   // message naming us instead of running into their own timeouts. Best effort, never throws.
   void abort_peers(ErrorCode code, int blamed) noexcept {
     const std::uint32_t value = detail::FlagBlock::abort_value(code, rank, blamed);
-    for_each_lane([&](LaneState& L) {
+    for_each_lane_and_device([&](LaneState& L) {
       for (auto& ch : L.channels) {
         if (!ch->link || !ch->peer_flags) continue;
         (void)ch->link->signal(SignalOp{&ch->peer_flags, detail::FlagBlock::abort_offset(size), value, 0});
@@ -1750,6 +1921,7 @@ struct Communicator::Impl : LaneState {
   // Runs a ring collective. `direct`: final values may go straight into the right neighbour's
   // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
   void run_ring_call(const char* call, const detail::RingCall& c, const Reducer& reducer, bool direct = false) {
+    if (device_active) return run_device_call(call, c, reducer);
     const int lanes = lanes_for(c, reducer.elem_size);
     const bool deferred = can_defer_check(c, lanes);  // false when there is none or it was judged (from is null)
     if (!deferred) settle_call(call);
@@ -2212,6 +2384,7 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
     begin_collective(call, fingerprint(kind, count, type, static_cast<int>(op)));
     const TunerModel& model = tuner_model;
     Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
+    if (device_active) algo = Algorithm::Ring;  // the device lane runs ring schedules (docs/device.md)
     // One-shot sends the input to every peer before any result lands, so in place it works on a
     // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
     if (algo == Algorithm::OneShot && bytes > oneshot_copy.size()) algo = Algorithm::Ring;
@@ -2231,7 +2404,7 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
     } else {
       run_ring_allreduce_call(call, send, recv, count, bytes, reducer);
     }
-    if (size > 1 && options.digest_every > 0 && seq % static_cast<std::uint64_t>(options.digest_every) == 0) {
+    if (size > 1 && options.digest_every > 0 && seq % static_cast<std::uint64_t>(options.digest_every) == 0 && !device_active) {
       detail::Failure failure;
       if (!compare_digests(recv, bytes, failure).is_ok()) raise("result digest comparison after allreduce", failure);
     }
@@ -2397,11 +2570,14 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
   live(__func__)->alltoall(false, send, recv, count, type);
 }
 
-// Stream-ordered calls: the host calls' argument checks on the user's buffers, then
-// Impl::staged with the host collective on staging memory.
+// Stream-ordered calls: the host calls' argument checks on the user's buffers, then the host
+// collective on the user's buffers over the device lane (Impl::on_device), or Impl::staged with
+// the host collective on staging memory.
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_allreduce("allreduce", send, recv, count, type, op);
+  if (m->use_device_lane("allreduce"))
+    return m->on_device("allreduce", stream, [&] { return m->allreduce(true, send, recv, count, type, op); });
   m->staged("allreduce", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allreduce(true, in, out, count, type, op); });
 }
@@ -2409,18 +2585,24 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
                                   CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_reduce_scatter("reduce_scatter", send, recv, recvcount, type, op);
+  if (m->use_device_lane("reduce_scatter"))
+    return m->on_device("reduce_scatter", stream, [&] { return m->reduce_scatter(true, send, recv, recvcount, type, op); });
   m->staged("reduce_scatter", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_allgather("allgather", send, recv, sendcount, type);
+  if (m->use_device_lane("allgather"))
+    return m->on_device("allgather", stream, [&] { return m->allgather(true, send, recv, sendcount, type); });
   m->staged("allgather", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allgather(true, in, out, sendcount, type); });
 }
 void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_broadcast("broadcast", send, recv, count, type, root);  // non-roots stage no input
+  if (m->use_device_lane("broadcast"))
+    return m->on_device("broadcast", stream, [&] { return m->broadcast(true, send, recv, count, type, root); });
   m->staged("broadcast", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->broadcast(true, in, out, count, type, root); });
 }
@@ -2428,6 +2610,8 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
                           CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_reduce("reduce", send, recv, count, type, op, root);  // non-roots copy no result back
+  if (m->use_device_lane("reduce"))
+    return m->on_device("reduce", stream, [&] { return m->reduce(true, send, io.out > 0 ? recv : nullptr, count, type, op, root); });
   m->staged("reduce", stream, send, io.in, recv, io.out, [&](std::byte* in, std::byte* out) {
     return m->reduce(true, in, io.out > 0 ? out : nullptr, count, type, op, root);
   });
@@ -2441,6 +2625,10 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
 std::size_t Communicator::device_staging_bytes() const {
   const Impl* m = live(__func__);
   return m->stager ? m->stager->staging_bytes() : 0;
+}
+std::string Communicator::device_path() const {
+  const Impl* m = live(__func__);
+  return m->device_verdict > 0 ? std::string("device regions") : m->device_verdict < 0 ? "host-staged: " + m->device_why_not : std::string();
 }
 Work Communicator::allreduce_async(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op) {
   return live(__func__)->allreduce(true, send, recv, count, type, op);

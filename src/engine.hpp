@@ -264,9 +264,7 @@ struct DeviceKernels;
 struct DeviceRegions {
   const CudaApi* cuda = nullptr;
   const DeviceKernels* kernels = nullptr;
-  void* stream = nullptr;  ///< the executor's stream (cudaStream_t)
-  DataType type = DataType::Float32;  ///< the call's element type and operation (for the kernels)
-  ReduceOp op = ReduceOp::Sum;
+  void* stream = nullptr;  ///< the executor's stream (cudaStream_t); kernels reduce the Reducer's type and op
 };
 
 /// The ring collectives the executor runs (schedules in schedule.hpp).

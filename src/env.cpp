@@ -110,7 +110,8 @@ std::vector<std::string> unknown_variables(const Environment& env) {
       "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
       "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
       "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
-      "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS"};
+      "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
+      "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS"};
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
     if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
@@ -210,6 +211,13 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_CUDART")) o.cuda_runtime = *v;
   if (auto v = env.get("RINGFENCE_DEVICE_STAGING_SLOTS"))
     o.device_staging_slots = static_cast<std::size_t>(parse_integer("RINGFENCE_DEVICE_STAGING_SLOTS", *v, 1, 1024));
+  if (auto v = env.get("RINGFENCE_DEVICE_REGIONS")) {
+    if (*v == "auto") o.device_regions = DeviceRegionsMode::Auto;
+    else if (*v == "on") o.device_regions = DeviceRegionsMode::On;
+    else if (*v == "off") o.device_regions = DeviceRegionsMode::Off;
+    else throw InvalidUsage(fmt::format("RINGFENCE_DEVICE_REGIONS='{}': expected auto, on or off", *v));
+  }
+  if (auto v = env.get("RINGFENCE_CUDA_KERNELS")) o.cuda_kernels = *v;
   if (auto v = env.get("RINGFENCE_NVML_LIBRARY")) o.health.nvml_library = *v;
   if (auto v = env.get("RINGFENCE_HEALTH_WINDOW_MS"))
     o.health.window = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_WINDOW_MS", *v, 1, 1ll << 40));

@@ -185,7 +185,8 @@ Reducer make(ReduceOp op) noexcept {
 
 }  // namespace
 
-Reducer host_reducer(DataType type, ReduceOp op) noexcept {
+namespace {
+Reducer host_reducer_of(DataType type, ReduceOp op) noexcept {
   switch (type) {
     case DataType::Int8: return make<std::int8_t>(op);
     case DataType::Uint8: return make<std::uint8_t>(op);
@@ -207,6 +208,16 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept {
     case DataType::Float64: return make<double>(op);
   }
   return Reducer{};
+}
+}  // namespace
+
+Reducer host_reducer(DataType type, ReduceOp op) noexcept {
+  Reducer r = host_reducer_of(type, op);
+  if (r.combine != nullptr) {
+    r.type = type;
+    r.op = op;
+  }
+  return r;
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {

@@ -419,7 +419,7 @@ class RingRunner {
       (last ? reducer_.finish : reducer_.combine)(dst, a, b, count, c_.size);
       return Status::ok();
     }
-    const int err = dev_->kernels->launch(dev_->type, dev_->op, last, c_.size, dst, a, b, count, dev_->stream);
+    const int err = dev_->kernels->launch(reducer_.type, reducer_.op, last, c_.size, dst, a, b, count, dev_->stream);
     if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_channel_, "launching a device reduction", 0);
     dev_pending_ = true;
     return Status::ok();

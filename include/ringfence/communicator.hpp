@@ -239,6 +239,10 @@ class Communicator {
   void recv(void* buf, std::size_t count, DataType type, int peer, CudaStream stream);
   /// Pinned host staging bytes the stream-ordered calls hold (0 before the first one).
   std::size_t device_staging_bytes() const;
+  /// How stream-ordered collectives run (decided by all ranks at the first one, see
+  /// `CommOptions::device_regions`): "" before the first one, "device regions" (the engine on
+  /// the user's device buffers over device transports), or "host-staged: rank R: <why not>".
+  std::string device_path() const;
 
   /// Waits for every queued asynchronous call (rethrowing nothing: use each `Work`).
   void synchronize();

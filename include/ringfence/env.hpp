@@ -38,6 +38,8 @@
 /// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |
 /// | RINGFENCE_CUDART | CUDA runtime library for the stream-ordered calls | libcudart.so.13, .12, .11.0, .so |
 /// | RINGFENCE_DEVICE_STAGING_SLOTS | stream-ordered calls in flight per communicator (pinned staging buffers) | 8 |
+/// | RINGFENCE_DEVICE_REGIONS | auto/on/off: stream-ordered collectives run the engine on device memory (docs/device.md) | auto |
+/// | RINGFENCE_CUDA_KERNELS | the device reduction kernels' module | libringfence_kernels.so next to the library, then the loader's search |
 /// | RINGFENCE_NVML_LIBRARY | NVML library to dlopen | libnvidia-ml.so.1 |
 /// | RINGFENCE_HEALTH_WINDOW_MS | sliding window of counter deltas | 60000 |
 /// | RINGFENCE_HEALTH_INTERVAL_MS | background sampling period of the counter sources (0 = off) | 1000 |

@@ -80,6 +80,14 @@ struct IbverbsOptions {
   std::string library = "libibverbs.so.1";
 };
 
+/// Whether stream-ordered collectives run the engine on device memory (docs/device.md "Device
+/// regions in the engine") instead of staging through pinned host memory.
+enum class DeviceRegionsMode : std::uint8_t {
+  Auto,  ///< when every rank can (a device transport to every peer, the kernel module, no checksums); else staged
+  On,    ///< required: the first stream-ordered collective throws `CudaError` saying why not
+  Off,   ///< always host-staged
+};
+
 /// Allreduce algorithm (see docs/tuning.md).
 enum class Algorithm : std::uint8_t {
   Auto,  ///< the tuner picks by message size, rank count and plan
@@ -119,6 +127,13 @@ struct CommOptions {
   /// per communicator (a further call waits for one to finish, up to `timeout`).
   /// Env: RINGFENCE_DEVICE_STAGING_SLOTS.
   std::size_t device_staging_slots = 8;
+  /// Device regions for stream-ordered collectives (allreduce, reduce_scatter, allgather,
+  /// broadcast, reduce; alltoall and send/recv stay staged): decided by all ranks together at
+  /// the first one. Env: RINGFENCE_DEVICE_REGIONS=auto|on|off.
+  DeviceRegionsMode device_regions = DeviceRegionsMode::Auto;
+  /// The device reduction kernels' module (libringfence_kernels.so, src/device_kernels.hpp);
+  /// empty: next to the library or program, then the loader's search. Env: RINGFENCE_CUDA_KERNELS.
+  std::string cuda_kernels;
   /// The same for plain user buffers, written by cross-memory attach (process_vm_writev).
   /// Off by default: on the development machines it measured no faster than staging (see
   /// docs/architecture.md). Applies only at or above `direct_write_min_bytes`.

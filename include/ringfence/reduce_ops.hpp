@@ -209,6 +209,8 @@ struct Reducer {
   CombineFn combine = nullptr;  ///< dst = a op b (avg: a + b)
   CombineFn finish = nullptr;   ///< dst = a op b (avg: (a + b) / divisor)
   std::size_t elem_size = 0;    ///< bytes per element
+  DataType type = DataType::Uint8;  ///< what it reduces (the device kernels are chosen by it)
+  ReduceOp op = ReduceOp::Sum;
 };
 
 /// Returns the host reducer for (type, op). Thread-safe; returns a reducer with null

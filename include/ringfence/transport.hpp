@@ -263,6 +263,10 @@ class Transport {
   /// transport only joins ranks of one host, at memory speed. A communicator whose transports
   /// all answer false has only network links, and the tuner uses its network figures.
   virtual bool shares_memory() const noexcept { return false; }
+  /// True when `write` moves device memory: device sources, and destinations registered as
+  /// `MemoryKind::Device` whose staging slots `allocate(bytes, MemoryKind::Device)` made
+  /// (nvlink, pcie). The engine's device regions run only over such transports (docs/device.md).
+  virtual bool writes_device_memory() const noexcept { return false; }
   /// Registers `bytes` at `ptr` so peers can address it. The region must outlive its use.
   virtual MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) = 0;
   /// Imports a peer's region from its key. Throws `InvalidUsage` on a malformed key.

@@ -17,6 +17,7 @@
 //   - FAKE_CUDA_DEVICES=0 (or "driver") makes cudaGetDeviceCount report no device (or
 //     cudaErrorInsufficientDriver, 35), as on a machine without a GPU or driver.
 // cudaFreeHost and cudaHostAlloc count live pinned buffers (fake_cuda_pinned_live).
+// fake_cuda_launch_kernel runs a function on a stream's thread, in order (the fake kernel module).
 // For the CUDA IPC transports (transports/cuda_ipc):
 //   - cudaMalloc memory lives in a POSIX shared-memory segment (/dev/shm/fakecuda-<pid>-<n>;
 //     those of dead processes are removed at a process's first cudaMalloc), so
@@ -419,6 +420,16 @@ FAKE_EXPORT int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
   Stream* st = resolve(stream);
   if (st == nullptr) return kInvalidHandle;
   st->push([=] { state().callbacks->run([=] { fn(arg); }); });
+  return 0;
+}
+// A "kernel" (the fake kernel module, fake_kernels.cpp): `fn(arg)` on the stream's own thread,
+// in stream order, like work on the GPU. Not a host function: it never waits for the callback
+// thread, which a host function waiting for a collective may hold (as on a GPU, where a kernel
+// runs while the runtime's callback thread is busy).
+FAKE_EXPORT int fake_cuda_launch_kernel(void* stream, void (*fn)(void*), void* arg) {
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;
+  st->push([=] { fn(arg); });
   return 0;
 }
 FAKE_EXPORT int cudaEventCreateWithFlags(void** event, unsigned) {

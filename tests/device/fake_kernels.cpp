@@ -1,8 +1,9 @@
 // A fake libringfence_kernels.so for CPU-only tests (src/device_kernels.hpp): the same C
 // interface as src/cuda/kernel_module.cu, running the same functors and the same vectorised loop
-// (`reduce_vec16`, as one "thread") as the device kernels. Each launch is a host function on
-// the stream (`cudaLaunchHostFunc` of the runtime the process loaded: the fake one in tests), so
-// it runs in stream order after the copies before it and before the operations after it; it
+// (`reduce_vec16`, as one "thread") as the device kernels. Each launch runs on the stream's
+// thread of the fake runtime (`fake_cuda_launch_kernel`), so it runs in stream order after the
+// copies before it and before the operations after it, and never waits for the runtime's
+// callback thread (which a host function waiting for a collective may hold); it
 // sleeps FAKE_KERNELS_DELAY_US first (default 300 us), so code that read a combine's
 // destination before the stream reached it sees the old bytes. Counts launches
 // (fake_kernels_launches) so tests can tell that a reduction ran "on the device".
@@ -16,7 +17,7 @@
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
-extern "C" int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg);
+extern "C" int fake_cuda_launch_kernel(void* stream, void (*fn)(void*), void* arg);
 
 namespace {
 
@@ -84,7 +85,7 @@ FAKE_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divi
   if (op == static_cast<int>(ReduceOp::Avg) && finish != 0 && divisor <= 0) return kInvalidValue;
   if (n == 0) return 0;
   auto* task = new Task{type, op, finish, divisor, dst, a, b, n};
-  const int err = cudaLaunchHostFunc(stream, &run, task);
+  const int err = fake_cuda_launch_kernel(stream, &run, task);
   if (err != 0) delete task;
   return err;
 }

@@ -225,7 +225,7 @@ std::vector<Status> run_all(std::vector<std::unique_ptr<Rank>>& ranks, DataType 
     threads.emplace_back([&, r] {
       Rank& R = *ranks[static_cast<std::size_t>(r)];
       const auto i = static_cast<std::size_t>(r);
-      regions[i] = DeviceRegions{&fake_cuda(), &fake_kernels(), R.stream, type, op};
+      regions[i] = DeviceRegions{&fake_cuda(), &fake_kernels(), R.stream};
       RingCall c = call(r);
       c.device = device ? &regions[i] : nullptr;
       if (!c.by_position) {

@@ -26,9 +26,10 @@ namespace ringfence::test {
 // Runs `body(comm)` on `n` thread ranks built with `options`; returns the first error as
 // "rank R: message", or "" when every rank finished. Catch2 assertions are not thread-safe:
 // bodies record results (or throw) and the test thread asserts afterwards.
-// `options_of(r)` gives rank r's options (ranks that differ, e.g. in their GPU).
+// `options_of(r)` gives rank r's options (ranks that differ, e.g. in their GPU); `registry`
+// the transports (null: builtin_transports()).
 inline std::string run_ranks(int n, const std::function<CommOptions(int)>& options_of,
-                             const std::function<void(Communicator&)>& body) {
+                             const std::function<void(Communicator&)>& body, const TransportRegistry* registry = nullptr) {
   auto store = std::make_shared<InProcessStore>();
   std::mutex mutex;
   std::string error;
@@ -36,7 +37,7 @@ inline std::string run_ranks(int n, const std::function<CommOptions(int)>& optio
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        Communicator comm(store, r, n, builtin_transports(), options_of(r));
+        Communicator comm(store, r, n, registry ? *registry : builtin_transports(), options_of(r));
         body(comm);
       } catch (const std::exception& e) {
         std::lock_guard lock(mutex);

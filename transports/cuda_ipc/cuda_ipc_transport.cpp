@@ -405,6 +405,7 @@ class CudaIpcTransport final : public Transport {
 
   std::string_view name() const noexcept override { return mode_name(shared_->mode); }
   bool shares_memory() const noexcept override { return true; }
+  bool writes_device_memory() const noexcept override { return true; }
 
   Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const override {
     Reachability r;

@@ -1,0 +1,295 @@
+// Device regions through the communicator (docs/device.md "Device regions in the engine"): with
+// a device transport (nvlink, pcie) to every peer and the kernel module, stream-ordered
+// collectives run the engine on the user's device buffers instead of staging through pinned
+// host memory; every rank decides together, at the first one. Thread ranks over the fake CUDA
+// runtime (streams are threads, copies delayed 0.5 ms) and the fake kernel module (reductions
+// run on the stream's thread, delayed 0.3 ms).
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <ringfence/ringfence.hpp>
+#include <ringfence/transports/cuda_ipc.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/thread_ranks.hpp"
+#include "support/verifiable.hpp"
+
+extern "C" {
+int cudaMalloc(void**, std::size_t);
+int cudaFree(void*);
+int cudaMemcpy(void*, const void*, std::size_t, int);
+int cudaStreamCreate(void**);
+int cudaStreamDestroy(void*);
+int cudaStreamSynchronize(void*);
+void fake_cuda_hold(void*, int);
+}
+
+using namespace ringfence;
+namespace cuda_ipc = transports::cuda_ipc;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kHostToDevice = 1, kDeviceToHost = 2;
+
+CommOptions options(DeviceRegionsMode mode = DeviceRegionsMode::On, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  CommOptions o;
+  o.host_id = "thread-host";
+  o.timeout = timeout;
+  o.chunk_bytes = 4096;
+  o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
+  o.cuda_kernels = RINGFENCE_FAKE_KERNELS_PATH;
+  o.device_regions = mode;
+  return o;
+}
+
+// shm and tcp for the host lanes, then the two device transports.
+TransportRegistry with_device_transports() {
+  TransportRegistry r = builtin_transports();
+  r.add(std::string(cuda_ipc::kNvlinkName), cuda_ipc::make_nvlink_transport);
+  r.add(std::string(cuda_ipc::kPcieName), cuda_ipc::make_pcie_transport);
+  return r;
+}
+
+unsigned long kernel_launches() {
+  void* h = ::dlopen(RINGFENCE_FAKE_KERNELS_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) return 0;
+  auto* f = reinterpret_cast<unsigned long (*)()>(::dlsym(h, "fake_kernels_launches"));
+  return f != nullptr ? f() : 0;
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceBuffer(std::size_t n) : bytes(n) { T_CHECK(cudaMalloc(&p, n) == 0); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void put(const void* host, std::size_t n) { T_CHECK(cudaMemcpy(p, host, n, kHostToDevice) == 0); }
+  std::vector<std::byte> get(std::size_t n) const {
+    std::vector<std::byte> v(n);
+    T_CHECK(cudaMemcpy(v.data(), p, n, kDeviceToHost) == 0);
+    return v;
+  }
+};
+
+struct Stream {
+  void* s = nullptr;
+  Stream() { T_CHECK(cudaStreamCreate(&s) == 0); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CudaStream handle() const { return CudaStream{s}; }
+};
+
+}  // namespace
+
+TEST_CASE("device regions: stream-ordered allreduce runs on device buffers, exact for every dtype and op", "[device][regions]") {
+  const int n = 3;
+  const std::size_t count = 5001;  // several 4 KiB chunks, not a multiple of the ranks
+  const TransportRegistry registry = with_device_transports();
+  const unsigned long launches_before = kernel_launches();
+  std::vector<std::string> path(n);
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(); },
+      [&](Communicator& comm) {
+        Stream stream;
+        DeviceBuffer send(count * 8), recv(count * 8);
+        std::vector<std::byte> host(count * 8);
+        for (int t = 0; t < kNumDataTypes; ++t)
+          for (int o = 0; o < kNumReduceOps; ++o)
+            for (bool in_place : {false, true}) {
+              const auto type = static_cast<DataType>(t);
+              const auto op = static_cast<ReduceOp>(o);
+              test::fill_input(type, op, comm.rank(), n, host.data(), count);
+              send.put(host.data(), count * size_of(type));
+              void* out = in_place ? send.p : recv.p;
+              comm.allreduce(send.p, out, count, type, op, stream.handle());
+              T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+              const std::vector<std::byte> got = (in_place ? send : recv).get(count * size_of(type));
+              if (test::count_wrong(type, op, n, got.data(), count) != 0)
+                throw std::runtime_error(fmt::format("{} {} {}: wrong elements", to_string(type), to_string(op),
+                                                     in_place ? "in place" : "out of place"));
+            }
+        T_CHECK(comm.async_error().is_ok());
+        path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
+      },
+      &registry);
+  REQUIRE(err == "");
+  for (const std::string& p : path) REQUIRE(p == "device regions");
+  // The reductions ran in the kernel module (on the device), not on the host.
+  REQUIRE(kernel_launches() - launches_before >= static_cast<unsigned long>(kNumDataTypes * kNumReduceOps * 2 * n));
+}
+
+TEST_CASE("device regions: reduce_scatter, allgather, broadcast and reduce on device buffers are exact", "[device][regions]") {
+  const int n = 4;
+  const std::size_t count = 3001;
+  const TransportRegistry registry = with_device_transports();
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(); },
+      [&](Communicator& comm) {
+        Stream stream;
+        const int r = comm.rank();
+        const std::size_t bytes = count * sizeof(float);
+        DeviceBuffer in(bytes * n), out(bytes * n);
+        std::vector<float> host(count * static_cast<std::size_t>(n));
+        auto value = [](int rank, std::size_t i) { return static_cast<float>(1 + (static_cast<std::size_t>(rank) * 7 + i) % 13); };
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = value(r, i);
+        in.put(host.data(), bytes * n);
+        auto out_floats = [&](std::size_t elems) {
+          const std::vector<std::byte> b = out.get(elems * sizeof(float));
+          std::vector<float> f(elems);
+          std::memcpy(f.data(), b.data(), b.size());
+          return f;
+        };
+        // reduce_scatter: block r of the sum of every rank's n blocks.
+        comm.reduce_scatter(in.p, out.p, count, DataType::Float32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        std::vector<float> got = out_floats(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += value(q, static_cast<std::size_t>(r) * count + i);
+          T_CHECK(got[i] == want);
+        }
+        // allgather: block q is rank q's first block.
+        comm.allgather(in.p, out.p, count, DataType::Float32, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        got = out_floats(count * static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < count; ++i) T_CHECK(got[static_cast<std::size_t>(q) * count + i] == value(q, i));
+        // broadcast from rank 2.
+        comm.broadcast(in.p, out.p, count, DataType::Float32, 2, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        got = out_floats(count);
+        for (std::size_t i = 0; i < count; ++i) T_CHECK(got[i] == value(2, i));
+        // reduce (max) to rank 1.
+        comm.reduce(in.p, r == 1 ? out.p : nullptr, count, DataType::Float32, ReduceOp::Max, 1, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        if (r == 1) {
+          got = out_floats(count);
+          for (std::size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int q = 0; q < n; ++q) want = std::max(want, value(q, i));
+            T_CHECK(got[i] == want);
+          }
+        }
+        T_CHECK(comm.device_path() == "device regions");
+      },
+      &registry);
+  REQUIRE(err == "");
+}
+
+TEST_CASE("device regions: a call returns before its stream reaches it and lands when it does", "[device][regions]") {
+  const int n = 2;
+  const std::size_t count = 20000;
+  const TransportRegistry registry = with_device_transports();
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(); },
+      [&](Communicator& comm) {
+        const std::size_t bytes = count * sizeof(float);
+        std::vector<float> host(count);
+        test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+        DeviceBuffer send(bytes), recv(bytes);
+        send.put(host.data(), bytes);
+        const std::vector<float> sentinel(count, -7.0f);
+        recv.put(sentinel.data(), bytes);
+        Stream stream;
+        fake_cuda_hold(stream.s, 1);
+        comm.allreduce(send.p, recv.p, count, DataType::Float32, ReduceOp::Sum, stream.handle());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        T_CHECK(std::memcmp(recv.get(bytes).data(), sentinel.data(), bytes) == 0);  // held: not started
+        fake_cuda_hold(stream.s, 0);
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(test::count_wrong(DataType::Float32, ReduceOp::Sum, n, recv.get(bytes).data(), count) == 0);
+        T_CHECK(comm.async_error().is_ok());
+        T_CHECK(comm.device_path() == "device regions");
+      },
+      &registry);
+  REQUIRE(err == "");
+}
+
+TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and says why", "[device][regions]") {
+  const int n = 3;
+  const std::size_t count = 3000;
+  const TransportRegistry registry = with_device_transports();
+  std::vector<std::string> path(n);
+  const std::string err = test::run_ranks(
+      n,
+      [](int r) {
+        CommOptions o = options(DeviceRegionsMode::Auto);
+        if (r == 1) o.cuda_kernels = "/nonexistent/libringfence_kernels.so";  // rank 1 has no kernel module
+        return o;
+      },
+      [&](Communicator& comm) {
+        Stream stream;
+        std::vector<std::int32_t> host(count);
+        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+        DeviceBuffer buf(count * 4);
+        buf.put(host.data(), count * 4);
+        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
+        T_CHECK(comm.device_staging_bytes() >= count * 4);  // the data went through pinned staging
+        path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
+      },
+      &registry);
+  REQUIRE(err == "");
+  for (const std::string& p : path) {
+    REQUIRE_THAT(p, Catch::StartsWith("host-staged: rank 1: no device kernel module") &&
+                        Catch::Contains("/nonexistent/libringfence_kernels.so"));
+  }
+}
+
+TEST_CASE("device regions: RINGFENCE_DEVICE_REGIONS=on without a device transport fails with CudaError saying why", "[device][regions]") {
+  const int n = 2;
+  std::vector<std::string> seen(n);
+  const std::string err = test::run_ranks(n, [](int) { return options(DeviceRegionsMode::On); }, [&](Communicator& comm) {
+    Stream stream;
+    DeviceBuffer buf(4096);
+    try {
+      comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+      seen[static_cast<std::size_t>(comm.rank())] = "accepted";
+    } catch (const CudaError& e) {
+      seen[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  REQUIRE(err == "");
+  for (int r = 0; r < n; ++r) {
+    INFO(seen[static_cast<std::size_t>(r)]);
+    REQUIRE_THAT(seen[static_cast<std::size_t>(r)],
+                 Catch::StartsWith(fmt::format("rank {}: allreduce on a CUDA stream: device regions are required", r)) &&
+                     Catch::Contains("no transport writes device memory to rank"));
+  }
+}
+
+TEST_CASE("device regions: a stream that never reaches the call times out on its rank and fails the peer", "[device][regions][failure]") {
+  const int n = 2;
+  const TransportRegistry registry = with_device_transports();
+  std::vector<std::string> seen(n);
+  const auto start = Clock::now();
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(DeviceRegionsMode::On, std::chrono::milliseconds(500)); },
+      [&](Communicator& comm) {
+        Stream stream;
+        DeviceBuffer buf(4096);
+        if (comm.rank() == 1) fake_cuda_hold(stream.s, 1);  // stuck behind "earlier work"
+        comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+        for (int i = 0; i < 400 && comm.async_error().is_ok(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        seen[static_cast<std::size_t>(comm.rank())] = std::string(to_string(comm.async_error().code()));
+        fake_cuda_hold(stream.s, 0);
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);  // the stream is not left blocked
+        seen[static_cast<std::size_t>(comm.rank())] += " / " + comm.device_path();
+      },
+      &registry);
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  INFO(seen[0] << "\n" << seen[1]);
+  REQUIRE(err == "");
+  REQUIRE(secs < 8.0);
+  REQUIRE(seen[1] == "timeout / device regions");
+  REQUIRE(seen[0].find("ok") != 0);  // rank 0 failed too (its peer aborted or timed out)
+}
