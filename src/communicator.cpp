@@ -325,6 +325,7 @@ struct Communicator::Impl : LaneState {
   detail::CudaApi device_cuda;
   detail::DeviceKernels device_kernels;
   void* device_stream = nullptr;    // the executor's stream for device-lane calls
+  int device_ordinal = 0;           // the CUDA device current on the thread that built the lane
   detail::DeviceRegions device_regions;
   bool next_device = false;         // the next issued call runs on the device lane (on_device sets it)
   bool device_active = false;       // the call running on the progress thread does
@@ -338,6 +339,7 @@ struct Communicator::Impl : LaneState {
     device_cuda = detail::load_cuda_api(options.cuda_runtime);
     if (!device_cuda.usable) return device_cuda.why_not;
     if (!device_cuda.ipc) return device_cuda.ipc_why_not;
+    if (!device_cuda.set_device) return fmt::format("{} lacks cudaSetDevice", device_cuda.library);
     device_kernels = detail::load_device_kernels(options.cuda_kernels);
     if (!device_kernels.usable) return device_kernels.why_not;
     via.assign(static_cast<std::size_t>(size), nullptr);
@@ -398,6 +400,8 @@ struct Communicator::Impl : LaneState {
       mine_ch.transport_name = std::string(t->name());
       peers.push_back(peer_info[static_cast<std::size_t>(ch->peer)]);
     }
+    if (const int err = device_cuda.get_device(&device_ordinal); err != detail::kCudaSuccess)
+      throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaGetDevice", err)), err);
     connect_lane(*L, kDeviceLane, peers, MemoryKind::Device);
     if (const int err = device_cuda.stream_create(&device_stream, detail::kCudaStreamNonBlocking); err != detail::kCudaSuccess)
       throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaStreamCreateWithFlags", err)), err);
@@ -434,6 +438,14 @@ struct Communicator::Impl : LaneState {
   // peer, so fenced lane-0 hops need no relay), the fingerprint compared first.
   void run_device_call(const char* call, const detail::RingCall& c, const Reducer& reducer) {
     settle_call(call);
+    // Kernels launch only into streams of the thread's current device, and this thread (the
+    // progress thread) is not the one that chose it.
+    if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess) {
+      const std::string msg = fmt::format("rank {}: {} on a CUDA stream: {}", rank, call, device_cuda.describe("cudaSetDevice", err));
+      record_failure(Status(ErrorCode::Cuda, err), msg);
+      abort_peers(ErrorCode::Cuda, rank);
+      throw CudaError(msg, err);
+    }
     LaneState& L = *device_lane;
     L.engine.position = engine.position;
     detail::Channel* left = nullptr;

@@ -71,6 +71,9 @@ struct CudaApi {
   /// cudaDeviceGetPCIBusId(char* out, int len, int device): optional, outside `ipc` (the
   /// communicator finds its GPU in NVML with it, `CommOptions::kHealthGpuFromCuda`).
   int (*device_get_pci_bus_id)(char*, int, int) = nullptr;
+  /// cudaSetDevice: optional, outside `ipc` (the device lane's calls run on the progress thread,
+  /// which must make the lane's device current before it launches kernels).
+  int (*set_device)(int) = nullptr;
   bool ipc = false;
   std::string ipc_why_not;
 

@@ -5,7 +5,11 @@
 // communicator loads (RINGFENCE_CUDART, else libcudart.so.13/.12/...): the real one on a GPU
 // machine (tests/gpu), the fake with threads for streams in CI (tests/device). Exits 77 when no
 // CUDA runtime, driver or device is usable.
-//   device_collectives [COUNT]   elements per rank and call (default 4099: not a multiple of anything)
+//   device_collectives [--device-transports] [COUNT]
+//     COUNT: elements per rank and call (default 4099: not a multiple of anything)
+//     --device-transports: the communicator also gets the nvlink and pcie transports, so the
+//       collectives may run on device regions (docs/device.md; RINGFENCE_DEVICE_REGIONS=on makes
+//       it a requirement), and the program fails unless they did.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -13,6 +17,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <ringfence/ringfence.hpp>
+#include <ringfence/transports/cuda_ipc.hpp>
 #include <string>
 #include <vector>
 
@@ -28,8 +33,18 @@ constexpr int kToDevice = Cuda::kHostToDevice, kToHost = Cuda::kDeviceToHost;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 4099;
-  Communicator comm = Communicator::from_env();
+  int arg = 1;
+  const bool device_transports = argc > arg && std::string(argv[arg]) == "--device-transports";
+  arg += device_transports;
+  const std::size_t count = argc > arg ? std::strtoull(argv[arg], nullptr, 10) : 4099;
+  Communicator comm = [&] {
+    if (!device_transports) return Communicator::from_env();
+    const Environment env = Environment::from_process();
+    TransportRegistry registry = builtin_transports();
+    registry.add(std::string(transports::cuda_ipc::kNvlinkName), transports::cuda_ipc::make_nvlink_transport);
+    registry.add(std::string(transports::cuda_ipc::kPcieName), transports::cuda_ipc::make_pcie_transport);
+    return Communicator::from_launch(detect_launch(env), registry, CommOptions::from_env(env));
+  }();
   const int rank = comm.rank(), n = comm.size();
   Cuda cuda;
   if (const std::string why = cuda.load(comm.options().cuda_runtime); !why.empty()) {
@@ -151,8 +166,13 @@ int main(int argc, char** argv) {
     std::printf("rank %d: async_error: %s\n", rank, std::string(to_string(err.code())).c_str());
     ++failures;
   }
-  std::printf("rank %d: %d stream-ordered checks, %d failed, %zu staging bytes\n", rank, checks, failures,
-              comm.device_staging_bytes());
+  const std::string path = comm.device_path();
+  if (device_transports && path != "device regions") {
+    std::printf("rank %d: the collectives did not run on device regions: %s\n", rank, path.c_str());
+    ++failures;
+  }
+  std::printf("rank %d: %d stream-ordered checks, %d failed, %zu staging bytes, %s\n", rank, checks, failures,
+              comm.device_staging_bytes(), path.c_str());
   check(cuda, cuda.free_(dsend), "cudaFree");
   check(cuda, cuda.free_(drecv), "cudaFree");
   check(cuda, cuda.stream_destroy(stream), "cudaStreamDestroy");

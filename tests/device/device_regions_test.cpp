@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/scoped_env.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
@@ -26,6 +27,7 @@ int cudaMemcpy(void*, const void*, std::size_t, int);
 int cudaStreamCreate(void**);
 int cudaStreamDestroy(void*);
 int cudaStreamSynchronize(void*);
+int cudaSetDevice(int);
 void fake_cuda_hold(void*, int);
 }
 
@@ -130,11 +132,15 @@ TEST_CASE("device regions: reduce_scatter, allgather, broadcast and reduce on de
   const int n = 4;
   const std::size_t count = 3001;
   const TransportRegistry registry = with_device_transports();
+  // Two GPUs, ranks on GPU rank % 2: the progress thread must make the lane's GPU current
+  // before it launches kernels (the fake refuses a launch into another GPU's stream).
+  const test::ScopedEnv devices("FAKE_CUDA_DEVICES", "2");
   const std::string err = test::run_ranks(
       n, [](int) { return options(); },
       [&](Communicator& comm) {
-        Stream stream;
         const int r = comm.rank();
+        T_CHECK(cudaSetDevice(r % 2) == 0);
+        Stream stream;
         const std::size_t bytes = count * sizeof(float);
         DeviceBuffer in(bytes * n), out(bytes * n);
         std::vector<float> host(count * static_cast<std::size_t>(n));

@@ -68,6 +68,7 @@ struct Stream {
   std::condition_variable cv;
   std::deque<std::function<void()>> ops;
   bool busy = false, hold = false, stop = false;
+  int device = 0;  // the creating thread's current device (cudaStreamCreate)
   std::thread thread;
 
   Stream() : thread([this] { loop(); }) {}
@@ -377,7 +378,9 @@ FAKE_EXPORT int cudaFreeHost(void* p) {
   return 0;
 }
 FAKE_EXPORT int cudaStreamCreate(void** stream) {
-  *stream = new Stream;
+  auto* st = new Stream;
+  st->device = current_device;
+  *stream = st;
   State& s = state();
   std::lock_guard l(s.m);
   s.streams.insert(*stream);
@@ -426,9 +429,12 @@ FAKE_EXPORT int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
 // in stream order, like work on the GPU. Not a host function: it never waits for the callback
 // thread, which a host function waiting for a collective may hold (as on a GPU, where a kernel
 // runs while the runtime's callback thread is busy).
+// As on CUDA, a kernel launch into a stream of another device than the calling thread's current
+// one fails (cudaErrorInvalidResourceHandle); copies and events do not care.
 FAKE_EXPORT int fake_cuda_launch_kernel(void* stream, void (*fn)(void*), void* arg) {
   Stream* st = resolve(stream);
   if (st == nullptr) return kInvalidHandle;
+  if (stream != nullptr && st->device != current_device) return kInvalidHandle;
   st->push([=] { fn(arg); });
   return 0;
 }
