@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <ringfence/ringfence.hpp>
+#include <ringfence/transports/cuda_ipc.hpp>
 #include <string>
 #include <vector>
 
@@ -77,7 +78,16 @@ int main(int argc, char** argv) {
       return 77;
 #endif
     }
-    rf::Communicator comm = rf::Communicator::from_env();
+    // -m device also registers the GPU transports (nvlink, pcie), so the stream-ordered calls
+    // may run on device regions (docs/device.md; RINGFENCE_DEVICE_REGIONS=off: host-staged).
+    rf::Communicator comm = [&] {
+      if (parsed.args->memory != bench::MemoryMode::Device) return rf::Communicator::from_env();
+      const rf::Environment env = rf::Environment::from_process();
+      rf::TransportRegistry registry = rf::builtin_transports();
+      registry.add(std::string(rf::transports::cuda_ipc::kNvlinkName), rf::transports::cuda_ipc::make_nvlink_transport);
+      registry.add(std::string(rf::transports::cuda_ipc::kPcieName), rf::transports::cuda_ipc::make_pcie_transport);
+      return rf::Communicator::from_launch(rf::detect_launch(env), registry, rf::CommOptions::from_env(env));
+    }();
     rank = comm.rank();
     bench::Backend backend;
     backend.name = std::string("ringfence ") + rf::kVersionString;
@@ -116,8 +126,9 @@ int main(int argc, char** argv) {
     backend.alloc = [&comm](std::size_t bytes) { return comm.alloc(bytes); };
     backend.free = [&comm](void* ptr) { comm.free(ptr); };
     backend.notes = describe(comm);
-    // -m device: CUDA buffers and the stream-ordered calls (host-staged, docs/device.md) on one
-    // stream per rank; ranks share GPUs round-robin. Skipped (77) without a usable runtime.
+    // -m device: CUDA buffers and the stream-ordered calls (device regions or host-staged,
+    // docs/device.md) on one stream per rank; ranks share GPUs round-robin. Skipped (77)
+    // without a usable runtime.
     rf::tools::CudaRt cuda;
     void* stream = nullptr;
     if (parsed.args->memory == bench::MemoryMode::Device) {
@@ -161,9 +172,10 @@ int main(int argc, char** argv) {
       backend.download = [&cuda](void* host, const void* dev, std::size_t bytes) {
         cuda.check(cuda.memcpy_(host, dev, bytes, rf::tools::CudaRt::kDeviceToHost), "cudaMemcpy");
       };
-      backend.notes.push_back("device memory: stream-ordered calls, host-staged (docs/device.md)");
+      backend.notes.push_back("device memory: stream-ordered calls (docs/device.md)");
     }
     const int rc = bench::run_perf(kCollective, *parsed.args, backend);
+    if (stream != nullptr && rank == 0) std::printf("# device path: %s\n", comm.device_path().c_str());
     if (stream != nullptr) cuda.check(cuda.stream_destroy(stream), "cudaStreamDestroy");
     return rc;
   } catch (const rf::Error& e) {

@@ -10,27 +10,32 @@
 #      aligned and misaligned), stream-ordered device collectives on 2 and 4 ranks (ranks share
 #      the GPUs round-robin), exact; the nvlink and pcie transports between two processes
 #      (CUDA IPC, 64 MiB + 13 B each way), exact; a pair whose NVLink corrupts (fault rule) moved
-#      to pcie at the fence agreement, 2 processes, every collective exact;
+#      to pcie at the fence agreement, 2 processes, every collective exact; the same device
+#      collectives on device regions (RINGFENCE_DEVICE_REGIONS=on: the engine on device memory,
+#      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact;
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
-#   4. all_reduce_perf -m device for 2 and 4 ranks, next to the device-to-device and pinned
+#   4. all_reduce_perf -m device for 2 and 4 ranks, on device regions and host-staged
+#      (RINGFENCE_DEVICE_REGIONS=off), next to the device-to-device and pinned
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
 #      nccl) on the same GPUs when there are at least 2.
 # Testing the script itself without a GPU (CTest device_check_script_fake_cuda): DEVICE_CHECK_CUDART
 # names the CUDA runtime to use (the fake of tests/device), DEVICE_CHECK_MAX_BYTES caps the sizes
 # of all_reduce_perf, DEVICE_CHECK_COPY_MIB the copies of device_memcpy_bw (default 256),
-# DEVICE_CHECK_IPC_BYTES the writes of cuda_ipc_conformance (default 64 MiB + 13).
+# DEVICE_CHECK_IPC_BYTES the writes of cuda_ipc_conformance (default 64 MiB + 13), DEVICE_CHECK_KERNELS
+# the kernel module (the fake of tests/device; default: libringfence_kernels.so next to the binaries).
 # Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance move_mp all_reduce_perf device_memcpy_bw)
+kernels=libringfence_kernels.so  # the device reductions' module (target ringfence_kernels, in lib/)
 
 build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
   local b=$1
   cmake -S "$repo" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGFENCE_WITH_CUDA=ON -DRINGFENCE_WITH_TORCH=OFF \
     -DRINGFENCE_WITH_MPI=OFF -DRINGFENCE_BUILD_TESTS=ON -DRINGFENCE_BUILD_BENCH=ON >"$b.configure.log" 2>&1 ||
     { tail -30 "$b.configure.log"; return 1; }
-  cmake --build "$b" --target "${bins[@]}" >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
+  cmake --build "$b" --target "${bins[@]}" ringfence_kernels >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
 }
 
 if [ "${1:-}" = "--bundle" ]; then
@@ -38,6 +43,7 @@ if [ "${1:-}" = "--bundle" ]; then
   mkdir -p "$dir"
   build "$dir.build" || exit 1
   for b in "${bins[@]}"; do cp "$dir.build/bin/$b" "$dir/"; done
+  cp "$dir.build/lib/$kernels" "$dir/"
   # The one shared library the binaries need beyond libc/libstdc++ (ringfence links statically).
   fmt=$(ldd "$dir/ringfence-run" | awk '/libfmt/ {print $3}')
   [ -n "$fmt" ] && cp -L "$fmt" "$dir/"
@@ -78,6 +84,16 @@ if [ -n "${DEVICE_CHECK_CUDART:-}" ]; then
 else
   unset RINGFENCE_CUDART  # never the fake of tests/device by accident
 fi
+# The kernel module: next to the binaries (--prebuilt) or in the build's lib/.
+if [ -n "${DEVICE_CHECK_KERNELS:-}" ]; then
+  export RINGFENCE_CUDA_KERNELS=$DEVICE_CHECK_KERNELS
+elif [ -e "$bin/$kernels" ]; then
+  export RINGFENCE_CUDA_KERNELS=$bin/$kernels
+elif [ -e "$bin/../lib/$kernels" ]; then
+  export RINGFENCE_CUDA_KERNELS=$(cd "$bin/../lib" && pwd)/$kernels
+else
+  unset RINGFENCE_CUDA_KERNELS
+fi
 max=${DEVICE_CHECK_MAX_BYTES:-256M}
 export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-60000}
 
@@ -96,7 +112,7 @@ export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-60000}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 echo "device-check: $gpus GPU(s)"
 
-# 2. Every GPU test (the ctest label gpu: these five).
+# 2. Every GPU test (the ctest label gpu).
 if [ -x "$bin/reduce_functors_gpu_test" ]; then
   timeout 120 "$bin/reduce_functors_gpu_test" >"$out/gpu_reduce_kernels.log" 2>&1
 else
@@ -107,6 +123,9 @@ status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $
 for n in 2 4; do
   timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
   status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
+  RINGFENCE_DEVICE_REGIONS=on timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" --device-transports \
+    >"$out/gpu_device_regions_${n}ranks.log" 2>&1
+  status "the same on device regions (engine on device memory, nvlink/pcie), $n ranks, exact" $? "$out/gpu_device_regions_${n}ranks.log"
 done
 
 ipc_bytes=${DEVICE_CHECK_IPC_BYTES:-67108877}
@@ -135,7 +154,11 @@ status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
 for n in 2 4; do
   timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 -n 10 -w 2 \
     >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
-  status "all_reduce_perf -m device, $n ranks" $? "$out/all_reduce_perf_${n}ranks.txt"
+  status "all_reduce_perf -m device, $n ranks ($(grep -ao 'device path: [a-z -]*' "$out/all_reduce_perf_${n}ranks.txt" | head -1))" $? \
+    "$out/all_reduce_perf_${n}ranks.txt"
+  RINGFENCE_DEVICE_REGIONS=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" \
+    -f 4 -n 10 -w 2 >"$out/all_reduce_perf_staged_${n}ranks.txt" 2>&1
+  status "all_reduce_perf -m device, $n ranks, host-staged" $? "$out/all_reduce_perf_staged_${n}ranks.txt"
 done
 if [ "$gpus" -ge 2 ]; then
   nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
