@@ -416,8 +416,13 @@ struct Communicator::Impl : LaneState {
   // thread waits for (the stream reached the call: its input is ready) and a host function that
   // waits for the collective (later work on the stream sees the result); `queue()` issues the
   // asynchronous collective on the user's own buffers, which then runs on the device lane.
+  // `send` (`in_bytes` read) and `recv` (`out_bytes` written) must be memory the GPU can address:
+  // device, managed or pinned host memory (kernels and peer copies touch them), else InvalidUsage.
   template <class Queue>
-  void on_device(const char* call, CudaStream stream, Queue queue) {
+  void on_device(const char* call, CudaStream stream, const void* send, std::size_t in_bytes, const void* recv,
+                 std::size_t out_bytes, Queue queue) {
+    check_device_pointer(call, "sendbuff", send, in_bytes);
+    check_device_pointer(call, "recvbuff", recv, out_bytes);
     staged(call, stream, std::span<const detail::DeviceStager::Piece>(), std::span<const detail::DeviceStager::Piece>(),
            [&](std::byte*, std::byte*) {
              next_device = true;
@@ -431,6 +436,16 @@ struct Communicator::Impl : LaneState {
              }
            },
            true);
+  }
+
+  void check_device_pointer(const char* call, const char* what, const void* p, std::size_t bytes) const {
+    if (bytes == 0 || p == nullptr) return;
+    detail::CudaPointerAttributes a;
+    const int err = device_cuda.pointer_attributes(&a, p);
+    RINGFENCE_EXPECTS(err == detail::kCudaSuccess && a.type != 0,
+                      "rank {}: {} on a CUDA stream: {} {} is not device, managed or pinned host memory ({}): device regions "
+                      "read and write it on the GPU (RINGFENCE_DEVICE_REGIONS=off stages any memory)",
+                      rank, call, what, p, err == detail::kCudaSuccess ? "plain host memory" : device_cuda.describe("cudaPointerGetAttributes", err));
   }
 
   // Runs ring collective `c` of the current call on the device lane (run_ring_call's device
@@ -2206,7 +2221,10 @@ struct Communicator::Impl : LaneState {
       const int silent = f.status.code() == ErrorCode::Timeout ? silent_peer(age_ms) : -1;
       abort_peers(f.status.code(), silent >= 0 ? silent : f.peer);
     }
-    const auto* ch = f.peer >= 0 && f.peer != rank ? &channel_to(f.peer) : nullptr;
+    // The link the failure happened on: the device lane's during a device-lane call.
+    const auto* ch = f.peer < 0 || f.peer == rank ? nullptr
+                     : device_active && device_lane ? &device_lane->channel_to(f.peer)
+                                                    : &channel_to(f.peer);
     const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
     std::string why;
     if (f.aborted_by_peer) {
@@ -2589,7 +2607,7 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   Impl* m = live(__func__);
   const auto io = m->check_allreduce("allreduce", send, recv, count, type, op);
   if (m->use_device_lane("allreduce"))
-    return m->on_device("allreduce", stream, [&] { return m->allreduce(true, send, recv, count, type, op); });
+    return m->on_device("allreduce", stream, send, io.in, recv, io.out, [&] { return m->allreduce(true, send, recv, count, type, op); });
   m->staged("allreduce", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allreduce(true, in, out, count, type, op); });
 }
@@ -2598,7 +2616,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
   Impl* m = live(__func__);
   const auto io = m->check_reduce_scatter("reduce_scatter", send, recv, recvcount, type, op);
   if (m->use_device_lane("reduce_scatter"))
-    return m->on_device("reduce_scatter", stream, [&] { return m->reduce_scatter(true, send, recv, recvcount, type, op); });
+    return m->on_device("reduce_scatter", stream, send, io.in, recv, io.out, [&] { return m->reduce_scatter(true, send, recv, recvcount, type, op); });
   m->staged("reduce_scatter", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
 }
@@ -2606,7 +2624,7 @@ void Communicator::allgather(const void* send, void* recv, std::size_t sendcount
   Impl* m = live(__func__);
   const auto io = m->check_allgather("allgather", send, recv, sendcount, type);
   if (m->use_device_lane("allgather"))
-    return m->on_device("allgather", stream, [&] { return m->allgather(true, send, recv, sendcount, type); });
+    return m->on_device("allgather", stream, send, io.in, recv, io.out, [&] { return m->allgather(true, send, recv, sendcount, type); });
   m->staged("allgather", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->allgather(true, in, out, sendcount, type); });
 }
@@ -2614,7 +2632,7 @@ void Communicator::broadcast(const void* send, void* recv, std::size_t count, Da
   Impl* m = live(__func__);
   const auto io = m->check_broadcast("broadcast", send, recv, count, type, root);  // non-roots stage no input
   if (m->use_device_lane("broadcast"))
-    return m->on_device("broadcast", stream, [&] { return m->broadcast(true, send, recv, count, type, root); });
+    return m->on_device("broadcast", stream, send, io.in, recv, io.out, [&] { return m->broadcast(true, send, recv, count, type, root); });
   m->staged("broadcast", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->broadcast(true, in, out, count, type, root); });
 }
@@ -2623,7 +2641,7 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
   Impl* m = live(__func__);
   const auto io = m->check_reduce("reduce", send, recv, count, type, op, root);  // non-roots copy no result back
   if (m->use_device_lane("reduce"))
-    return m->on_device("reduce", stream, [&] { return m->reduce(true, send, io.out > 0 ? recv : nullptr, count, type, op, root); });
+    return m->on_device("reduce", stream, send, io.in, recv, io.out, [&] { return m->reduce(true, send, io.out > 0 ? recv : nullptr, count, type, op, root); });
   m->staged("reduce", stream, send, io.in, recv, io.out, [&](std::byte* in, std::byte* out) {
     return m->reduce(true, in, io.out > 0 ? out : nullptr, count, type, op, root);
   });

@@ -299,3 +299,34 @@ TEST_CASE("device regions: a stream that never reaches the call times out on its
   REQUIRE(seen[1] == "timeout / device regions");
   REQUIRE(seen[0].find("ok") != 0);  // rank 0 failed too (its peer aborted or timed out)
 }
+
+TEST_CASE("device regions: plain host buffers are refused with InvalidUsage naming the argument and the rank", "[device][regions]") {
+  const int n = 2;
+  const TransportRegistry registry = with_device_transports();
+  std::vector<std::string> seen(n);
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(); },
+      [&](Communicator& comm) {
+        Stream stream;
+        DeviceBuffer dev(4096);
+        std::vector<float> host(1024, 1.0f);
+        comm.allreduce(dev.p, dev.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());  // decides: device regions
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        try {
+          comm.allreduce(dev.p, host.data(), 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+          seen[static_cast<std::size_t>(comm.rank())] = "accepted";
+        } catch (const InvalidUsage& e) {
+          seen[static_cast<std::size_t>(comm.rank())] = e.what();
+        }
+        // Refused before anything was queued: the communicator still works.
+        comm.allreduce(dev.p, dev.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(comm.async_error().is_ok());
+      },
+      &registry);
+  REQUIRE(err == "");
+  for (int r = 0; r < n; ++r)
+    REQUIRE_THAT(seen[static_cast<std::size_t>(r)],
+                 Catch::StartsWith(fmt::format("rank {}: allreduce on a CUDA stream: recvbuff", r)) &&
+                     Catch::Contains("is not device, managed or pinned host memory") && Catch::Contains("RINGFENCE_DEVICE_REGIONS=off"));
+}

@@ -48,7 +48,9 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
                                                    {"RINGFENCE_CHANNEL_MIN_BYTES", "2M"},
                                                    {"RINGFENCE_TCP_SOCKETS", "4"},
                                                    {"RINGFENCE_SOCKET_IFNAME", "^docker,lo"},
-                                                   {"RINGFENCE_HEALTH_GPU", "3"}}));
+                                                   {"RINGFENCE_HEALTH_GPU", "3"},
+                                                   {"RINGFENCE_DEVICE_REGIONS", "off"},
+                                                   {"RINGFENCE_CUDA_KERNELS", "/opt/rf/libringfence_kernels.so"}}));
   REQUIRE(o.timeout == std::chrono::milliseconds(1500));
   REQUIRE(o.chunk_bytes == 64 * 1024);
   REQUIRE(o.slots == 2);
@@ -64,6 +66,11 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.tcp.sockets == 4);
   REQUIRE(o.tcp.interfaces == "^docker,lo");
   REQUIRE(o.health_gpu == 3);
+  REQUIRE(o.device_regions == DeviceRegionsMode::Off);
+  REQUIRE(o.cuda_kernels == "/opt/rf/libringfence_kernels.so");
+  REQUIRE(CommOptions{}.device_regions == DeviceRegionsMode::Auto);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "on"}})).device_regions == DeviceRegionsMode::On);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "auto"}})).device_regions == DeviceRegionsMode::Auto);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_HEALTH_GPU", "cuda"}})).health_gpu == CommOptions::kHealthGpuFromCuda);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "off"}})).alltoall_direct_user_min_bytes ==
           SIZE_MAX);
@@ -106,7 +113,7 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_CHANNELS", "17"},    {"RINGFENCE_TCP_SOCKETS", "0"}, {"RINGFENCE_TCP_SOCKETS", "9"},
                         {"RINGFENCE_HEALTH_GPU", "x"},   {"RINGFENCE_IB_HCA", ""},       {"RINGFENCE_IB_GID_INDEX", "256"},
                         {"RINGFENCE_IB_TIMEOUT", "0"},   {"RINGFENCE_IB_TIMEOUT", "32"}, {"RINGFENCE_IB_RETRY_CNT", "8"},
-                        {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"}};
+                        {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     const std::string msg = error_of([&] { (void)CommOptions::from_env(env({{c.name, c.value}})); });
