@@ -330,8 +330,21 @@ struct Communicator::Impl : LaneState {
   bool next_device = false;         // the next issued call runs on the device lane (on_device sets it)
   bool device_active = false;       // the call running on the progress thread does
 
+  // The device transport the device lane's link to `peer`, now over `from`, moves to when the link
+  // must be fenced: the first allowed pair (CommOptions::fallbacks) from `from` to another
+  // transport that writes device memory and reaches the peer; null = none.
+  Transport* device_fallback(const std::string& from, int peer) const {
+    for (const auto& [a, b] : options.fallbacks) {
+      if (a != from) continue;
+      for (const auto& t : transports)
+        if (t->name() == b && t->writes_device_memory() && t->can_reach(self, peer_info[static_cast<std::size_t>(peer)]).ok)
+          return t.get();
+    }
+    return nullptr;
+  }
+
   // This rank's reason it cannot run device regions (empty: it can); `via[p]` gets the device
-  // transport to rank p.
+  // transport to rank p (its fallback for a link fenced before the lane was built).
   std::string device_lane_refusal(std::vector<Transport*>& via) {
     if (options.device_regions == DeviceRegionsMode::Off) return "RINGFENCE_DEVICE_REGIONS=off";
     if (engine.checksum) return "checksums are on (RINGFENCE_CHECKSUM): chunks are verified on the host";
@@ -352,6 +365,8 @@ struct Communicator::Impl : LaneState {
         }
       if (!via[static_cast<std::size_t>(p)])
         return fmt::format("no transport writes device memory to rank {} (register nvlink or pcie, transports/cuda_ipc/README.md)", p);
+      if (is_fenced(rank, p))
+        if (Transport* t = device_fallback(std::string(via[static_cast<std::size_t>(p)]->name()), p)) via[static_cast<std::size_t>(p)] = t;
     }
     return {};
   }
@@ -1234,6 +1249,84 @@ struct Communicator::Impl : LaneState {
     fallback_of[static_cast<std::size_t>(peer)] = fallback_for(channel_to(peer));
   }
 
+  // Moves the device lane's link to `peer` to `to` (an agreed fence or move of the pair, see
+  // move_device_links): as move_link, for the device lane alone, its staging slots registered
+  // anew as device memory. Nothing of a device-lane call is in flight at an agreement (each
+  // ends only when its chunks were consumed and their signals stored), and the old link is
+  // polled until both ends meet.
+  void move_device_link(int peer, Transport& to) {
+    LaneState& L = *device_lane;
+    detail::Channel& ch = L.channel_to(peer);
+    const LinkId l = LinkId::of(rank, peer);
+    const std::string base = fmt::format("move/{}/{}-{}/device", seq, l.a, l.b);
+    // The new link's streams and events belong to the lane's GPU (this may be any thread).
+    if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess)
+      throw CudaError(fmt::format("rank {}: moving the device lane's link to rank {}: {}", rank, peer,
+                                  device_cuda.describe("cudaSetDevice", err)),
+                      err);
+    const std::string ready = base + "/ready";
+    (void)store->add(ready, 1);
+    for (const auto start = std::chrono::steady_clock::now(); store->add(ready, 0) < 2;) {
+      Completion done[8];
+      std::size_t n = 0;
+      if (ch.link) (void)ch.link->poll(done, n);
+      if (std::chrono::steady_clock::now() - start > options.timeout)
+        throw TimeoutError(fmt::format("rank {}: moving the device lane's link to rank {} to {}: rank {} did not come to the move "
+                                       "within {} ms",
+                                       rank, peer, to.name(), peer, options.timeout.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
+    ch.link.reset();
+    ch.peer_inbox = RemoteRegion{};
+    ch.peer_flags = RemoteRegion{};
+    ch.inbox_region = MemoryRegion{};
+    ch.flags_region = MemoryRegion{};
+    ch.transport = &to;
+    ch.transport_name = std::string(to.name());
+    const auto listener = to.listen();
+    store->set(fmt::format("{}/addr/{}", base, rank), listener->address());
+    const Bytes address = store->get(fmt::format("{}/addr/{}", base, peer), options.timeout);
+    finish_connect(*to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address), ch,
+                   std::chrono::steady_clock::now() + options.timeout,
+                   fmt::format("rank {}: moving the device lane's link to rank {} to {}: connecting", rank, peer, to.name()));
+    const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
+    ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
+    ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, MemoryKind::Device);
+    store->set(fmt::format("{}/regions/{}", base, rank), pack({ch.inbox_region.key(), ch.flags_region.key()}));
+    const auto parts = unpack(store->get(fmt::format("{}/regions/{}", base, peer), options.timeout), "region keys");
+    RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving the device lane's link)", rank, peer);
+    ch.peer_inbox = to.import_region(parts[0]);
+    ch.peer_flags = to.import_region(parts[1]);
+  }
+
+  // The device lane's side of an agreement: each of our device-lane links whose pair was agreed
+  // fenced or moved moves to its device fallback (nvlink -> pcie by default) when there is one.
+  // The host lanes re-plan or move as before; the device lane follows the plan's ring, so this
+  // matters where the plan still uses the pair (relayed on the host lanes, or moved there).
+  // Both ends decide alike: the same agreement, the same fallbacks, the same transport per pair.
+  void move_device_links(const std::vector<LinkId>& links) {
+    if (!device_lane) return;
+    for (const LinkId& l : links) {
+      if (l.a != rank && l.b != rank) continue;
+      const int peer = l.a == rank ? l.b : l.a;
+      detail::Channel& ch = device_lane->channel_to(peer);
+      Transport* to = device_fallback(ch.transport_name, peer);
+      if (!to) continue;
+      const std::string detail = fmt::format("device lane: to {} (was {})", to->name(), ch.transport_name);
+      try {
+        move_device_link(peer, *to);
+      } catch (const Error& e) {
+        record_failure(Status(e.code()), e.what());
+        local_abort(e.code(), peer);
+        abort_peers(e.code(), peer);
+        throw;
+      }
+      log.warn("link {}-{} moved on the device lane at collective #{}: {}", l.a, l.b, seq, detail);
+      emit(HealthEvent{EventKind::LinkMoved, rank, l.a, l.b, 0, 0, 0, detail, 0});
+    }
+  }
+
   // Applies agreed moves (link, index in `transports`): the ends move their links, every rank
   // judges the link afresh and reports it. Every rank runs it with the same list.
   void apply_moves(const std::vector<std::pair<LinkId, int>>& moves) {
@@ -1779,6 +1872,11 @@ struct Communicator::Impl : LaneState {
         if (v == kReadmit && is_fenced_link(l)) readmitted.push_back(l);
       }
     if (!moves.empty()) apply_moves(moves);
+    if (device_lane && (!moves.empty() || !added.empty())) {
+      std::vector<LinkId> bad = added;
+      for (const auto& m : moves) bad.push_back(m.first);
+      move_device_links(bad);
+    }
     if (added.empty() && readmitted.empty()) return Status::ok();
 
     // Every rank holds the same votes, so every rank computes the same plan. Prefer relays: the

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <ringfence/ringfence.hpp>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fake_nvml_state.hpp"
 #include "support/scoped_env.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
@@ -329,4 +331,68 @@ TEST_CASE("device regions: plain host buffers are refused with InvalidUsage nami
     REQUIRE_THAT(seen[static_cast<std::size_t>(r)],
                  Catch::StartsWith(fmt::format("rank {}: allreduce on a CUDA stream: recvbuff", r)) &&
                      Catch::Contains("is not device, managed or pinned host memory") && Catch::Contains("RINGFENCE_DEVICE_REGIONS=off"));
+}
+
+TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on the device lane, results exact", "[device][regions][health]") {
+  // The fake NVML's link behind ring edge 1-2 starts replaying between collectives #6 and #7;
+  // the agreement at #8 fences 1-2. The host lanes relay hop 1 -> 2 through rank 0 (no ring of
+  // 4 avoids it with the plan's preference for relays), so the device lane, which follows the
+  // ring, must stop using its nvlink link 1-2: it moves to pcie. Every result stays exact.
+  const test::FakeNvmlState nvml("ringfence-device-regions-storm", "count 1\nlinks 4\n");
+  const int n = 4;
+  const std::size_t count = 6000;
+  const TransportRegistry registry = with_device_transports();
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<Relay>> relays(n);
+  std::vector<std::string> moved(n);
+  const std::string err = test::run_ranks(
+      n,
+      [](int) {
+        CommOptions o = options();
+        o.health_agree_every = 2;
+        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+        o.health_interval = std::chrono::milliseconds(0);
+        o.health_link_map = "1-2=nvml:0:1";
+        return o;
+      },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::LinkMoved) moved[r] += fmt::format("{}-{} {}; ", e.a, e.b, e.detail);
+        });
+        Stream stream;
+        DeviceBuffer buf(count * 4);
+        std::vector<std::int32_t> host(count);
+        for (int call = 1; call <= 12; ++call) {
+          if (call == 7) {
+            comm.synchronize();
+            T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+            sync.arrive_and_wait();
+            if (r == 0) nvml.write("count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+          buf.put(host.data(), count * 4);
+          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+        }
+        T_CHECK(comm.async_error().is_ok());
+        T_CHECK(comm.device_path() == "device regions");
+        fences[r] = comm.fenced_links();
+        relays[r] = comm.relays();
+      },
+      &registry);
+  INFO(err);
+  REQUIRE(err == "");
+  REQUIRE(wrong == 0);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[static_cast<std::size_t>(r)] == std::vector<LinkId>{LinkId{1, 2}});
+    REQUIRE(relays[static_cast<std::size_t>(r)] == std::vector<Relay>{Relay{1, 0, 2}});
+    // Only the ends move their device-lane link (the others have no device link of that pair).
+    REQUIRE(moved[static_cast<std::size_t>(r)] == (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); " : ""));
+  }
 }
