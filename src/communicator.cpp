@@ -353,8 +353,6 @@ struct Communicator::Impl : LaneState {
     if (!device_cuda.usable) return device_cuda.why_not;
     if (!device_cuda.ipc) return device_cuda.ipc_why_not;
     if (!device_cuda.set_device) return fmt::format("{} lacks cudaSetDevice", device_cuda.library);
-    device_kernels = detail::load_device_kernels(options.cuda_kernels);
-    if (!device_kernels.usable) return device_kernels.why_not;
     via.assign(static_cast<std::size_t>(size), nullptr);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
@@ -368,6 +366,8 @@ struct Communicator::Impl : LaneState {
       if (is_fenced(rank, p))
         if (Transport* t = device_fallback(std::string(via[static_cast<std::size_t>(p)]->name()), p)) via[static_cast<std::size_t>(p)] = t;
     }
+    device_kernels = detail::load_device_kernels(options.cuda_kernels);  // last: only where it would be used
+    if (!device_kernels.usable) return device_kernels.why_not;
     return {};
   }
 

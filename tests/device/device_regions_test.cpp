@@ -396,3 +396,23 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
     REQUIRE(moved[static_cast<std::size_t>(r)] == (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); " : ""));
   }
 }
+
+TEST_CASE("device regions: a communicator of one rank copies on the device", "[device][regions]") {
+  const TransportRegistry registry = with_device_transports();
+  const std::string err = test::run_ranks(
+      1, [](int) { return options(); },
+      [&](Communicator& comm) {
+        Stream stream;
+        const std::size_t count = 5000;
+        std::vector<float> host(count);
+        test::fill_input(DataType::Float32, ReduceOp::Max, 0, 1, host.data(), count);
+        DeviceBuffer send(count * 4), recv(count * 4);
+        send.put(host.data(), count * 4);
+        comm.allreduce(send.p, recv.p, count, DataType::Float32, ReduceOp::Max, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(test::count_wrong(DataType::Float32, ReduceOp::Max, 1, recv.get(count * 4).data(), count) == 0);
+        T_CHECK(comm.device_path() == "device regions");
+      },
+      &registry);
+  REQUIRE(err == "");
+}
