@@ -327,8 +327,10 @@ struct Communicator::Impl : LaneState {
   void* device_stream = nullptr;    // the executor's stream for device-lane calls
   int device_ordinal = 0;           // the CUDA device current on the thread that built the lane
   detail::DeviceRegions device_regions;
+  std::vector<detail::Channel*> device_channel_of;  // the device lane's channel per rank (null for ourselves)
   bool next_device = false;         // the next issued call runs on the device lane (on_device sets it)
   bool device_active = false;       // the call running on the progress thread does
+  bool on_device_lane = false;      // the executor is running on the device lane now (names failures' links)
 
   // The device transport the device lane's link to `peer`, now over `from`, moves to when the link
   // must be fenced: the first allowed pair (CommOptions::fallbacks) from `from` to another
@@ -421,6 +423,8 @@ struct Communicator::Impl : LaneState {
     if (const int err = device_cuda.stream_create(&device_stream, detail::kCudaStreamNonBlocking); err != detail::kCudaSuccess)
       throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaStreamCreateWithFlags", err)), err);
     device_regions = detail::DeviceRegions{&device_cuda, &device_kernels, device_stream};
+    device_channel_of.assign(static_cast<std::size_t>(size), nullptr);
+    for (auto& ch : L->channels) device_channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
     device_lane = std::move(L);
     device_verdict = 1;
     log.info("stream-ordered collectives run on device regions ({} kernels)", device_kernels.library);
@@ -466,16 +470,20 @@ struct Communicator::Impl : LaneState {
   // Runs ring collective `c` of the current call on the device lane (run_ring_call's device
   // branch): the ring order of the plan, every link direct (the device lane has one to every
   // peer, so fenced lane-0 hops need no relay), the fingerprint compared first.
-  void run_device_call(const char* call, const detail::RingCall& c, const Reducer& reducer) {
-    settle_call(call);
-    // Kernels launch only into streams of the thread's current device, and this thread (the
-    // progress thread) is not the one that chose it.
+  // Kernels launch only into streams of the thread's current device, and this thread (the
+  // progress thread) is not the one that chose it.
+  void enter_device(const char* call) {
     if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess) {
       const std::string msg = fmt::format("rank {}: {} on a CUDA stream: {}", rank, call, device_cuda.describe("cudaSetDevice", err));
       record_failure(Status(ErrorCode::Cuda, err), msg);
       abort_peers(ErrorCode::Cuda, rank);
       throw CudaError(msg, err);
     }
+  }
+
+  void run_device_call(const char* call, const detail::RingCall& c, const Reducer& reducer) {
+    settle_call(call);
+    enter_device(call);
     LaneState& L = *device_lane;
     L.engine.position = engine.position;
     detail::Channel* left = nullptr;
@@ -489,7 +497,9 @@ struct Communicator::Impl : LaneState {
     d.device = &device_regions;
     d.check = nullptr;
     detail::Failure failure;
+    on_device_lane = true;
     const Status s = detail::run_ring(L.engine, L.flags, left, right, d, reducer, detail::DirectWrite{}, L.relay_duties, failure);
+    on_device_lane = false;
     judge_call(call);
     if (!s.is_ok()) raise(call, failure);
   }
@@ -2240,6 +2250,33 @@ struct Communicator::Impl : LaneState {
     std::vector<DeviceP2P> ops = std::move(device_group_ops);
     device_group_ops.clear();
     if (ops.empty()) return;
+    // Send/recv involve only some ranks, so they never make the decision (use_device_lane); once
+    // a collective made it, they follow it: on the device lane, on the user's buffers.
+    if (device_verdict > 0) {
+      for (const DeviceP2P& op : ops) check_device_pointer(call, "buf", op.buf, op.bytes);
+      std::vector<detail::P2POp> direct;
+      direct.reserve(ops.size());
+      for (const DeviceP2P& op : ops) direct.push_back(detail::P2POp{op.is_send, op.peer, static_cast<std::byte*>(op.buf), op.bytes, 0});
+      staged(call, CudaStream{device_group_stream}, std::span<const detail::DeviceStager::Piece>(),
+             std::span<const detail::DeviceStager::Piece>(),
+             [&](std::byte*, std::byte*) {
+               next_device = true;
+               try {
+                 Work w = issue(true, call, [this, call, direct = std::move(direct)] {
+                   device_p2p_run.assign(direct.begin(), direct.end());
+                   check_p2p_routes(call, device_p2p_run);
+                   run_ops(call, device_p2p_run, options.p2p_direct_user_min_bytes);
+                 });
+                 next_device = false;
+                 return w;
+               } catch (...) {
+                 next_device = false;
+                 throw;
+               }
+             },
+             true);
+      return;
+    }
     std::vector<detail::DeviceStager::Piece> ins, outs;
     std::vector<std::size_t> at(ops.size());  // offset of each op's bytes in staging in / out
     std::size_t in_total = 0, out_total = 0;
@@ -2266,10 +2303,17 @@ struct Communicator::Impl : LaneState {
 
   // `user_min_bytes`: from this size plain user receive buffers take direct writes (cross-memory
   // attach) instead of staging.
+  // On the device lane during a device-lane call (no direct transfers: keys of user device
+  // buffers are not exchanged).
   void run_ops(const char* call, std::vector<detail::P2POp>& ops, std::size_t user_min_bytes) {
     detail::Failure failure;
-    const Status s =
-        detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(), p2p_direct(user_min_bytes), failure);
+    if (device_active) enter_device(call);
+    on_device_lane = device_active;
+    const Status s = device_active ? detail::run_p2p(device_lane->engine, device_lane->flags, device_channel_of.data(), ops.data(),
+                                                     ops.size(), detail::P2PDirect{}, failure, &device_regions)
+                                   : detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(),
+                                                     p2p_direct(user_min_bytes), failure);
+    on_device_lane = false;
     ops.clear();
     if (!s.is_ok()) raise(call, failure);
   }
@@ -2321,7 +2365,7 @@ struct Communicator::Impl : LaneState {
     }
     // The link the failure happened on: the device lane's during a device-lane call.
     const auto* ch = f.peer < 0 || f.peer == rank ? nullptr
-                     : device_active && device_lane ? &device_lane->channel_to(f.peer)
+                     : on_device_lane && device_lane ? &device_lane->channel_to(f.peer)
                                                     : &channel_to(f.peer);
     const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
     std::string why;
@@ -2640,7 +2684,17 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
     // sender (measured: 4 ranks on 2 cores, 1 MiB blocks, 1.40 vs 0.26 GB/s busbw).
     const std::size_t user_min =
         size >= 3 ? std::min(options.p2p_direct_user_min_bytes, options.alltoall_direct_user_min_bytes) : options.p2p_direct_user_min_bytes;
-    if (fenced.empty()) return run_ops(call, ops, user_min);
+    if (device_active && !fenced.empty()) {
+      // The device lane has its own link to every rank (a fenced pair's moved to its fallback
+      // where there is one, see move_device_links): no relay through host buffers.
+      ops.clear();
+      for (int k = 0; k < size; ++k) {
+        const int to = (rank + k) % size, from = (rank - k + size) % size;
+        ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
+        ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
+      }
+    }
+    if (fenced.empty() || device_active) return run_ops(call, ops, user_min);
     // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
     // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the
     // same relays from the agreed fence list, and ops to one peer keep the same order at both
@@ -2747,6 +2801,8 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
 void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_alltoall("alltoall", send, recv, count, type);
+  if (m->use_device_lane("alltoall"))
+    return m->on_device("alltoall", stream, send, io.in, recv, io.out, [&] { return m->alltoall(true, send, recv, count, type); });
   m->staged("alltoall", stream, send, io.in, recv, io.out,
             [&](std::byte* in, std::byte* out) { return m->alltoall(true, in, out, count, type); });
 }

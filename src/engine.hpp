@@ -366,9 +366,10 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* 
                           CallCheck& check, Failure& failure) noexcept;
 
 /// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
-/// ourselves). Never throws or allocates.
+/// ourselves). `device`: the buffers and staging slots are device memory (see DeviceRegions;
+/// `direct` must then be disabled). Never throws or allocates.
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
-               const P2PDirect& direct, Failure& failure) noexcept;
+               const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr) noexcept;
 
 /// Runs one ring allreduce over `left`/`right` channels. Returns Ok, or an error with
 /// `failure` describing the peer and the wait. Never throws or allocates.

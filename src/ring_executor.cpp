@@ -158,6 +158,9 @@ class RingRunner {
   // deadlock. `channel_of[r]` is the channel to rank r.
   Status run_p2p(Channel* const* channel_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept {
     nack_all_ = channel_of;
+    if (dev_ && (c_.checksum || c_.trailers || direct.enabled))
+      return fail(Status(ErrorCode::InvalidUsage), self_channel_,
+                  "device regions without checksums, trailers or direct transfers (they read chunks on the host)", 0);
     // Sends to ourselves pair with receives from ourselves, k-th with k-th. The copy is done by
     // the send op, piece by piece whenever the transfers to peers cannot move (so it overlaps
     // the waits on them); the receive counts as done (the call ends only when the send is).
@@ -168,13 +171,13 @@ class RingRunner {
         return fail(Status(ErrorCode::InvalidUsage), self_channel_, "a matching receive from ourselves", 0);
       ops[i].local_dst = ops[j].buf;
       if (ops[j].buf == ops[i].buf || c_.size == 1) {  // alone: nothing to overlap with
-        if (ops[j].buf != ops[i].buf) copy_bytes(ops[j].buf, ops[i].buf, ops[i].bytes);
+        if (ops[j].buf != ops[i].buf) RINGFENCE_TRY(copy(ops[j].buf, ops[i].buf, ops[i].bytes));
         ops[i].done = ops[i].bytes;
       }
       ops[j].done = ops[j].bytes;
       ++j;
     }
-    if (c_.size == 1) return Status::ok();  // only transfers to ourselves (no channels exist)
+    if (c_.size == 1) return settle_device();  // only transfers to ourselves (no channels exist)
     // Both ends decide by size alone, so they agree on which transfers go direct.
     for (std::size_t i = 0; i < n; ++i)
       ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes;
@@ -213,7 +216,7 @@ class RingRunner {
             continue;
           const std::byte* slot = nullptr;
           RINGFENCE_TRY(wait_chunk(ch, slot, op.landed ? op.buf + op.done : nullptr, len));
-          if (!op.landed) copy_bytes(op.buf + op.done, slot, len);
+          if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, slot, len));
           RINGFENCE_TRY(release_chunk(ch));
         }
         op.done += len;
@@ -225,7 +228,7 @@ class RingRunner {
           P2POp& op = ops[i];
           if (!op.local_dst || op.done >= op.bytes) continue;
           const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
-          copy_bytes(op.local_dst + op.done, op.buf + op.done, len);
+          RINGFENCE_TRY(copy(op.local_dst + op.done, op.buf + op.done, len));
           op.done += len;
           progress = true;
         }
@@ -237,6 +240,7 @@ class RingRunner {
       }
       RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
       if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
+      if (dev_) RINGFENCE_TRY(pump_links());
       if (now - last_progress >= c_.timeout) {
         for (std::size_t i = 0; i < n; ++i)
           if (ops[i].done < ops[i].bytes) {
@@ -276,6 +280,7 @@ class RingRunner {
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
                                 ch->sent - 1));
       }
+    if (dev_) return finish_device_call();
     return Status::ok();
   }
 
@@ -439,7 +444,10 @@ class RingRunner {
   // Calls `f(channel)` for every channel this call may talk to.
   template <class F>
   void for_each_call_channel(F&& f) noexcept {
-    if (by_position_) {
+    if (nack_all_ && !by_position_) {  // point-to-point: every peer's channel
+      for (int r = 0; r < c_.size; ++r)
+        if (Channel* ch = nack_all_[r]) f(*ch);
+    } else if (by_position_) {
       for (int p = 0; p < c_.size; ++p)
         if (Channel* ch = by_position_[p]) f(*ch);
     } else if (c_.size > 1) {
@@ -900,11 +908,13 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* 
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
-               const P2PDirect& direct, Failure& failure) noexcept {
+               const P2PDirect& direct, Failure& failure, const DeviceRegions* device) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
   RelayDuties none;
-  return RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).run_p2p(channel_of, ops, n, direct);
+  RingRunner runner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure);
+  runner.use_device(device);
+  return runner.run_p2p(channel_of, ops, n, direct);
 }
 
 }  // namespace ringfence::detail

@@ -416,3 +416,54 @@ TEST_CASE("device regions: a communicator of one rank copies on the device", "[d
       &registry);
   REQUIRE(err == "");
 }
+
+TEST_CASE("device regions: alltoall and send/recv groups run on the device lane once a collective chose it", "[device][regions][p2p]") {
+  const int n = 3;
+  const std::size_t count = 100000;  // 400 KB blocks: far more than the device path's pinned slots hold
+  const TransportRegistry registry = with_device_transports();
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(); },
+      [&](Communicator& comm) {
+        Stream stream;
+        const int r = comm.rank();
+        const std::size_t block = count * sizeof(std::int32_t), whole = block * n;
+        DeviceBuffer in(whole), out(whole);
+        std::vector<std::int32_t> host(count * n);
+        auto value = [](int from, int to, std::size_t i) { return static_cast<std::int32_t>(from * 1000003 + to * 1009 + static_cast<int>(i % 997)); };
+        for (int to = 0; to < n; ++to)
+          for (std::size_t i = 0; i < count; ++i) host[static_cast<std::size_t>(to) * count + i] = value(r, to, i);
+        in.put(host.data(), whole);
+        // Before any collective: send/recv stage (the decision is a collective's).
+        T_CHECK(comm.device_path().empty());
+        // alltoall decides: device regions.
+        comm.alltoall(in.p, out.p, count, DataType::Int32, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(comm.device_path() == "device regions");
+        auto check_block = [&](const std::vector<std::byte>& got, std::size_t at, int from, int to) {
+          std::vector<std::int32_t> v(count);
+          std::memcpy(v.data(), got.data() + at, block);
+          for (std::size_t i = 0; i < count; ++i)
+            if (v[i] != value(from, to, i)) throw std::runtime_error(fmt::format("rank {}: block from {} wrong at {}", to, from, i));
+        };
+        std::vector<std::byte> got = out.get(whole);
+        for (int from = 0; from < n; ++from) check_block(got, static_cast<std::size_t>(from) * block, from, r);
+        // A ring exchange both ways plus a transfer to ourselves, in one group.
+        const int right = (r + 1) % n, left = (r + n - 1) % n;
+        comm.group_start();
+        comm.send(static_cast<std::byte*>(in.p) + static_cast<std::size_t>(right) * block, count, DataType::Int32, right, stream.handle());
+        comm.send(static_cast<std::byte*>(in.p) + static_cast<std::size_t>(left) * block, count, DataType::Int32, left, stream.handle());
+        comm.send(static_cast<std::byte*>(in.p) + static_cast<std::size_t>(r) * block, count, DataType::Int32, r, stream.handle());
+        comm.recv(static_cast<std::byte*>(out.p) + static_cast<std::size_t>(left) * block, count, DataType::Int32, left, stream.handle());
+        comm.recv(static_cast<std::byte*>(out.p) + static_cast<std::size_t>(right) * block, count, DataType::Int32, right, stream.handle());
+        comm.recv(static_cast<std::byte*>(out.p) + static_cast<std::size_t>(r) * block, count, DataType::Int32, r, stream.handle());
+        comm.group_end();
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        got = out.get(whole);
+        for (int from = 0; from < n; ++from) check_block(got, static_cast<std::size_t>(from) * block, from, r);
+        T_CHECK(comm.async_error().is_ok());
+        // Nothing went through pinned staging (the device path's slots stay at their 4 KiB minimum).
+        T_CHECK(comm.device_staging_bytes() < block);
+      },
+      &registry);
+  REQUIRE(err == "");
+}
