@@ -127,9 +127,9 @@ struct CommOptions {
   /// per communicator (a further call waits for one to finish, up to `timeout`).
   /// Env: RINGFENCE_DEVICE_STAGING_SLOTS.
   std::size_t device_staging_slots = 8;
-  /// Device regions for stream-ordered collectives (allreduce, reduce_scatter, allgather,
-  /// broadcast, reduce; alltoall and send/recv stay staged): decided by all ranks together at
-  /// the first one. Env: RINGFENCE_DEVICE_REGIONS=auto|on|off.
+  /// Device regions for the stream-ordered calls: decided by all ranks together at the first
+  /// stream-ordered collective (send/recv follow that decision). Env:
+  /// RINGFENCE_DEVICE_REGIONS=auto|on|off.
   DeviceRegionsMode device_regions = DeviceRegionsMode::Auto;
   /// The device reduction kernels' module (libringfence_kernels.so, src/device_kernels.hpp);
   /// empty: next to the library or program, then the loader's search. Env: RINGFENCE_CUDA_KERNELS.

@@ -167,8 +167,9 @@ int main(int argc, char** argv) {
     ++failures;
   }
   const std::string path = comm.device_path();
-  if (device_transports && path != "device regions") {
-    std::printf("rank %d: the collectives did not run on device regions: %s\n", rank, path.c_str());
+  if (device_transports && (path != "device regions" || comm.device_staging_bytes() != 0)) {
+    std::printf("rank %d: the calls did not all run on device regions: %s, %zu staging bytes\n", rank, path.c_str(),
+                comm.device_staging_bytes());
     ++failures;
   }
   std::printf("rank %d: %d stream-ordered checks, %d failed, %zu staging bytes, %s\n", rank, checks, failures,
