@@ -2257,24 +2257,13 @@ struct Communicator::Impl : LaneState {
       std::vector<detail::P2POp> direct;
       direct.reserve(ops.size());
       for (const DeviceP2P& op : ops) direct.push_back(detail::P2POp{op.is_send, op.peer, static_cast<std::byte*>(op.buf), op.bytes, 0});
-      staged(call, CudaStream{device_group_stream}, std::span<const detail::DeviceStager::Piece>(),
-             std::span<const detail::DeviceStager::Piece>(),
-             [&](std::byte*, std::byte*) {
-               next_device = true;
-               try {
-                 Work w = issue(true, call, [this, call, direct = std::move(direct)] {
-                   device_p2p_run.assign(direct.begin(), direct.end());
-                   check_p2p_routes(call, device_p2p_run);
-                   run_ops(call, device_p2p_run, options.p2p_direct_user_min_bytes);
-                 });
-                 next_device = false;
-                 return w;
-               } catch (...) {
-                 next_device = false;
-                 throw;
-               }
-             },
-             true);
+      on_device(call, CudaStream{device_group_stream}, nullptr, 0, nullptr, 0, [&] {
+        return issue(true, call, [this, call, direct = std::move(direct)] {
+          device_p2p_run.assign(direct.begin(), direct.end());
+          check_p2p_routes(call, device_p2p_run);
+          run_ops(call, device_p2p_run, options.p2p_direct_user_min_bytes);
+        });
+      });
       return;
     }
     std::vector<detail::DeviceStager::Piece> ins, outs;

@@ -20,6 +20,7 @@
 #include "support/fake_nvml_state.hpp"
 #include "support/scoped_env.hpp"
 #include "support/thread_ranks.hpp"
+#include "fake_device.hpp"
 #include "support/verifiable.hpp"
 
 extern "C" {
@@ -34,12 +35,12 @@ void fake_cuda_hold(void*, int);
 }
 
 using namespace ringfence;
+using test::DeviceBuffer;
+using test::Stream;
 namespace cuda_ipc = transports::cuda_ipc;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int kHostToDevice = 1, kDeviceToHost = 2;
 
 CommOptions options(DeviceRegionsMode mode = DeviceRegionsMode::On, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   CommOptions o;
@@ -66,30 +67,6 @@ unsigned long kernel_launches() {
   auto* f = reinterpret_cast<unsigned long (*)()>(::dlsym(h, "fake_kernels_launches"));
   return f != nullptr ? f() : 0;
 }
-
-struct DeviceBuffer {
-  void* p = nullptr;
-  std::size_t bytes = 0;
-  explicit DeviceBuffer(std::size_t n) : bytes(n) { T_CHECK(cudaMalloc(&p, n) == 0); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void put(const void* host, std::size_t n) { T_CHECK(cudaMemcpy(p, host, n, kHostToDevice) == 0); }
-  std::vector<std::byte> get(std::size_t n) const {
-    std::vector<std::byte> v(n);
-    T_CHECK(cudaMemcpy(v.data(), p, n, kDeviceToHost) == 0);
-    return v;
-  }
-};
-
-struct Stream {
-  void* s = nullptr;
-  Stream() { T_CHECK(cudaStreamCreate(&s) == 0); }
-  ~Stream() { cudaStreamDestroy(s); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  CudaStream handle() const { return CudaStream{s}; }
-};
 
 }  // namespace
 

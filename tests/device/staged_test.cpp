@@ -15,6 +15,7 @@
 
 #include "support/catch.hpp"
 #include "support/thread_ranks.hpp"
+#include "fake_device.hpp"
 #include "support/verifiable.hpp"
 
 extern "C" {
@@ -29,6 +30,8 @@ int fake_cuda_pinned_live();
 }
 
 using namespace ringfence;
+using test::DeviceBuffer;
+using test::Stream;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -41,24 +44,6 @@ CommOptions options(std::chrono::milliseconds timeout = std::chrono::seconds(20)
   o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
   return o;
 }
-
-// Device buffer of `bytes` on the fake (host memory the fake calls device memory).
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { T_CHECK(cudaMalloc(&p, bytes) == 0); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-struct Stream {
-  void* s = nullptr;
-  Stream() { T_CHECK(cudaStreamCreate(&s) == 0); }
-  ~Stream() { cudaStreamDestroy(s); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  CudaStream handle() const { return CudaStream{s}; }
-};
 
 }  // namespace
 
