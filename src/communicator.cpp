@@ -1204,22 +1204,7 @@ struct Communicator::Impl : LaneState {
   void move_link(int peer, Transport& to) {
     const LinkId l = LinkId::of(rank, peer);
     const std::string base = fmt::format("move/{}/{}-{}", seq, l.a, l.b);
-    // Meet the peer; meanwhile keep driving the old links: a signal a transport delivers only
-    // through the sender's progress (nvlink behind copies) may be what the peer still waits for.
-    const std::string ready = base + "/ready";
-    (void)store->add(ready, 1);
-    for (const auto start = std::chrono::steady_clock::now(); store->add(ready, 0) < 2;) {
-      for_each_lane([&](LaneState& L) {
-        detail::Channel& ch = L.channel_to(peer);
-        Completion done[8];
-        std::size_t n = 0;
-        if (ch.link) (void)ch.link->poll(done, n);
-      });
-      if (std::chrono::steady_clock::now() - start > options.timeout)
-        throw TimeoutError(fmt::format("rank {}: moving the link to rank {} to {}: rank {} did not come to the move within {} ms",
-                                       rank, peer, to.name(), peer, options.timeout.count()));
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    meet_for_move(base, peer, to, "the link", [&] { for_each_lane([&](LaneState& L) { poll_link(L.channel_to(peer)); }); });
     const Reachability reach = to.can_reach(self, peer_info[static_cast<std::size_t>(peer)]);
     {
       std::lock_guard lock(regs_mutex);  // cached keys were made for the old transport
@@ -1228,35 +1213,63 @@ struct Communicator::Impl : LaneState {
     local_regs.clear();
     int index = 0;
     for_each_lane([&](LaneState& L) {
-      const int lane_index = index++;
       detail::Channel& ch = L.channel_to(peer);
-      if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
-      ch.link.reset();
-      ch.peer_inbox = RemoteRegion{};
-      ch.peer_flags = RemoteRegion{};
-      ch.inbox_region = MemoryRegion{};
-      ch.flags_region = MemoryRegion{};
-      ch.transport = &to;
-      ch.transport_name = std::string(to.name());
+      reconnect(L, ch, to, fmt::format("{}/lane{}", base, index++), MemoryKind::Host, "the link");
       ch.expected_gbps = reach.bandwidth_gbps;
       ch.judged.timeouts = 0;  // the new link counts from zero
-
-      const auto listener = to.listen();
-      store->set(fmt::format("{}/addr/{}/lane{}", base, rank, lane_index), listener->address());
-      const Bytes address = store->get(fmt::format("{}/addr/{}/lane{}", base, peer, lane_index), options.timeout);
-      finish_connect(*to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address), ch,
-                     std::chrono::steady_clock::now() + options.timeout,
-                     fmt::format("rank {}: moving the link to rank {} to {}: connecting", rank, peer, to.name()));
-      const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
-      ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
-      ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, MemoryKind::Host);
-      store->set(fmt::format("{}/regions/{}/lane{}", base, rank, lane_index), pack({ch.inbox_region.key(), ch.flags_region.key()}));
-      const auto parts = unpack(store->get(fmt::format("{}/regions/{}/lane{}", base, peer, lane_index), options.timeout), "region keys");
-      RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving their link)", rank, peer);
-      ch.peer_inbox = to.import_region(parts[0]);
-      ch.peer_flags = to.import_region(parts[1]);
     });
     fallback_of[static_cast<std::size_t>(peer)] = fallback_for(channel_to(peer));
+  }
+
+  static void poll_link(detail::Channel& ch) noexcept {
+    Completion done[8];
+    std::size_t n = 0;
+    if (ch.link) (void)ch.link->poll(done, n);
+  }
+
+  // The two ends of a move meet in the store under `base`; meanwhile `drive()` keeps polling the
+  // old links: a signal a transport delivers only through the sender's progress (nvlink behind
+  // copies) may be what the peer still waits for. `what` names the link in the timeout error.
+  template <class Drive>
+  void meet_for_move(const std::string& base, int peer, Transport& to, const char* what, Drive drive) {
+    const std::string ready = base + "/ready";
+    (void)store->add(ready, 1);
+    for (const auto start = std::chrono::steady_clock::now(); store->add(ready, 0) < 2;) {
+      drive();
+      if (std::chrono::steady_clock::now() - start > options.timeout)
+        throw TimeoutError(fmt::format("rank {}: moving {} to rank {} to {}: rank {} did not come to the move within {} ms", rank, what,
+                                       peer, to.name(), peer, options.timeout.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // Replaces `ch`'s link (lane `L`) with a new one over `to`, as at setup (store keys under `key`),
+  // and registers the same flags and staging slots (`inbox_kind` memory) with it: the signal
+  // words keep their values, the channel its message counters.
+  void reconnect(LaneState& L, detail::Channel& ch, Transport& to, const std::string& key, MemoryKind inbox_kind, const char* what) {
+    const int peer = ch.peer;
+    if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
+    ch.link.reset();
+    ch.peer_inbox = RemoteRegion{};
+    ch.peer_flags = RemoteRegion{};
+    ch.inbox_region = MemoryRegion{};
+    ch.flags_region = MemoryRegion{};
+    ch.transport = &to;
+    ch.transport_name = std::string(to.name());
+    const auto listener = to.listen();
+    store->set(fmt::format("{}/addr/{}", key, rank), listener->address());
+    const Bytes address = store->get(fmt::format("{}/addr/{}", key, peer), options.timeout);
+    finish_connect(*to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address), ch,
+                   std::chrono::steady_clock::now() + options.timeout,
+                   fmt::format("rank {}: moving {} to rank {} to {}: connecting", rank, what, peer, to.name()));
+    const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
+    ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
+    ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, inbox_kind);
+    store->set(fmt::format("{}/regions/{}", key, rank), pack({ch.inbox_region.key(), ch.flags_region.key()}));
+    const auto parts = unpack(store->get(fmt::format("{}/regions/{}", key, peer), options.timeout), "region keys");
+    RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving {})", rank, peer, what);
+    ch.peer_inbox = to.import_region(parts[0]);
+    ch.peer_flags = to.import_region(parts[1]);
   }
 
   // Moves the device lane's link to `peer` to `to` (an agreed fence or move of the pair, see
@@ -1274,40 +1287,8 @@ struct Communicator::Impl : LaneState {
       throw CudaError(fmt::format("rank {}: moving the device lane's link to rank {}: {}", rank, peer,
                                   device_cuda.describe("cudaSetDevice", err)),
                       err);
-    const std::string ready = base + "/ready";
-    (void)store->add(ready, 1);
-    for (const auto start = std::chrono::steady_clock::now(); store->add(ready, 0) < 2;) {
-      Completion done[8];
-      std::size_t n = 0;
-      if (ch.link) (void)ch.link->poll(done, n);
-      if (std::chrono::steady_clock::now() - start > options.timeout)
-        throw TimeoutError(fmt::format("rank {}: moving the device lane's link to rank {} to {}: rank {} did not come to the move "
-                                       "within {} ms",
-                                       rank, peer, to.name(), peer, options.timeout.count()));
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
-    ch.link.reset();
-    ch.peer_inbox = RemoteRegion{};
-    ch.peer_flags = RemoteRegion{};
-    ch.inbox_region = MemoryRegion{};
-    ch.flags_region = MemoryRegion{};
-    ch.transport = &to;
-    ch.transport_name = std::string(to.name());
-    const auto listener = to.listen();
-    store->set(fmt::format("{}/addr/{}", base, rank), listener->address());
-    const Bytes address = store->get(fmt::format("{}/addr/{}", base, peer), options.timeout);
-    finish_connect(*to.connect(*listener, peer_info[static_cast<std::size_t>(peer)], address), ch,
-                   std::chrono::steady_clock::now() + options.timeout,
-                   fmt::format("rank {}: moving the device lane's link to rank {} to {}: connecting", rank, peer, to.name()));
-    const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
-    ch.flags_region = to.register_memory(L.flags_mem, detail::FlagBlock::bytes(size), MemoryKind::Host);
-    ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, MemoryKind::Device);
-    store->set(fmt::format("{}/regions/{}", base, rank), pack({ch.inbox_region.key(), ch.flags_region.key()}));
-    const auto parts = unpack(store->get(fmt::format("{}/regions/{}", base, peer), options.timeout), "region keys");
-    RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving the device lane's link)", rank, peer);
-    ch.peer_inbox = to.import_region(parts[0]);
-    ch.peer_flags = to.import_region(parts[1]);
+    meet_for_move(base, peer, to, "the device lane's link", [&] { poll_link(ch); });
+    reconnect(L, ch, to, base, MemoryKind::Device, "the device lane's link");
   }
 
   // The device lane's side of an agreement: each of our device-lane links whose pair was agreed

@@ -24,11 +24,6 @@
 #include "support/verifiable.hpp"
 
 extern "C" {
-int cudaMalloc(void**, std::size_t);
-int cudaFree(void*);
-int cudaMemcpy(void*, const void*, std::size_t, int);
-int cudaStreamCreate(void**);
-int cudaStreamDestroy(void*);
 int cudaStreamSynchronize(void*);
 int cudaSetDevice(int);
 void fake_cuda_hold(void*, int);

@@ -19,11 +19,6 @@
 #include "support/verifiable.hpp"
 
 extern "C" {
-int cudaMalloc(void**, std::size_t);
-int cudaFree(void*);
-int cudaMemcpy(void*, const void*, std::size_t, int);
-int cudaStreamCreate(void**);
-int cudaStreamDestroy(void*);
 int cudaStreamSynchronize(void*);
 void fake_cuda_hold(void*, int);
 int fake_cuda_pinned_live();
