@@ -75,23 +75,7 @@ TEST_CASE("device regions: stream-ordered allreduce runs on device buffers, exac
       n, [](int) { return options(); },
       [&](Communicator& comm) {
         Stream stream;
-        DeviceBuffer send(count * 8), recv(count * 8);
-        std::vector<std::byte> host(count * 8);
-        for (int t = 0; t < kNumDataTypes; ++t)
-          for (int o = 0; o < kNumReduceOps; ++o)
-            for (bool in_place : {false, true}) {
-              const auto type = static_cast<DataType>(t);
-              const auto op = static_cast<ReduceOp>(o);
-              test::fill_input(type, op, comm.rank(), n, host.data(), count);
-              send.put(host.data(), count * size_of(type));
-              void* out = in_place ? send.p : recv.p;
-              comm.allreduce(send.p, out, count, type, op, stream.handle());
-              T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-              const std::vector<std::byte> got = (in_place ? send : recv).get(count * size_of(type));
-              if (test::count_wrong(type, op, n, got.data(), count) != 0)
-                throw std::runtime_error(fmt::format("{} {} {}: wrong elements", to_string(type), to_string(op),
-                                                     in_place ? "in place" : "out of place"));
-            }
+        test::allreduce_every_type_and_op(comm, stream, count);
         T_CHECK(comm.async_error().is_ok());
         path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
       },

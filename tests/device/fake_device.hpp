@@ -1,11 +1,16 @@
 #pragma once
 // Device buffers and streams of the fake CUDA runtime (fake_cudart_streams.cpp) for thread-rank
 // tests: RAII, with T_CHECK (Catch2 assertions are not thread-safe; rank threads throw).
+#include <fmt/format.h>
+
 #include <cstddef>
+#include <ringfence/communicator.hpp>
 #include <ringfence/types.hpp>
+#include <stdexcept>
 #include <vector>
 
 #include "support/thread_ranks.hpp"
+#include "support/verifiable.hpp"
 
 extern "C" {
 int cudaMalloc(void**, std::size_t);
@@ -13,6 +18,7 @@ int cudaFree(void*);
 int cudaMemcpy(void*, const void*, std::size_t, int);
 int cudaStreamCreate(void**);
 int cudaStreamDestroy(void*);
+int cudaStreamSynchronize(void*);
 }
 
 namespace ringfence::test {
@@ -45,5 +51,28 @@ struct Stream {
   Stream& operator=(const Stream&) = delete;
   CudaStream handle() const { return CudaStream{s}; }
 };
+
+/// Stream-ordered allreduce of `count` elements on device memory for every dtype × op, out of
+/// place and in place, each waited for and checked exactly (verifiable.hpp inputs); throws
+/// naming the first wrong one.
+inline void allreduce_every_type_and_op(Communicator& comm, const Stream& stream, std::size_t count) {
+  const int n = comm.size();
+  DeviceBuffer send(count * 8), recv(count * 8);
+  std::vector<std::byte> host(count * 8);
+  for (int t = 0; t < kNumDataTypes; ++t)
+    for (int o = 0; o < kNumReduceOps; ++o)
+      for (bool in_place : {false, true}) {
+        const auto type = static_cast<DataType>(t);
+        const auto op = static_cast<ReduceOp>(o);
+        fill_input(type, op, comm.rank(), n, host.data(), count);
+        send.put(host.data(), count * size_of(type));
+        comm.allreduce(send.p, in_place ? send.p : recv.p, count, type, op, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        const std::vector<std::byte> got = (in_place ? send : recv).get(count * size_of(type));
+        if (count_wrong(type, op, n, got.data(), count) != 0)
+          throw std::runtime_error(fmt::format("rank {}: allreduce {} {}{}: wrong elements", comm.rank(), to_string(type), to_string(op),
+                                               in_place ? " in place" : ""));
+      }
+}
 
 }  // namespace ringfence::test

@@ -77,21 +77,7 @@ TEST_CASE("stream-ordered collectives are exact for every dtype and op, in place
   const std::size_t count = 1001;
   const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
     Stream stream;
-    DeviceBuffer send(count * 8), recv(count * 8);
-    std::vector<std::byte> host(count * 8);
-    for (int t = 0; t < kNumDataTypes; ++t)
-      for (int o = 0; o < kNumReduceOps; ++o)
-        for (bool in_place : {false, true}) {
-          const auto type = static_cast<DataType>(t);
-          const auto op = static_cast<ReduceOp>(o);
-          test::fill_input(type, op, comm.rank(), n, host.data(), count);
-          T_CHECK(cudaMemcpy(send.p, host.data(), count * size_of(type), 1) == 0);
-          void* out = in_place ? send.p : recv.p;
-          comm.allreduce(send.p, out, count, type, op, stream.handle());
-          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-          if (test::count_wrong(type, op, n, out, count) != 0)
-            throw std::runtime_error(fmt::format("allreduce {} {}{} wrong", to_string(type), to_string(op), in_place ? " in place" : ""));
-        }
+    test::allreduce_every_type_and_op(comm, stream, count);
   });
   REQUIRE(err == "");
 }
