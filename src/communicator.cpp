@@ -382,18 +382,15 @@ struct Communicator::Impl : LaneState {
     check_usable(call);
     std::vector<Transport*> via;
     const std::string mine = device_lane_refusal(via);
-    std::string first;  // the first refusal, naming its rank
-    if (options.device_regions == DeviceRegionsMode::Off || store->collective_only()) {
-      first = fmt::format("rank {}: {}", rank, mine);  // the same on every rank: no need to ask
-    } else {
+    // Every rank posts its answer (a collective-only store, the same on every rank, refuses on
+    // every rank and takes none). A rank that cannot decides alone: staged, whatever the others
+    // say, and they read its "no"; one that can must hear every other rank's "yes".
+    if (!store->collective_only())
       store->set(fmt::format("device/{}/can", rank), to_bytes(mine.empty() ? std::string("1") : "0" + mine));
-      // A rank that cannot decides alone (staged, whatever the others say: they read its "no");
-      // one that can must hear every other rank's "yes".
-      if (!mine.empty()) first = fmt::format("rank {}: {}", rank, mine);
-      for (int r = 0; r < size && first.empty(); ++r) {
-        const std::string v = to_string(store->get(fmt::format("device/{}/can", r), options.timeout));
-        if (v.empty() || v[0] != '1') first = fmt::format("rank {}: {}", r, v.empty() ? std::string("?") : v.substr(1));
-      }
+    std::string first = mine.empty() ? std::string() : fmt::format("rank {}: {}", rank, mine);  // the first refusal
+    for (int r = 0; r < size && first.empty(); ++r) {
+      const std::string v = to_string(store->get(fmt::format("device/{}/can", r), options.timeout));
+      if (v.empty() || v[0] != '1') first = fmt::format("rank {}: {}", r, v.empty() ? std::string("?") : v.substr(1));
     }
     if (!first.empty()) {
       device_verdict = -1;

@@ -181,31 +181,43 @@ TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and s
   const int n = 3;
   const std::size_t count = 3000;
   const TransportRegistry registry = with_device_transports();
-  std::vector<std::string> path(n);
-  const std::string err = test::run_ranks(
-      n,
-      [](int r) {
-        CommOptions o = options(DeviceRegionsMode::Auto);
-        if (r == 1) o.cuda_kernels = "/nonexistent/libringfence_kernels.so";  // rank 1 has no kernel module
-        return o;
-      },
-      [&](Communicator& comm) {
-        Stream stream;
-        std::vector<std::int32_t> host(count);
-        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-        DeviceBuffer buf(count * 4);
-        buf.put(host.data(), count * 4);
-        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-        T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
-        T_CHECK(comm.device_staging_bytes() >= count * 4);  // the data went through pinned staging
-        path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
-      },
-      &registry);
-  REQUIRE(err == "");
-  for (const std::string& p : path) {
-    REQUIRE_THAT(p, Catch::StartsWith("host-staged: rank 1: no device kernel module") &&
-                        Catch::Contains("/nonexistent/libringfence_kernels.so"));
+  struct Case {
+    const char* what;
+    void (*spoil)(CommOptions&);  // what rank 1 lacks
+    const char* why;              // what every rank's device_path() must then say
+  };
+  const Case cases[] = {
+      {"no kernel module", [](CommOptions& o) { o.cuda_kernels = "/nonexistent/libringfence_kernels.so"; },
+       "host-staged: rank 1: no device kernel module (tried /nonexistent/libringfence_kernels.so"},
+      // Off on one rank only: it must still tell the others (they wait for every rank's answer).
+      {"RINGFENCE_DEVICE_REGIONS=off", [](CommOptions& o) { o.device_regions = DeviceRegionsMode::Off; },
+       "host-staged: rank 1: RINGFENCE_DEVICE_REGIONS=off"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<std::string> path(n);
+    const std::string err = test::run_ranks(
+        n,
+        [&](int r) {
+          CommOptions o = options(DeviceRegionsMode::Auto, std::chrono::seconds(5));
+          if (r == 1) c.spoil(o);
+          return o;
+        },
+        [&](Communicator& comm) {
+          Stream stream;
+          std::vector<std::int32_t> host(count);
+          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+          DeviceBuffer buf(count * 4);
+          buf.put(host.data(), count * 4);
+          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+          T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
+          T_CHECK(comm.device_staging_bytes() >= count * 4);  // the data went through pinned staging
+          path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
+        },
+        &registry);
+    REQUIRE(err == "");
+    for (const std::string& p : path) REQUIRE_THAT(p, Catch::StartsWith(c.why));
   }
 }
 
