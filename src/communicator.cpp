@@ -284,7 +284,6 @@ struct Communicator::Impl : LaneState {
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
     std::function<void()> gate = std::exchange(next_gate, {});  // a stream-ordered call's input gate
-    const bool device = std::exchange(next_device, false);     // ... and whether it runs on the device lane
     RINGFENCE_EXPECTS(group_depth == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", rank, call);
     if (!async) {
       drain();
@@ -295,14 +294,13 @@ struct Communicator::Impl : LaneState {
     auto state = std::make_shared<Work::State>();
     std::lock_guard lock(queue_mutex);
     if (!worker.joinable()) worker = std::thread([this] { work_loop(); });
-    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run), gate = std::move(gate), device] {
-                         if (gate) gate();
-                         apply_timeout(t);
-                         struct Scope {
+    queue.emplace_back(std::function<void()>([this, t = call_timeout, run = std::move(run), gate = std::move(gate)] {
+                         struct Scope {  // the call's path lasts as long as the call
                            bool& flag;
                            ~Scope() { flag = false; }
                          } scope{device_active};
-                         device_active = device;
+                         if (gate) gate();  // sets device_active for a device-lane call
+                         apply_timeout(t);
                          run();
                        }),
                        state);
@@ -324,24 +322,28 @@ struct Communicator::Impl : LaneState {
   std::string device_why_not;       // why staged (the first rank that could not, and why)
   detail::CudaApi device_cuda;
   detail::DeviceKernels device_kernels;
-  void* device_stream = nullptr;    // the executor's stream for device-lane calls
   int device_ordinal = 0;           // the CUDA device current on the thread that built the lane
   detail::DeviceRegions device_regions;
   std::vector<detail::Channel*> device_channel_of;  // the device lane's channel per rank (null for ourselves)
-  bool next_device = false;         // the next issued call runs on the device lane (on_device sets it)
-  bool device_active = false;       // the call running on the progress thread does
-  bool on_device_lane = false;      // the executor is running on the device lane now (names failures' links)
+  bool device_active = false;       // the call running on the progress thread runs on the device lane (its gate says so)
 
   // The device transport the device lane's link to `peer`, now over `from`, moves to when the link
   // must be fenced: the first allowed pair (CommOptions::fallbacks) from `from` to another
   // transport that writes device memory and reaches the peer; null = none.
   Transport* device_fallback(const std::string& from, int peer) const {
-    for (const auto& [a, b] : options.fallbacks) {
-      if (a != from) continue;
-      for (const auto& t : transports)
-        if (t->name() == b && t->writes_device_memory() && t->can_reach(self, peer_info[static_cast<std::size_t>(peer)]).ok)
-          return t.get();
-    }
+    for (const auto& [a, b] : options.fallbacks)
+      if (a == from)
+        if (Transport* t = device_transport(peer, b)) return t;
+    return nullptr;
+  }
+
+  // The first transport (registry order) that writes device memory and reaches `peer`, or the
+  // one named `name` if it does; null = none.
+  Transport* device_transport(int peer, std::string_view name = {}) const {
+    for (const auto& t : transports)
+      if ((name.empty() || t->name() == name) && t->writes_device_memory() &&
+          t->can_reach(self, peer_info[static_cast<std::size_t>(peer)]).ok)
+        return t.get();
     return nullptr;
   }
 
@@ -358,15 +360,11 @@ struct Communicator::Impl : LaneState {
     via.assign(static_cast<std::size_t>(size), nullptr);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
-      for (auto& t : transports)
-        if (t->writes_device_memory() && t->can_reach(self, peer_info[static_cast<std::size_t>(p)]).ok) {
-          via[static_cast<std::size_t>(p)] = t.get();
-          break;
-        }
-      if (!via[static_cast<std::size_t>(p)])
-        return fmt::format("no transport writes device memory to rank {} (register nvlink or pcie, transports/cuda_ipc/README.md)", p);
+      Transport*& t = via[static_cast<std::size_t>(p)];
+      t = device_transport(p);
+      if (!t) return fmt::format("no transport writes device memory to rank {} (register nvlink or pcie, transports/cuda_ipc/README.md)", p);
       if (is_fenced(rank, p))
-        if (Transport* t = device_fallback(std::string(via[static_cast<std::size_t>(p)]->name()), p)) via[static_cast<std::size_t>(p)] = t;
+        if (Transport* fallback = device_fallback(std::string(t->name()), p)) t = fallback;
     }
     device_kernels = detail::load_device_kernels(options.cuda_kernels);  // last: only where it would be used
     if (!device_kernels.usable) return device_kernels.why_not;
@@ -417,9 +415,9 @@ struct Communicator::Impl : LaneState {
     if (const int err = device_cuda.get_device(&device_ordinal); err != detail::kCudaSuccess)
       throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaGetDevice", err)), err);
     connect_lane(*L, kDeviceLane, peers, MemoryKind::Device);
-    if (const int err = device_cuda.stream_create(&device_stream, detail::kCudaStreamNonBlocking); err != detail::kCudaSuccess)
+    device_regions = detail::DeviceRegions{&device_cuda, &device_kernels, nullptr};
+    if (const int err = device_cuda.stream_create(&device_regions.stream, detail::kCudaStreamNonBlocking); err != detail::kCudaSuccess)
       throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaStreamCreateWithFlags", err)), err);
-    device_regions = detail::DeviceRegions{&device_cuda, &device_kernels, device_stream};
     device_channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : L->channels) device_channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
     device_lane = std::move(L);
@@ -428,30 +426,25 @@ struct Communicator::Impl : LaneState {
     return true;
   }
 
-  // Runs one stream-ordered collective on the device lane: on `stream`, an event the progress
-  // thread waits for (the stream reached the call: its input is ready) and a host function that
-  // waits for the collective (later work on the stream sees the result); `queue()` issues the
-  // asynchronous collective on the user's own buffers, which then runs on the device lane.
-  // `send` (`in_bytes` read) and `recv` (`out_bytes` written) must be memory the GPU can address:
-  // device, managed or pinned host memory (kernels and peer copies touch them), else InvalidUsage.
-  template <class Queue>
-  void on_device(const char* call, CudaStream stream, const void* send, std::size_t in_bytes, const void* recv,
-                 std::size_t out_bytes, Queue queue) {
-    check_device_pointer(call, "sendbuff", send, in_bytes);
-    check_device_pointer(call, "recvbuff", recv, out_bytes);
-    staged(call, stream, std::span<const detail::DeviceStager::Piece>(), std::span<const detail::DeviceStager::Piece>(),
-           [&](std::byte*, std::byte*) {
-             next_device = true;
-             try {
-               Work w = queue();
-               next_device = false;
-               return w;
-             } catch (...) {
-               next_device = false;
-               throw;
-             }
-           },
-           true);
+  // The bytes a call reads from its send buffer and writes to its receive buffer (the argument
+  // checks below return them).
+  struct IoBytes {
+    std::size_t in = 0;
+    std::size_t out = 0;
+  };
+
+  // Runs one stream-ordered call whose argument checks ran: `issue_on(in, out)` issues the
+  // asynchronous host call. On the device lane (when every rank chose it, use_device_lane) it
+  // gets the user's `send` and `recv`, which must be memory the GPU can address (device, managed
+  // or pinned host memory: kernels and peer copies touch them), and the stream gets only the
+  // gate's event and the host function that waits; else it gets staging (staged).
+  template <class IssueOn>
+  void stream_ordered(const char* call, CudaStream stream, const void* send, IoBytes io, void* recv, IssueOn issue_on) {
+    if (!use_device_lane(call))
+      return staged(call, stream, send, io.in, recv, io.out, [&](std::byte* in, std::byte* out) { return issue_on(in, out); });
+    check_device_pointer(call, "sendbuff", send, io.in);
+    check_device_pointer(call, "recvbuff", recv, io.out);
+    staged(call, stream, {}, {}, [&](std::byte*, std::byte*) { return issue_on(send, recv); }, true);
   }
 
   void check_device_pointer(const char* call, const char* what, const void* p, std::size_t bytes) const {
@@ -469,12 +462,19 @@ struct Communicator::Impl : LaneState {
   // peer, so fenced lane-0 hops need no relay), the fingerprint compared first.
   // Kernels launch only into streams of the thread's current device, and this thread (the
   // progress thread) is not the one that chose it.
+  // Throws CudaError ("rank R: <what>: cudaSetDevice failed: ...").
+  void make_lane_device_current(const std::string& what) const {
+    if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess)
+      throw CudaError(fmt::format("rank {}: {}: {}", rank, what, device_cuda.describe("cudaSetDevice", err)), err);
+  }
+  // The same before a device-lane call, failing the communicator like a failed collective.
   void enter_device(const char* call) {
-    if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess) {
-      const std::string msg = fmt::format("rank {}: {} on a CUDA stream: {}", rank, call, device_cuda.describe("cudaSetDevice", err));
-      record_failure(Status(ErrorCode::Cuda, err), msg);
+    try {
+      make_lane_device_current(fmt::format("{} on a CUDA stream", call));
+    } catch (const CudaError& e) {
+      record_failure(Status(ErrorCode::Cuda, e.native()), e.what());
       abort_peers(ErrorCode::Cuda, rank);
-      throw CudaError(msg, err);
+      throw;
     }
   }
 
@@ -494,9 +494,7 @@ struct Communicator::Impl : LaneState {
     d.device = &device_regions;
     d.check = nullptr;
     detail::Failure failure;
-    on_device_lane = true;
     const Status s = detail::run_ring(L.engine, L.flags, left, right, d, reducer, detail::DirectWrite{}, L.relay_duties, failure);
-    on_device_lane = false;
     judge_call(call);
     if (!s.is_ok()) raise(call, failure);
   }
@@ -511,7 +509,7 @@ struct Communicator::Impl : LaneState {
   }
   // The same with several user buffers per direction (a group of sends and receives): inputs
   // are packed one after another into staging `in`, outputs unpacked from staging `out`.
-  // `device`: the call runs on the device lane (on_device), staging nothing.
+  // `device`: the call runs on the device lane (stream_ordered), staging nothing.
   template <class Queue>
   void staged(const char* call, CudaStream stream, std::span<const detail::DeviceStager::Piece> inputs,
               std::span<const detail::DeviceStager::Piece> outputs, Queue queue, bool device = false) {
@@ -546,6 +544,7 @@ struct Communicator::Impl : LaneState {
                       abort_peers(ErrorCode::Timeout, rank);
                       throw TimeoutError(msg);
                     }
+                    device_active = device;  // the stream got here: the call runs on its path
                   };
                   try {
                     Work w = queue(in, out);
@@ -599,10 +598,6 @@ struct Communicator::Impl : LaneState {
   // Each collective's argument checks, on the caller's thread, shared by the host calls and the
   // stream-ordered ones (which check the user's device buffers, then run the host call on
   // staging): the bytes this rank reads from `send` and writes to `recv`. Throw InvalidUsage.
-  struct IoBytes {
-    std::size_t in = 0;
-    std::size_t out = 0;
-  };
   IoBytes check_allreduce(const char* call, const void* send, const void* recv, std::size_t count, DataType type,
                           ReduceOp op) const {
     check_type(call, type);
@@ -1023,7 +1018,7 @@ struct Communicator::Impl : LaneState {
     remote_regs.clear();
     local_regs.clear();
     for_each_lane_and_device([](LaneState& L) { L.channels.clear(); });  // links, then regions, before the memory they describe
-    if (device_stream) device_cuda.stream_destroy(device_stream);
+    if (device_regions.stream) device_cuda.stream_destroy(device_regions.stream);
     if (beat_lane) {
       for (auto& ch : beat_lane->channels)
         if (ch->link) ch->link->fence(why);
@@ -1280,10 +1275,7 @@ struct Communicator::Impl : LaneState {
     const LinkId l = LinkId::of(rank, peer);
     const std::string base = fmt::format("move/{}/{}-{}/device", seq, l.a, l.b);
     // The new link's streams and events belong to the lane's GPU (this may be any thread).
-    if (const int err = device_cuda.set_device(device_ordinal); err != detail::kCudaSuccess)
-      throw CudaError(fmt::format("rank {}: moving the device lane's link to rank {}: {}", rank, peer,
-                                  device_cuda.describe("cudaSetDevice", err)),
-                      err);
+    make_lane_device_current(fmt::format("moving the device lane's link to rank {}", peer));
     meet_for_move(base, peer, to, "the device lane's link", [&] { poll_link(ch); });
     reconnect(L, ch, to, base, MemoryKind::Device, "the device lane's link");
   }
@@ -2235,13 +2227,13 @@ struct Communicator::Impl : LaneState {
       std::vector<detail::P2POp> direct;
       direct.reserve(ops.size());
       for (const DeviceP2P& op : ops) direct.push_back(detail::P2POp{op.is_send, op.peer, static_cast<std::byte*>(op.buf), op.bytes, 0});
-      on_device(call, CudaStream{device_group_stream}, nullptr, 0, nullptr, 0, [&] {
+      staged(call, CudaStream{device_group_stream}, {}, {}, [&](std::byte*, std::byte*) {
         return issue(true, call, [this, call, direct = std::move(direct)] {
           device_p2p_run.assign(direct.begin(), direct.end());
           check_p2p_routes(call, device_p2p_run);
           run_ops(call, device_p2p_run, options.p2p_direct_user_min_bytes);
         });
-      });
+      }, true);
       return;
     }
     std::vector<detail::DeviceStager::Piece> ins, outs;
@@ -2275,12 +2267,10 @@ struct Communicator::Impl : LaneState {
   void run_ops(const char* call, std::vector<detail::P2POp>& ops, std::size_t user_min_bytes) {
     detail::Failure failure;
     if (device_active) enter_device(call);
-    on_device_lane = device_active;
     const Status s = device_active ? detail::run_p2p(device_lane->engine, device_lane->flags, device_channel_of.data(), ops.data(),
                                                      ops.size(), detail::P2PDirect{}, failure, &device_regions)
                                    : detail::run_p2p(engine, flags, channel_of.data(), ops.data(), ops.size(),
                                                      p2p_direct(user_min_bytes), failure);
-    on_device_lane = false;
     ops.clear();
     if (!s.is_ok()) raise(call, failure);
   }
@@ -2330,11 +2320,9 @@ struct Communicator::Impl : LaneState {
       const int silent = f.status.code() == ErrorCode::Timeout ? silent_peer(age_ms) : -1;
       abort_peers(f.status.code(), silent >= 0 ? silent : f.peer);
     }
-    // The link the failure happened on: the device lane's during a device-lane call.
-    const auto* ch = f.peer < 0 || f.peer == rank ? nullptr
-                     : on_device_lane && device_lane ? &device_lane->channel_to(f.peer)
-                                                    : &channel_to(f.peer);
-    const std::string link = ch ? fmt::format("{} link rank {} <-> rank {}", ch->transport_name, rank, f.peer) : "local";
+    // The link: the one the executor failed on (it names its transport), else lane 0's to the peer.
+    const std::string* transport = f.transport ? f.transport : f.peer >= 0 && f.peer != rank ? &channel_to(f.peer).transport_name : nullptr;
+    const std::string link = transport ? fmt::format("{} link rank {} <-> rank {}", *transport, rank, f.peer) : "local";
     std::string why;
     if (f.aborted_by_peer) {
       why = f.status.code() == ErrorCode::Aborted
@@ -2641,27 +2629,20 @@ Work Communicator::Impl::alltoall(bool async, const void* send, void* recv, std:
     auto block_of = [&](std::byte* base, int r) { return base + static_cast<std::size_t>(r) * block; };
     auto& ops = alltoall_ops;
     ops.clear();
+    // The device lane has its own link to every rank (a fenced pair's moved to its fallback
+    // where there is one, see move_device_links): no relay through host buffers there.
+    const bool relayed = !fenced.empty() && !device_active;
     for (int k = 0; k < size; ++k) {
       const int to = (rank + k) % size, from = (rank - k + size) % size;
-      if (!is_fenced(rank, to)) ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
-      if (!is_fenced(rank, from)) ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
+      if (!relayed || !is_fenced(rank, to)) ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
+      if (!relayed || !is_fenced(rank, from)) ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
     }
     // Every pair exchanges at once: with staging each receiver must be scheduled for every
     // chunk of every peer, which costs wake-ups on a busy host; direct writes need only the
     // sender (measured: 4 ranks on 2 cores, 1 MiB blocks, 1.40 vs 0.26 GB/s busbw).
     const std::size_t user_min =
         size >= 3 ? std::min(options.p2p_direct_user_min_bytes, options.alltoall_direct_user_min_bytes) : options.p2p_direct_user_min_bytes;
-    if (device_active && !fenced.empty()) {
-      // The device lane has its own link to every rank (a fenced pair's moved to its fallback
-      // where there is one, see move_device_links): no relay through host buffers.
-      ops.clear();
-      for (int k = 0; k < size; ++k) {
-        const int to = (rank + k) % size, from = (rank - k + size) % size;
-        ops.push_back(detail::P2POp{true, to, block_of(in, to), block, 0});
-        ops.push_back(detail::P2POp{false, from, block_of(out, from), block, 0});
-      }
-    }
-    if (fenced.empty() || device_active) return run_ops(call, ops, user_min);
+    if (!relayed) return run_ops(call, ops, user_min);
     // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
     // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the
     // same relays from the agreed fence list, and ops to one peer keep the same order at both
@@ -2719,59 +2700,47 @@ void Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
   live(__func__)->alltoall(false, send, recv, count, type);
 }
 
-// Stream-ordered calls: the host calls' argument checks on the user's buffers, then the host
-// collective on the user's buffers over the device lane (Impl::on_device), or Impl::staged with
-// the host collective on staging memory.
+// Stream-ordered calls: the host calls' argument checks on the user's buffers, then
+// Impl::stream_ordered: the host collective on the user's buffers over the device lane, or on
+// staging memory.
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_allreduce("allreduce", send, recv, count, type, op);
-  if (m->use_device_lane("allreduce"))
-    return m->on_device("allreduce", stream, send, io.in, recv, io.out, [&] { return m->allreduce(true, send, recv, count, type, op); });
-  m->staged("allreduce", stream, send, io.in, recv, io.out,
-            [&](std::byte* in, std::byte* out) { return m->allreduce(true, in, out, count, type, op); });
+  m->stream_ordered("allreduce", stream, send, io, recv,
+                    [&](const void* in, void* out) { return m->allreduce(true, in, out, count, type, op); });
 }
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op,
                                   CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_reduce_scatter("reduce_scatter", send, recv, recvcount, type, op);
-  if (m->use_device_lane("reduce_scatter"))
-    return m->on_device("reduce_scatter", stream, send, io.in, recv, io.out, [&] { return m->reduce_scatter(true, send, recv, recvcount, type, op); });
-  m->staged("reduce_scatter", stream, send, io.in, recv, io.out,
-            [&](std::byte* in, std::byte* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
+  m->stream_ordered("reduce_scatter", stream, send, io, recv,
+                    [&](const void* in, void* out) { return m->reduce_scatter(true, in, out, recvcount, type, op); });
 }
 void Communicator::allgather(const void* send, void* recv, std::size_t sendcount, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_allgather("allgather", send, recv, sendcount, type);
-  if (m->use_device_lane("allgather"))
-    return m->on_device("allgather", stream, send, io.in, recv, io.out, [&] { return m->allgather(true, send, recv, sendcount, type); });
-  m->staged("allgather", stream, send, io.in, recv, io.out,
-            [&](std::byte* in, std::byte* out) { return m->allgather(true, in, out, sendcount, type); });
+  m->stream_ordered("allgather", stream, send, io, recv,
+                    [&](const void* in, void* out) { return m->allgather(true, in, out, sendcount, type); });
 }
 void Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType type, int root, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_broadcast("broadcast", send, recv, count, type, root);  // non-roots stage no input
-  if (m->use_device_lane("broadcast"))
-    return m->on_device("broadcast", stream, send, io.in, recv, io.out, [&] { return m->broadcast(true, send, recv, count, type, root); });
-  m->staged("broadcast", stream, send, io.in, recv, io.out,
-            [&](std::byte* in, std::byte* out) { return m->broadcast(true, in, out, count, type, root); });
+  m->stream_ordered("broadcast", stream, send, io, recv,
+                    [&](const void* in, void* out) { return m->broadcast(true, in, out, count, type, root); });
 }
 void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root,
                           CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_reduce("reduce", send, recv, count, type, op, root);  // non-roots copy no result back
-  if (m->use_device_lane("reduce"))
-    return m->on_device("reduce", stream, send, io.in, recv, io.out, [&] { return m->reduce(true, send, io.out > 0 ? recv : nullptr, count, type, op, root); });
-  m->staged("reduce", stream, send, io.in, recv, io.out, [&](std::byte* in, std::byte* out) {
+  m->stream_ordered("reduce", stream, send, io, recv, [&](const void* in, void* out) {
     return m->reduce(true, in, io.out > 0 ? out : nullptr, count, type, op, root);
   });
 }
 void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType type, CudaStream stream) {
   Impl* m = live(__func__);
   const auto io = m->check_alltoall("alltoall", send, recv, count, type);
-  if (m->use_device_lane("alltoall"))
-    return m->on_device("alltoall", stream, send, io.in, recv, io.out, [&] { return m->alltoall(true, send, recv, count, type); });
-  m->staged("alltoall", stream, send, io.in, recv, io.out,
-            [&](std::byte* in, std::byte* out) { return m->alltoall(true, in, out, count, type); });
+  m->stream_ordered("alltoall", stream, send, io, recv,
+                    [&](const void* in, void* out) { return m->alltoall(true, in, out, count, type); });
 }
 std::size_t Communicator::device_staging_bytes() const {
   const Impl* m = live(__func__);

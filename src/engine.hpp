@@ -226,6 +226,9 @@ struct Failure {
   std::uint64_t message = 0; ///< message number on the link
   bool aborted_by_peer = false;  ///< `peer` failed first and aborted; `status` is its error class
   int blamed = -1;               ///< with aborted_by_peer: the rank the failing peer blamed
+  /// Transport of the channel it happened on (`Channel::transport_name`, which outlives the
+  /// failure's report); null when it happened on none (local) or was not set.
+  const std::string* transport = nullptr;
 };
 
 /// Fixed parameters of the executor for one communicator.

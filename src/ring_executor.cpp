@@ -272,15 +272,9 @@ class RingRunner {
         break;
       }
     }
-    // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
-    if (c_.checksum)
-      for (int r = 0; r < c_.size; ++r) {
-        Channel* ch = channel_of[r];
-        if (!ch || ch->sent == 0) continue;
-        RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
-                                ch->sent - 1));
-      }
     if (dev_) return finish_device_call();
+    // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
+    if (c_.checksum) return await_all_acceptance();
     return Status::ok();
   }
 
@@ -365,17 +359,10 @@ class RingRunner {
   Status finish_call() noexcept {
     RINGFENCE_TRY(verify_call(true));  // a call that received nothing (a broadcast root) compares here
     if (dev_) return finish_device_call();
-    // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
-    if (c_.checksum && by_position_) {
-      for (int p = 0; p < c_.size; ++p) {
-        Channel* ch = by_position_[p];
-        if (ch && ch->sent > 0)
-          RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), "acceptance of the last chunks",
-                                  ch->sent - 1));
-      }
-    } else if (c_.checksum && c_.size > 1 && right_->sent > 0)
-      RINGFENCE_TRY(wait_flag(*right_, flags_.credit[right_->peer], static_cast<std::uint32_t>(right_->sent),
-                              "acceptance of the last chunks", right_->sent - 1));
+    // With checksums a chunk is only done once the receiver accepted it: stay to re-send. A
+    // ring sends to its right neighbour only.
+    if (c_.checksum && by_position_) RINGFENCE_TRY(await_all_acceptance());
+    else if (c_.checksum && c_.size > 1) RINGFENCE_TRY(await_acceptance(*right_));
     // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
     // sender got its credits back.
     if (relays_.count > 0) {
@@ -470,13 +457,22 @@ class RingRunner {
   // (so every copy we enqueued on a link finished), and the signals behind them are stored.
   Status finish_device_call() noexcept {
     RINGFENCE_TRY(settle_device());
+    RINGFENCE_TRY(await_all_acceptance());
+    return pump_links();
+  }
+
+  // Waits until `ch`'s peer accepted (consumed; with checksums, verified) every chunk we sent it.
+  Status await_acceptance(Channel& ch) noexcept {
+    if (ch.sent == 0) return Status::ok();
+    return wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(ch.sent), "acceptance of the last chunks", ch.sent - 1);
+  }
+  // The same on every channel of the call.
+  Status await_all_acceptance() noexcept {
     Status st = Status::ok();
     for_each_call_channel([&](Channel& ch) {
-      if (st.is_ok() && ch.sent > 0)
-        st = wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(ch.sent), "consumption of the last chunks", ch.sent - 1);
+      if (st.is_ok()) st = await_acceptance(ch);
     });
-    RINGFENCE_TRY(st);
-    return pump_links();
+    return st;
   }
 
   // A peer failed and told everyone (abort word): fail now with its error class, naming it.
@@ -493,6 +489,7 @@ class RingRunner {
 
   Status fail(Status s, const Channel& ch, const char* what, std::uint64_t message) noexcept {
     failure_ = Failure{s, ch.peer, what, message};
+    if (ch.peer >= 0) failure_.transport = &ch.transport_name;
     return s;
   }
 
