@@ -410,6 +410,7 @@ struct Communicator::Impl : LaneState {
       Transport* t = via[static_cast<std::size_t>(ch->peer)];
       mine_ch.transport = t;
       mine_ch.transport_name = std::string(t->name());
+      mine_ch.expected_gbps = t->can_reach(self, peer_info[static_cast<std::size_t>(ch->peer)]).bandwidth_gbps;
       peers.push_back(peer_info[static_cast<std::size_t>(ch->peer)]);
     }
     if (const int err = device_cuda.get_device(&device_ordinal); err != detail::kCudaSuccess)
@@ -1197,7 +1198,6 @@ struct Communicator::Impl : LaneState {
     const LinkId l = LinkId::of(rank, peer);
     const std::string base = fmt::format("move/{}/{}-{}", seq, l.a, l.b);
     meet_for_move(base, peer, to, "the link", [&] { for_each_lane([&](LaneState& L) { poll_link(L.channel_to(peer)); }); });
-    const Reachability reach = to.can_reach(self, peer_info[static_cast<std::size_t>(peer)]);
     {
       std::lock_guard lock(regs_mutex);  // cached keys were made for the old transport
       remote_regs.clear();
@@ -1207,8 +1207,6 @@ struct Communicator::Impl : LaneState {
     for_each_lane([&](LaneState& L) {
       detail::Channel& ch = L.channel_to(peer);
       reconnect(L, ch, to, fmt::format("{}/lane{}", base, index++), MemoryKind::Host, "the link");
-      ch.expected_gbps = reach.bandwidth_gbps;
-      ch.judged.timeouts = 0;  // the new link counts from zero
     });
     fallback_of[static_cast<std::size_t>(peer)] = fallback_for(channel_to(peer));
   }
@@ -1262,6 +1260,8 @@ struct Communicator::Impl : LaneState {
     RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving {})", rank, peer, what);
     ch.peer_inbox = to.import_region(parts[0]);
     ch.peer_flags = to.import_region(parts[1]);
+    ch.expected_gbps = to.can_reach(self, peer_info[static_cast<std::size_t>(peer)]).bandwidth_gbps;
+    ch.judged.timeouts = ch.judged.link_timed_bytes = ch.judged.link_timed_ns = 0;  // the new link counts from zero
   }
 
   // Moves the device lane's link to `peer` to `to` (an agreed fence or move of the pair, see
@@ -1786,26 +1786,43 @@ struct Communicator::Impl : LaneState {
       observations.clear();
       for (auto& ch : channels) observations.push_back(detail::TransportObservation{LinkId::of(rank, ch->peer)});
       timed.assign(channels.size(), {0, 0});
+      // What channel `ch` saw since the last agreement, into `o` and its timed traffic `t`.
+      auto judge = [](detail::Channel& ch, detail::TransportObservation& o, std::pair<std::uint64_t, std::uint64_t>& t) {
+        auto& j = ch.judged;
+        const LinkStats& st = ch.link->stats();
+        const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
+        const std::uint64_t link_bytes = st.timed_bytes.load(std::memory_order_relaxed);
+        const std::uint64_t link_ns = st.timed_ns.load(std::memory_order_relaxed);
+        o.checksum_mismatches += ch.checksum_errors - j.checksum_errors;
+        o.successes += (ch.sent - j.sent) + (ch.received - j.received);
+        o.timeouts += timeouts - j.timeouts;
+        t.first += (ch.timed_bytes - j.timed_bytes) + (link_bytes - j.link_timed_bytes);
+        t.second += (ch.timed_ns - j.timed_ns) + (link_ns - j.link_timed_ns);
+        j = {ch.checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts, link_bytes, link_ns};
+      };
+      // Bytes over time spent in writes: the speed of one write stream, against the transport's.
+      auto ratio = [](const std::pair<std::uint64_t, std::uint64_t>& t, double expected_gbps) -> std::optional<double> {
+        if (t.first < kBandwidthEvidenceBytes || t.second == 0 || expected_gbps <= 0) return std::nullopt;
+        return static_cast<double>(t.first) / static_cast<double>(t.second) / expected_gbps;
+      };
       for_each_lane([&](LaneState& L) {
-        for (std::size_t i = 0; i < L.channels.size(); ++i) {
-          detail::Channel& ch = *L.channels[i];
-          auto& j = ch.judged;
-          auto& o = observations[i];
-          const std::uint64_t timeouts = ch.link->stats().timeouts.load(std::memory_order_relaxed);
-          o.checksum_mismatches += ch.checksum_errors - j.checksum_errors;
-          o.successes += (ch.sent - j.sent) + (ch.received - j.received);
-          o.timeouts += timeouts - j.timeouts;
-          timed[i].first += ch.timed_bytes - j.timed_bytes;
-          timed[i].second += ch.timed_ns - j.timed_ns;
-          j = {ch.checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts};
-        }
+        for (std::size_t i = 0; i < L.channels.size(); ++i) judge(*L.channels[i], observations[i], timed[i]);
       });
+      for (std::size_t i = 0; i < channels.size(); ++i) observations[i].bandwidth_ratio = ratio(timed[i], channels[i]->expected_gbps);
+      // The device lane's links join their pair's evidence: chunks, timeouts and their own
+      // bandwidth (device copies timed with CUDA events, against the device transport's figure);
+      // the slower of the two paths judges the pair.
+      if (device_lane)
+        for (auto& dch : device_lane->channels)
+          for (std::size_t i = 0; i < channels.size(); ++i) {
+            if (channels[i]->peer != dch->peer) continue;
+            std::pair<std::uint64_t, std::uint64_t> t{0, 0};
+            auto& o = observations[i];
+            judge(*dch, o, t);
+            if (const auto r = ratio(t, dch->expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
+          }
       for (std::size_t i = 0; i < channels.size(); ++i) {
         auto& o = observations[i];
-        const auto [bytes, ns] = timed[i];
-        // Bytes over time spent in writes, over all lanes: the speed of one write stream.
-        if (bytes >= kBandwidthEvidenceBytes && ns > 0 && channels[i]->expected_gbps > 0)
-          o.bandwidth_ratio = static_cast<double>(bytes) / static_cast<double>(ns) / channels[i]->expected_gbps;
         if (o.checksum_mismatches > 0)
           emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
       }

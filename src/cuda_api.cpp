@@ -77,6 +77,7 @@ CudaApi load_cuda_api(const std::string& path) {
     if (!api.ipc) api.ipc_why_not = fmt::format("{} lacks {}", api.library, missing);
     bind(handle, "cudaDeviceGetPCIBusId", api.device_get_pci_bus_id);  // optional, outside `ipc`
     bind(handle, "cudaSetDevice", api.set_device);                       // optional, outside `ipc`
+    bind(handle, "cudaEventElapsedTime", api.event_elapsed_time);        // optional, outside `ipc`
   }
   int count = 0;
   const int err = api.get_device_count(&count);

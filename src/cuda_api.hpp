@@ -74,6 +74,9 @@ struct CudaApi {
   /// cudaSetDevice: optional, outside `ipc` (the device lane's calls run on the progress thread,
   /// which must make the lane's device current before it launches kernels).
   int (*set_device)(int) = nullptr;
+  /// cudaEventElapsedTime(float* ms, start, end): optional, outside `ipc` (the CUDA IPC links
+  /// time their copies with it for the health layer's bandwidth evidence).
+  int (*event_elapsed_time)(float*, void*, void*) = nullptr;
   bool ipc = false;
   std::string ipc_why_not;
 

@@ -187,12 +187,15 @@ struct Channel {
   std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0;
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
   // Health evidence: writes of at least kTimedWriteBytes are timed (achieved bandwidth against
-  // `expected_gbps`, the transport's `can_reach` figure); `judged` holds the counters' values
-  // at the previous fence agreement, which judges the differences.
+  // `expected_gbps`, the transport's `can_reach` figure), here or by the link itself
+  // (`Link::times_writes`, LinkStats::timed_*); `judged` holds the counters' values at the
+  // previous fence agreement, which judges the differences (the link's own from zero again
+  // when the channel gets a new link).
   double expected_gbps = 0.0;
   std::uint64_t timed_bytes = 0, timed_ns = 0;
   struct Judged {
     std::uint64_t checksum_errors = 0, sent = 0, received = 0, timed_bytes = 0, timed_ns = 0, timeouts = 0;
+    std::uint64_t link_timed_bytes = 0, link_timed_ns = 0;
   } judged;
 };
 

@@ -635,7 +635,9 @@ class RingRunner {
     const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
     WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
                       : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
-    const bool timed = c.bytes >= kTimedWriteBytes;  // bandwidth evidence for the health layer
+    // Bandwidth evidence for the health layer, unless the link times its writes itself (they
+    // only enqueue: a device copy).
+    const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
     const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     Status s = ch.link->write(w);
     if (s.in_progress()) {  // completion queue full: drain and retry once

@@ -181,6 +181,12 @@ struct LinkStats {
   /// send or reconnect); fed to the health policy's "repeated timeouts" rule. An operation that
   /// fails its collective is not counted here: it fails the call. shm never times out.
   std::atomic<std::uint64_t> timeouts{0};
+  /// Payload bytes of the writes the link timed itself, from start to landing, and the time
+  /// those writes took (cuda_ipc: CUDA events around each device copy of at least 32 KiB). The
+  /// health layer's bandwidth evidence for links whose `write()` only enqueues the transfer
+  /// (`Link::times_writes()`); 0 for links the executor times.
+  std::atomic<std::uint64_t> timed_bytes{0};
+  std::atomic<std::uint64_t> timed_ns{0};
 };
 
 /// A connection to one peer. Data plane: every method is noexcept and allocation-free.
@@ -215,6 +221,10 @@ class Link {
   virtual int peer() const noexcept = 0;
   /// Counters.
   virtual const LinkStats& stats() const noexcept = 0;
+  /// True when the link times its writes itself (`LinkStats::timed_bytes`, `timed_ns`): its
+  /// `write()` only enqueues the transfer, so the executor's clock around the call would measure
+  /// nothing. Default: false (the executor times `write()` for the bandwidth evidence).
+  virtual bool times_writes() const noexcept { return false; }
 };
 
 /// A connection being established; polled until done. Never blocks.

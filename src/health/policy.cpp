@@ -240,7 +240,7 @@ Verdict LinkPolicy::judge(const Evidence& e, TimePoint now) {
     if (*e.bandwidth_ratio < thresholds_.bandwidth_min_ratio) {
       if (!slow_since_) slow_since_ = now;
       if (now - *slow_since_ >= thresholds_.bandwidth_slow_for)
-        raise(Severity::Warn, fmt::format("bandwidth {:.0f}% < {:.0f}% of expected for {} ms (ours)",
+        raise(Severity::Warn, fmt::format("bandwidth {:.3g}% < {:.3g}% of expected for {} ms (ours)",
                                           *e.bandwidth_ratio * 100, thresholds_.bandwidth_min_ratio * 100,
                                           ms(now - *slow_since_)));
     } else {

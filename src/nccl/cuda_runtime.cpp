@@ -58,6 +58,7 @@ static_assert(std::is_same_v<decltype(&::cudaIpcCloseMemHandle), cudaError_t (*)
 static_assert(std::is_same_v<decltype(&::cudaStreamCreateWithFlags), cudaError_t (*)(cudaStream_t*, unsigned int)>);
 static_assert(std::is_same_v<decltype(&::cudaStreamDestroy), cudaError_t (*)(cudaStream_t)>);
 static_assert(std::is_same_v<decltype(&::cudaStreamSynchronize), cudaError_t (*)(cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaEventElapsedTime), cudaError_t (*)(float*, cudaEvent_t, cudaEvent_t)>);
 static_assert(std::is_same_v<decltype(&::cudaStreamWaitEvent), cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned int)>);
 }  // namespace ringfence::detail
 

@@ -27,6 +27,7 @@ extern "C" {
 int cudaStreamSynchronize(void*);
 int cudaSetDevice(int);
 void fake_cuda_hold(void*, int);
+void fake_cuda_slow_copies(int, int, unsigned);
 }
 
 using namespace ringfence;
@@ -361,6 +362,83 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
     REQUIRE(fences[static_cast<std::size_t>(r)] == std::vector<LinkId>{LinkId{1, 2}});
     REQUIRE(relays[static_cast<std::size_t>(r)] == std::vector<Relay>{Relay{1, 0, 2}});
     // Only the ends move their device-lane link (the others have no device link of that pair).
+    REQUIRE(moved[static_cast<std::size_t>(r)] == (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); " : ""));
+  }
+}
+
+TEST_CASE("device regions: a slow NVLink is judged on its timed device copies and moves to pcie, results exact", "[device][regions][health]") {
+  // Four fake GPUs, rank r on GPU r. From collective #3 on, copies from GPU 1 into GPU 2's
+  // memory take 20 ms more (a degraded NVLink: the ring sends 1 -> 2 over the device lane). The
+  // device lane's link times its copies with CUDA events; the agreements judge pair 1-2 on that
+  // bandwidth (the host lanes carry only the votes): slow, so suspect, then fenced
+  // (suspect_escalate_after). Ranks 1 and 2 move their device-lane link to pcie, the host lanes
+  // relay 1 -> 2, and every result stays exact. The NVML counters stay clean throughout: the
+  // map only makes the pair judged.
+  const test::FakeNvmlState nvml("ringfence-device-regions-slow", "count 1\nlinks 4\n");
+  const test::ScopedEnv devices("FAKE_CUDA_DEVICES", "4");
+  const int n = 4;
+  const std::size_t count = 256 * 1024;  // 1 MiB of int32: 24 timed 64 KiB copies per link and call
+  const TransportRegistry registry = with_device_transports();
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::string> events(n), moved(n);
+  const std::string err = test::run_ranks(
+      n,
+      [](int) {
+        CommOptions o = options();
+        o.chunk_bytes = 64 * 1024;
+        o.health_agree_every = 2;
+        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+        o.health_interval = std::chrono::milliseconds(0);
+        o.health_link_map = "1-2=nvml:0:1";
+        // Nominal NVLink 100 GB/s; fake copies of 64 KiB take 0.5 ms (ratio ~1.3e-3), slowed
+        // ones 20.5 ms (~3e-5).
+        o.health.thresholds.bandwidth_min_ratio = 2e-4;
+        o.health.thresholds.bandwidth_slow_for = std::chrono::milliseconds(0);
+        o.health.timings.suspect_escalate_after = std::chrono::milliseconds(1);
+        return o;
+      },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        T_CHECK(cudaSetDevice(comm.rank()) == 0);
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::LinkMoved) moved[r] += fmt::format("{}-{} {}; ", e.a, e.b, e.detail);
+          if (e.kind == EventKind::LinkSuspect || e.kind == EventKind::FenceProposed)
+            events[r] += fmt::format("#{} {} {}-{}: {}; ", comm.sequence(), to_string(e.kind), e.a, e.b, e.detail);
+        });
+        Stream stream;
+        DeviceBuffer buf(count * 4);
+        std::vector<std::int32_t> host(count);
+        for (int call = 1; call <= 10; ++call) {
+          if (call == 3 || call == 9) {
+            comm.synchronize();
+            T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+            sync.arrive_and_wait();
+            if (r == 0) fake_cuda_slow_copies(1, 2, call == 3 ? 20000 : 0);
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+          buf.put(host.data(), count * 4);
+          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+        }
+        T_CHECK(comm.async_error().is_ok());
+        T_CHECK(comm.device_path() == "device regions");
+        fences[r] = comm.fenced_links();
+      },
+      &registry);
+  INFO(err);
+  REQUIRE(err == "");
+  REQUIRE(wrong == 0);
+  INFO("rank 1 events: " << events[1]);
+  // Rank 1 sends over the slow link and judges it on its timed copies.
+  REQUIRE_THAT(events[1], Catch::Contains("link_suspect 1-2: bandwidth") && Catch::Contains("fence_proposed 1-2"));
+  REQUIRE(events[1].find("#2 ") == std::string::npos);  // nothing before the slowdown
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(fences[static_cast<std::size_t>(r)] == std::vector<LinkId>{LinkId{1, 2}});
     REQUIRE(moved[static_cast<std::size_t>(r)] == (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); " : ""));
   }
 }

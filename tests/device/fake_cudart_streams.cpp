@@ -8,10 +8,13 @@
 //     runtime may do ("may be serialized"): a host function that waited for another stream's
 //     host function would deadlock here as it can on a GPU;
 //   - events: cudaEventRecord completes when the stream reaches it, cudaEventQuery says so
-//     (cudaErrorNotReady, 600, before);
+//     (cudaErrorNotReady, 600, before); cudaEventElapsedTime gives the time between two
+//     completed records of events made without cudaEventDisableTiming (else 400, as CUDA);
 //   - every asynchronous copy sleeps a little first (fake_cuda_set_copy_delay_us, default
 //     500 us), so code that read a copy's destination before the stream reached it would see
 //     the old bytes;
+//   - fake_cuda_slow_copies(from, to, us) makes copies on streams of device `from` into memory
+//     cudaMalloc'ed on device `to` sleep `us` more (a degraded link between two GPUs);
 //   - fake_cuda_hold(stream, 1) stops a stream before its next operation until
 //     fake_cuda_hold(stream, 0): tests prove that a call returned before its work ran;
 //   - FAKE_CUDA_DEVICES=0 (or "driver") makes cudaGetDeviceCount report no device (or
@@ -146,6 +149,8 @@ struct Callbacks {
 
 struct Event {
   std::atomic<std::uint64_t> recorded{0}, completed{0};
+  bool timing = true;                   // created without cudaEventDisableTiming
+  std::atomic<std::int64_t> at_ns{0};   // steady clock at the latest completion
 };
 
 // A device allocation: a shared-memory segment mapped here (cudaMalloc'ed or IPC-opened).
@@ -153,6 +158,7 @@ struct Allocation {
   std::size_t bytes = 0;
   std::string name;     // the segment ("/fakecuda-<pid>-<n>")
   bool opened = false;  // mapped by cudaIpcOpenMemHandle (closed with cudaIpcCloseMemHandle)
+  int device = -1;      // cudaMalloc'ed on this device (-1: opened from another process)
 };
 
 // What cudaIpcGetMemHandle writes into the 64 opaque bytes.
@@ -175,6 +181,7 @@ struct State {
   std::set<int> peers_enabled;
   std::atomic<int> pinned{0};
   std::atomic<unsigned> delay_us{500};
+  std::map<std::pair<int, int>, unsigned> slow;  // fake_cuda_slow_copies: (stream device, memory device) -> extra us
   Stream* null_stream = nullptr;
   std::set<void*> streams;  // live cudaStreamCreate handles
   Callbacks* callbacks = new Callbacks;  // never destroyed (its thread is detached)
@@ -204,6 +211,20 @@ bool is_device(const void* p) {
   if (it == s.device.begin()) return false;
   --it;
   return a < it->first + it->second.bytes;
+}
+
+// fake_cuda_slow_copies' extra delay of a copy on a stream of `device` into `dst`.
+unsigned extra_delay_us(int device, const void* dst) {
+  State& s = state();
+  std::lock_guard l(s.m);
+  if (s.slow.empty()) return 0;
+  const auto a = reinterpret_cast<std::uintptr_t>(dst);
+  auto it = s.device.upper_bound(a);
+  if (it == s.device.begin()) return 0;
+  --it;
+  if (a >= it->first + it->second.bytes) return 0;
+  const auto slow = s.slow.find({device, it->second.device});
+  return slow != s.slow.end() ? slow->second : 0;
 }
 
 int device_count() {
@@ -318,7 +339,7 @@ FAKE_EXPORT int cudaMalloc(void** p, std::size_t n) {
   const std::string name = "/fakecuda-" + std::to_string(::getpid()) + "-" + std::to_string(s.next_segment++);
   *p = map_segment(name.c_str(), n, true);
   if (*p == nullptr) return 2;  // cudaErrorMemoryAllocation
-  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{n, name, false};
+  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{n, name, false, current_device};
   return 0;
 }
 FAKE_EXPORT int cudaFree(void* p) {
@@ -355,7 +376,7 @@ FAKE_EXPORT int cudaIpcOpenMemHandle(void** p, IpcHandleBytes handle, unsigned) 
   if (*p == nullptr) return 205;  // cudaErrorMapBufferObjectFailed
   State& s = state();
   std::lock_guard l(s.m);
-  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{h.bytes, h.name, true};
+  s.device[reinterpret_cast<std::uintptr_t>(*p)] = Allocation{h.bytes, h.name, true, -1};
   return 0;
 }
 FAKE_EXPORT int cudaIpcCloseMemHandle(void* p) {
@@ -413,8 +434,9 @@ FAKE_EXPORT int cudaMemcpy(void* dst, const void* src, std::size_t n, int) {
 FAKE_EXPORT int cudaMemcpyAsync(void* dst, const void* src, std::size_t n, int, void* stream) {
   Stream* st = resolve(stream);
   if (st == nullptr) return kInvalidHandle;
+  const unsigned extra = extra_delay_us(st->device, dst);
   st->push([=] {
-    std::this_thread::sleep_for(std::chrono::microseconds(state().delay_us.load()));
+    std::this_thread::sleep_for(std::chrono::microseconds(state().delay_us.load() + extra));
     if (n > 0) std::memmove(dst, src, n);
   });
   return 0;
@@ -438,8 +460,10 @@ FAKE_EXPORT int fake_cuda_launch_kernel(void* stream, void (*fn)(void*), void* a
   st->push([=] { fn(arg); });
   return 0;
 }
-FAKE_EXPORT int cudaEventCreateWithFlags(void** event, unsigned) {
-  *event = new Event;
+FAKE_EXPORT int cudaEventCreateWithFlags(void** event, unsigned flags) {
+  auto* e = new Event;
+  e->timing = (flags & 2U) == 0;  // cudaEventDisableTiming
+  *event = e;
   return 0;
 }
 FAKE_EXPORT int cudaEventDestroy(void* event) {
@@ -451,7 +475,18 @@ FAKE_EXPORT int cudaEventRecord(void* event, void* stream) {
   if (st == nullptr) return kInvalidHandle;
   auto* e = static_cast<Event*>(event);
   const std::uint64_t gen = ++e->recorded;
-  st->push([e, gen] { e->completed = gen; });
+  st->push([e, gen] {
+    e->at_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    e->completed = gen;
+  });
+  return 0;
+}
+FAKE_EXPORT int cudaEventElapsedTime(float* ms, void* start, void* end) {
+  auto* a = static_cast<Event*>(start);
+  auto* b = static_cast<Event*>(end);
+  if (ms == nullptr || !a->timing || !b->timing || a->recorded.load() == 0 || b->recorded.load() == 0) return kInvalidHandle;
+  if (a->completed.load() < a->recorded.load() || b->completed.load() < b->recorded.load()) return 600;  // cudaErrorNotReady
+  *ms = static_cast<float>(static_cast<double>(b->at_ns.load() - a->at_ns.load()) / 1e6);
   return 0;
 }
 FAKE_EXPORT int cudaStreamWaitEvent(void* stream, void* event, unsigned) {
@@ -479,6 +514,11 @@ FAKE_EXPORT void fake_cuda_hold(void* stream, int hold) {
 }
 FAKE_EXPORT int fake_cuda_pinned_live() { return state().pinned.load(); }
 FAKE_EXPORT void fake_cuda_set_copy_delay_us(unsigned us) { state().delay_us = us; }
+FAKE_EXPORT void fake_cuda_slow_copies(int from, int to, unsigned us) {
+  State& s = state();
+  std::lock_guard l(s.m);
+  s.slow[{from, to}] = us;
+}
 FAKE_EXPORT int cudaDeviceSynchronize() {
   resolve(nullptr)->sync();
   return 0;

@@ -135,6 +135,10 @@ class CudaLink final : public Link {
     try {
       shared_->check(api_.stream_create(&stream_, detail::kCudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       for (auto& e : events_) shared_->check(api_.event_create(&e, detail::kCudaEventDisableTiming), "cudaEventCreateWithFlags");
+      if (api_.event_elapsed_time != nullptr) {  // timing events: a pair per operation slot
+        for (auto& e : timing_start_) shared_->check(api_.event_create(&e, 0), "cudaEventCreateWithFlags");
+        for (auto& e : timing_end_) shared_->check(api_.event_create(&e, 0), "cudaEventCreateWithFlags");
+      }
       if (shared_->mode == Mode::Pcie) {
         shared_->check(api_.stream_create(&stream_d2h_, detail::kCudaStreamNonBlocking), "cudaStreamCreateWithFlags");
         for (std::size_t i = 0; i < kPcieSlots; ++i) {
@@ -160,7 +164,8 @@ class CudaLink final : public Link {
     if (RINGFENCE_UNLIKELY(!dst || (!op.src && op.bytes > 0) || !transport_util::write_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (head_ - tail_ == kMaxPendingOps) return Status(ErrorCode::InProgress);
-    Op& o = ring_[head_ % kMaxPendingOps];
+    const std::size_t at = head_ % kMaxPendingOps;
+    Op& o = ring_[at];
     o = Op{op.wr_id, false, false, Status::ok(), nullptr, 0, 0};
     if (dst->tag == Tag::Host) {
       // Host destinations (flag blocks) take host sources only: the inner shm link memcpy's.
@@ -171,9 +176,15 @@ class CudaLink final : public Link {
       o.ready = true;
     } else if (op.bytes > 0) {
       std::byte* to = dst->ptr + op.dst_offset;
-      int err = shared_->mode == Mode::Pcie && src_on_device(op) ? staged_copy(to, static_cast<const std::byte*>(op.src), op.bytes)
-                                                                  : api_.memcpy_async(to, op.src, op.bytes, detail::kCudaMemcpyDefault, stream_);
-      if (err == detail::kCudaSuccess) err = api_.event_record(events_[head_ % kMaxPendingOps], stream_);
+      // Large copies are timed between two events on `stream_` (pcie: the start waits for the
+      // stream's earlier work, the end for the last second hop, so the span covers this copy).
+      o.timed = timing_start_[0] != nullptr && op.bytes >= kTimedCopyBytes;
+      o.bytes = op.bytes;
+      int err = o.timed ? api_.event_record(timing_start_[at], stream_) : detail::kCudaSuccess;
+      if (err == detail::kCudaSuccess)
+        err = shared_->mode == Mode::Pcie && src_on_device(op) ? staged_copy(to, static_cast<const std::byte*>(op.src), op.bytes)
+                                                                : api_.memcpy_async(to, op.src, op.bytes, detail::kCudaMemcpyDefault, stream_);
+      if (err == detail::kCudaSuccess) err = api_.event_record(o.timed ? timing_end_[at] : events_[at], stream_);
       if (err != detail::kCudaSuccess) return fail(ErrorCode::Cuda, err);
     } else {
       o.ready = true;
@@ -252,6 +263,7 @@ class CudaLink final : public Link {
   LinkState state() const noexcept override { return fenced_ ? LinkState::Fenced : LinkState::Up; }
   int peer() const noexcept override { return peer_; }
   const LinkStats& stats() const noexcept override { return stats_; }
+  bool times_writes() const noexcept override { return timing_start_[0] != nullptr; }
 
  private:
   struct Op {
@@ -262,6 +274,8 @@ class CudaLink final : public Link {
     const RemoteRegion* flag = nullptr;  // signal: the shm import holding the flag
     std::size_t offset = 0;
     std::uint32_t value = 0;
+    bool timed = false;      // a write between timing_start_ and timing_end_ of its slot
+    std::size_t bytes = 0;   // a timed write's payload
   };
 
   Status fail(ErrorCode code, int native = 0) noexcept {
@@ -302,10 +316,17 @@ class CudaLink final : public Link {
       if (fenced_) {
         o.status = Status(ErrorCode::Fenced);
       } else if (!o.ready) {
-        const int q = api_.event_query(events_[done_ % kMaxPendingOps]);
+        const std::size_t at = done_ % kMaxPendingOps;
+        const int q = api_.event_query(o.timed ? timing_end_[at] : events_[at]);
         if (q == detail::kCudaErrorNotReady) return;
         if (q != detail::kCudaSuccess) {
           o.status = fail(ErrorCode::Cuda, q);
+        } else if (o.timed) {
+          float ms = 0.0f;
+          if (api_.event_elapsed_time(&ms, timing_start_[at], timing_end_[at]) == detail::kCudaSuccess && ms >= 0.0f) {
+            bump(stats_.timed_ns, static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6));
+            bump(stats_.timed_bytes, o.bytes);
+          }
         } else if (o.is_signal) {
           const Status s = inner_->signal(SignalOp{o.flag, o.offset, o.value, 0});
           drain_inner();
@@ -329,8 +350,9 @@ class CudaLink final : public Link {
   void release() noexcept {
     if (stream_d2h_ != nullptr) (void)api_.stream_synchronize(stream_d2h_);
     if (stream_ != nullptr) (void)api_.stream_synchronize(stream_);
-    for (auto& e : events_)
-      if (e != nullptr) (void)api_.event_destroy(std::exchange(e, nullptr));
+    for (auto* list : {&events_, &timing_start_, &timing_end_})
+      for (auto& e : *list)
+        if (e != nullptr) (void)api_.event_destroy(std::exchange(e, nullptr));
     for (std::size_t i = 0; i < kPcieSlots; ++i) {
       if (copied_[i] != nullptr) (void)api_.event_destroy(std::exchange(copied_[i], nullptr));
       if (drained_[i] != nullptr) (void)api_.event_destroy(std::exchange(drained_[i], nullptr));
@@ -347,6 +369,8 @@ class CudaLink final : public Link {
   void* stream_ = nullptr;      // copies (nvlink), second hop (pcie), events
   void* stream_d2h_ = nullptr;  // pcie: first hop
   void* events_[kMaxPendingOps] = {};
+  void* timing_start_[kMaxPendingOps] = {};  // timed writes (cudaEventElapsedTime present), per slot
+  void* timing_end_[kMaxPendingOps] = {};
   void* copied_[kPcieSlots] = {};   // pcie: slot filled
   void* drained_[kPcieSlots] = {};  // pcie: slot emptied
   std::byte* bounce_ = nullptr;

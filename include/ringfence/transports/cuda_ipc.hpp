@@ -45,6 +45,9 @@ inline constexpr double kPcieGbps = 25.0;
 inline constexpr double kNominalNvlinkGbps = 100.0;
 /// Operations (writes + signals) in flight per link; a further one returns InProgress.
 inline constexpr std::size_t kMaxPendingOps = 64;
+/// Device copies at least this long are timed with CUDA events (`LinkStats::timed_bytes`,
+/// `timed_ns`: the health layer's bandwidth evidence) when the runtime has cudaEventElapsedTime.
+inline constexpr std::size_t kTimedCopyBytes = 32 * 1024;
 
 /// Creates the `nvlink` transport (CUDA IPC, peer-to-peer copies) for one communicator.
 std::unique_ptr<Transport> make_nvlink_transport(const TransportContext& context);
