@@ -185,6 +185,31 @@ TEST_CASE("cuda_ipc: a signal is stored only after the writes before it landed, 
   }
 }
 
+TEST_CASE("cuda_ipc: copies of at least kTimedCopyBytes are timed with CUDA events for the bandwidth evidence", "[cuda_ipc][health]") {
+  for (std::string_view name : {cuda_ipc::kNvlinkName, cuda_ipc::kPcieName}) {
+    INFO(name);
+    Pair p(name);
+    REQUIRE(p.a_to_b->times_writes());  // the executor leaves the clock to the link
+    fake_cuda_set_copy_delay_us(2000);  // every copy (pcie: every hop) sleeps 2 ms before it lands
+    const std::size_t big = cuda_ipc::kTimedCopyBytes, small = cuda_ipc::kTimedCopyBytes - 1;
+    auto* src = static_cast<std::byte*>(p.a->allocate(big, MemoryKind::Device));
+    auto* dst = static_cast<std::byte*>(p.b->allocate(2 * big, MemoryKind::Device));
+    MemoryRegion src_reg = p.a->register_memory(src, big, MemoryKind::Device);
+    MemoryRegion dst_reg = p.b->register_memory(dst, 2 * big, MemoryKind::Device);
+    RemoteRegion rdst = p.a->import_region(dst_reg.key());
+    REQUIRE(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, 0, small, 1}).is_ok());
+    REQUIRE(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, big, big, 2}).is_ok());
+    REQUIRE(p.a_to_b->stats().timed_bytes == 0);  // nothing landed yet: nothing timed
+    REQUIRE(drain_all(*p.a_to_b, 2).size() == 2);
+    // Only the large copy counts, with at least its 2 ms; the small one neither adds bytes nor time.
+    REQUIRE(p.a_to_b->stats().timed_bytes == big);
+    REQUIRE(p.a_to_b->stats().timed_ns >= 2'000'000);
+    REQUIRE(p.a_to_b->stats().timed_ns < 2'000'000'000);
+    REQUIRE(p.a_to_b->stats().bytes_written == big + small);
+    fake_cuda_set_copy_delay_us(500);
+  }
+}
+
 TEST_CASE("cuda_ipc: out-of-bounds writes, misplaced signals and device sources into host regions are refused",
           "[cuda_ipc][conformance]") {
   for (std::string_view name : {cuda_ipc::kNvlinkName, cuda_ipc::kPcieName}) {
