@@ -271,6 +271,49 @@ TEST_CASE("device regions: a stream that never reaches the call times out on its
   REQUIRE(seen[0].find("ok") != 0);  // rank 0 failed too (its peer aborted or timed out)
 }
 
+TEST_CASE("device regions: a peer that stops coming times out naming the device-lane link", "[device][regions][failure]") {
+  // Rank 1 joins the first stream-ordered allreduce (the decision: device regions) and not the
+  // second. Rank 0 waits for its chunk on the device lane and times out; the error names the
+  // link it waited on, the device lane's nvlink link (not lane 0's shm link to the same rank).
+  const int n = 2;
+  const TransportRegistry registry = with_device_transports();
+  std::atomic<bool> done{false};
+  std::string seen;
+  const std::string err = test::run_ranks(
+      n,
+      [](int) {
+        CommOptions o = options(DeviceRegionsMode::On, std::chrono::milliseconds(500));
+        o.check_calls = false;  // else the call fingerprint, over lane 0 (shm), is what times out first
+        return o;
+      },
+      [&](Communicator& comm) {
+        Stream stream;
+        DeviceBuffer buf(4096);
+        comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(comm.device_path() == "device regions");
+        if (comm.rank() == 1) {
+          for (int i = 0; i < 1000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);  // the stream is released on failure too
+        T_CHECK(comm.async_error().code() == ErrorCode::Timeout);
+        try {
+          comm.allreduce(buf.p, buf.p, 1024, DataType::Float32, ReduceOp::Sum, stream.handle());
+          seen = "next call accepted";
+        } catch (const Error& e) {
+          seen = e.what();
+        }
+        done = true;
+      },
+      &registry);
+  INFO(err);
+  REQUIRE(err == "");
+  REQUIRE_THAT(seen, Catch::Contains("allreduce #2 failed: timed out after 500 ms waiting for") &&
+                         Catch::Contains("from rank 1") && Catch::Contains("(nvlink link rank 0 <-> rank 1"));
+}
+
 TEST_CASE("device regions: plain host buffers are refused with InvalidUsage naming the argument and the rank", "[device][regions]") {
   const int n = 2;
   const TransportRegistry registry = with_device_transports();
