@@ -1285,15 +1285,17 @@ struct Communicator::Impl : LaneState {
   // The host lanes re-plan or move as before; the device lane follows the plan's ring, so this
   // matters where the plan still uses the pair (relayed on the host lanes, or moved there).
   // Both ends decide alike: the same agreement, the same fallbacks, the same transport per pair.
-  void move_device_links(const std::vector<LinkId>& links) {
+  // `home`: the pairs were readmitted instead; their links move back to the first device
+  // transport that reaches the peer (the one the lane would have been built with).
+  void move_device_links(const std::vector<LinkId>& links, bool home = false) {
     if (!device_lane) return;
     for (const LinkId& l : links) {
       if (l.a != rank && l.b != rank) continue;
       const int peer = l.a == rank ? l.b : l.a;
       detail::Channel& ch = device_lane->channel_to(peer);
-      Transport* to = device_fallback(ch.transport_name, peer);
-      if (!to) continue;
-      const std::string detail = fmt::format("device lane: to {} (was {})", to->name(), ch.transport_name);
+      Transport* to = home ? device_transport(peer) : device_fallback(ch.transport_name, peer);
+      if (!to || to->name() == ch.transport_name) continue;
+      const std::string detail = fmt::format("device lane: {}to {} (was {})", home ? "back " : "", to->name(), ch.transport_name);
       try {
         move_device_link(peer, *to);
       } catch (const Error& e) {
@@ -1912,6 +1914,7 @@ struct Communicator::Impl : LaneState {
       added.clear();
     }
     install_plan(std::move(*next), std::move(all), added, readmitted);
+    move_device_links(readmitted, /*home=*/true);
     if (monitor) {  // a fenced link serves a cool-down before it may come back
       const auto now = std::chrono::steady_clock::now();
       for (const auto& l : added) monitor->fence(l, "fenced by agreement", now);

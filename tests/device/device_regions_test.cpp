@@ -409,14 +409,15 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
   }
 }
 
-TEST_CASE("device regions: a slow NVLink is judged on its timed device copies and moves to pcie, results exact", "[device][regions][health]") {
-  // Four fake GPUs, rank r on GPU r. From collective #3 on, copies from GPU 1 into GPU 2's
-  // memory take 20 ms more (a degraded NVLink: the ring sends 1 -> 2 over the device lane). The
+TEST_CASE("device regions: a slow NVLink is judged on its timed device copies, moves to pcie and back when readmitted", "[device][regions][health]") {
+  // Four fake GPUs, rank r on GPU r. From collective #3 to #8, copies from GPU 1 into GPU 2's
+  // memory take 20 ms more (a degraded link: the ring sends 1 -> 2 over the device lane). The
   // device lane's link times its copies with CUDA events; the agreements judge pair 1-2 on that
   // bandwidth (the host lanes carry only the votes): slow, so suspect, then fenced
   // (suspect_escalate_after). Ranks 1 and 2 move their device-lane link to pcie, the host lanes
-  // relay 1 -> 2, and every result stays exact. The NVML counters stay clean throughout: the
-  // map only makes the pair judged.
+  // relay 1 -> 2. Once the copies are fast again and the cool-down (200 ms) is served, the pair
+  // is readmitted and the device-lane link moves back to nvlink. Every result stays exact. The
+  // NVML counters stay clean throughout: the map only makes the pair judged.
   const test::FakeNvmlState nvml("ringfence-device-regions-slow", "count 1\nlinks 4\n");
   const test::ScopedEnv devices("FAKE_CUDA_DEVICES", "4");
   const int n = 4;
@@ -424,7 +425,7 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies an
   const TransportRegistry registry = with_device_transports();
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
-  std::vector<std::vector<LinkId>> fences(n);
+  std::vector<std::vector<LinkId>> fences(n), fenced_at_8(n);
   std::vector<std::string> events(n), moved(n);
   const std::string err = test::run_ranks(
       n,
@@ -440,6 +441,7 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies an
         o.health.thresholds.bandwidth_min_ratio = 2e-4;
         o.health.thresholds.bandwidth_slow_for = std::chrono::milliseconds(0);
         o.health.timings.suspect_escalate_after = std::chrono::milliseconds(1);
+        o.health.timings.fence_cooldown = std::chrono::milliseconds(200);
         return o;
       },
       [&](Communicator& comm) {
@@ -453,7 +455,7 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies an
         Stream stream;
         DeviceBuffer buf(count * 4);
         std::vector<std::int32_t> host(count);
-        for (int call = 1; call <= 10; ++call) {
+        for (int call = 1; call <= 24; ++call) {
           if (call == 3 || call == 9) {
             comm.synchronize();
             T_CHECK(cudaStreamSynchronize(stream.s) == 0);
@@ -461,11 +463,13 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies an
             if (r == 0) fake_cuda_slow_copies(1, 2, call == 3 ? 20000 : 0);
             sync.arrive_and_wait();
           }
+          if (call > 9) std::this_thread::sleep_for(std::chrono::milliseconds(40));  // let the cool-down pass
           test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
           buf.put(host.data(), count * 4);
           comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
           T_CHECK(cudaStreamSynchronize(stream.s) == 0);
           wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+          if (call == 8) fenced_at_8[r] = comm.fenced_links();
         }
         T_CHECK(comm.async_error().is_ok());
         T_CHECK(comm.device_path() == "device regions");
@@ -481,8 +485,10 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies an
   REQUIRE(events[1].find("#2 ") == std::string::npos);  // nothing before the slowdown
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
-    REQUIRE(fences[static_cast<std::size_t>(r)] == std::vector<LinkId>{LinkId{1, 2}});
-    REQUIRE(moved[static_cast<std::size_t>(r)] == (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); " : ""));
+    REQUIRE(fenced_at_8[static_cast<std::size_t>(r)] == std::vector<LinkId>{LinkId{1, 2}});
+    REQUIRE(fences[static_cast<std::size_t>(r)].empty());  // readmitted
+    REQUIRE(moved[static_cast<std::size_t>(r)] ==
+            (r == 1 || r == 2 ? "1-2 device lane: to pcie (was nvlink); 1-2 device lane: back to nvlink (was pcie); " : ""));
   }
 }
 
