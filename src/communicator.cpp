@@ -326,6 +326,7 @@ struct Communicator::Impl : LaneState {
   detail::DeviceRegions device_regions;
   std::vector<detail::Channel*> device_channel_of;  // the device lane's channel per rank (null for ourselves)
   bool device_active = false;       // the call running on the progress thread runs on the device lane (its gate says so)
+  std::vector<LinkId> moved_pairs;  // pairs agreements moved to a fallback (apply_moves; the same on every rank)
 
   // The device transport the device lane's link to `peer`, now over `from`, moves to when the link
   // must be fenced: the first allowed pair (CommOptions::fallbacks) from `from` to another
@@ -348,7 +349,7 @@ struct Communicator::Impl : LaneState {
   }
 
   // This rank's reason it cannot run device regions (empty: it can); `via[p]` gets the device
-  // transport to rank p (its fallback for a link fenced before the lane was built).
+  // transport to rank p (its fallback for a pair fenced or moved before the lane was built).
   std::string device_lane_refusal(std::vector<Transport*>& via) {
     if (options.device_regions == DeviceRegionsMode::Off) return "RINGFENCE_DEVICE_REGIONS=off";
     if (engine.checksum) return "checksums are on (RINGFENCE_CHECKSUM): chunks are verified on the host";
@@ -363,7 +364,8 @@ struct Communicator::Impl : LaneState {
       Transport*& t = via[static_cast<std::size_t>(p)];
       t = device_transport(p);
       if (!t) return fmt::format("no transport writes device memory to rank {} (register nvlink or pcie, transports/cuda_ipc/README.md)", p);
-      if (is_fenced(rank, p))
+      const LinkId pair = LinkId::of(rank, p);
+      if (is_fenced(rank, p) || std::find(moved_pairs.begin(), moved_pairs.end(), pair) != moved_pairs.end())
         if (Transport* fallback = device_fallback(std::string(t->name()), p)) t = fallback;
     }
     device_kernels = detail::load_device_kernels(options.cuda_kernels);  // last: only where it would be used
@@ -1328,6 +1330,7 @@ struct Communicator::Impl : LaneState {
         }
       }
       if (monitor) monitor->moved(l);
+      moved_pairs.push_back(l);
       log.warn("link {}-{} moved {} at collective #{}: agreed by all ranks; the plan is unchanged", l.a, l.b, detail, seq);
       emit(HealthEvent{EventKind::LinkMoved, rank, l.a, l.b, 0, 0, 0, detail, 0});
     }
@@ -2891,6 +2894,25 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
         if (c->peer == ch->peer) add(*c);
     out.push_back(std::move(info));
   }
+  if (m.device_lane)
+    for (const auto& ch : m.device_lane->channels) {
+      LinkInfo info;
+      info.rank = m.rank;
+      info.peer = ch->peer;
+      info.transport = ch->transport_name;
+      info.device_lane = true;
+      if (ch->link) {
+        info.state = ch->link->state();
+        const LinkStats& s = ch->link->stats();
+        info.channels_used = s.bytes_written.load(std::memory_order_relaxed) > 0;
+        info.bytes_written = s.bytes_written.load(std::memory_order_relaxed);
+        info.writes = s.writes.load(std::memory_order_relaxed);
+        info.signals = s.signals.load(std::memory_order_relaxed);
+        info.errors = s.errors.load(std::memory_order_relaxed);
+        info.wait_ms = static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
+      }
+      out.push_back(std::move(info));
+    }
   return out;
 }
 
@@ -2929,20 +2951,22 @@ std::string HealthSnapshot::prometheus() const {
   auto metric = [&](std::string_view name, std::string_view help, std::string_view type) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   };
+  // The device lane's links carry one more label, lane="device" (the host lanes' have none).
+  auto lane = [](const LinkInfo& l) { return l.device_lane ? std::string_view(",lane=\"device\"") : std::string_view(); };
   metric("ringfence_link_state", "link state: 0 connecting, 1 up, 2 degraded, 3 fenced, 4 closed", "gauge");
   for (const auto& l : links)
-    out += fmt::format("ringfence_link_state{{rank=\"{}\",peer=\"{}\",transport=\"{}\"}} {}\n", l.rank, l.peer, l.transport,
-                       static_cast<int>(l.state));
+    out += fmt::format("ringfence_link_state{{rank=\"{}\",peer=\"{}\",transport=\"{}\"{}}} {}\n", l.rank, l.peer, l.transport,
+                       lane(l), static_cast<int>(l.state));
   metric("ringfence_link_bytes_total", "payload bytes written to the peer", "counter");
   for (const auto& l : links)
-    out += fmt::format("ringfence_link_bytes_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer, l.bytes_written);
+    out += fmt::format("ringfence_link_bytes_total{{rank=\"{}\",peer=\"{}\"{}}} {}\n", l.rank, l.peer, lane(l), l.bytes_written);
   metric("ringfence_link_checksum_errors_total", "corrupted chunks received from the peer", "counter");
   for (const auto& l : links)
-    out += fmt::format("ringfence_link_checksum_errors_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer,
+    out += fmt::format("ringfence_link_checksum_errors_total{{rank=\"{}\",peer=\"{}\"{}}} {}\n", l.rank, l.peer, lane(l),
                        l.checksum_errors);
   metric("ringfence_link_resends_total", "chunks re-sent to the peer", "counter");
   for (const auto& l : links)
-    out += fmt::format("ringfence_link_resends_total{{rank=\"{}\",peer=\"{}\"}} {}\n", l.rank, l.peer, l.retries);
+    out += fmt::format("ringfence_link_resends_total{{rank=\"{}\",peer=\"{}\"{}}} {}\n", l.rank, l.peer, lane(l), l.retries);
   metric("ringfence_collectives_total", "collectives issued", "counter");
   out += fmt::format("ringfence_collectives_total{{rank=\"{}\"}} {}\n", rank, sequence);
   metric("ringfence_epoch", "plan epoch (re-plans so far)", "gauge");
@@ -2961,9 +2985,9 @@ std::string format_link_table(const std::vector<LinkInfo>& links) {
                                 "transport", "state", "bytes", "writes", "signals", "errors", "crc-errs", "resends",
                                 "wait(ms)");
   for (const auto& l : links)
-    out += fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>9} {:>8} {:>10.1f}\n", l.rank, l.peer,
+    out += fmt::format("{:>5} {:>5} {:>9} {:>10} {:>14} {:>10} {:>10} {:>7} {:>9} {:>8} {:>10.1f}{}\n", l.rank, l.peer,
                        l.transport, to_string(l.state), l.bytes_written, l.writes, l.signals, l.errors, l.checksum_errors,
-                       l.retries, l.wait_ms);
+                       l.retries, l.wait_ms, l.device_lane ? "  device lane" : "");
   return out;
 }
 

@@ -67,6 +67,10 @@ struct LinkInfo {
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer (checksum mode)
   double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
   int channels_used = 0;            ///< channels (lanes, RINGFENCE_CHANNELS) whose link to the peer carried data
+  /// A link of the device lane (stream-ordered collectives on device memory, docs/device.md
+  /// "Device regions in the engine"; listed after the host lanes' links once it is built),
+  /// not of the host lanes, which the other entries sum.
+  bool device_lane = false;
 };
 
 /// A point-in-time view of the health layer of one rank.

@@ -492,6 +492,77 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies, m
   }
 }
 
+TEST_CASE("device regions: a pair moved to pcie before the device lane exists gets a pcie link on it too", "[device][regions][health]") {
+  // The host lanes run over nvlink (first in the registry). A fake-NVML storm on 1-2 from
+  // host collective #3 makes the agreement at #4 move the pair to pcie (both ends reach each
+  // other there). The first stream-ordered collective after it builds the device lane: its
+  // link 1-2 must start on pcie as well, the others on nvlink; links() lists the device lane's
+  // links after the host lanes'.
+  const test::FakeNvmlState nvml("ringfence-device-regions-moved", "count 1\nlinks 4\n");
+  const int n = 3;
+  const std::size_t count = 5000;
+  TransportRegistry registry;
+  registry.add(std::string(cuda_ipc::kNvlinkName), cuda_ipc::make_nvlink_transport);
+  registry.add(std::string(cuda_ipc::kPcieName), cuda_ipc::make_pcie_transport);
+  std::barrier sync(n, [&]() noexcept {});
+  std::atomic<std::size_t> wrong{0};
+  std::vector<std::string> host_links(n), device_links(n), moved(n), table(n);
+  const std::string err = test::run_ranks(
+      n,
+      [](int) {
+        CommOptions o = options();
+        o.health_agree_every = 2;
+        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+        o.health_interval = std::chrono::milliseconds(0);
+        o.health_link_map = "1-2=nvml:0:1";
+        return o;
+      },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        comm.on_health_event([&, r](const HealthEvent& e) {
+          if (e.kind == EventKind::LinkMoved) moved[r] += fmt::format("#{} {}-{} {}; ", comm.sequence(), e.a, e.b, e.detail);
+        });
+        std::vector<std::int32_t> host(count), out(count);
+        for (int call = 1; call <= 4; ++call) {
+          if (call == 3) {
+            sync.arrive_and_wait();
+            if (r == 0) nvml.write("count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
+            sync.arrive_and_wait();
+          }
+          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+          comm.allreduce(host.data(), out.data(), count, DataType::Int32, ReduceOp::Sum);
+          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, out.data(), count);
+        }
+        Stream stream;
+        DeviceBuffer buf(count * 4);
+        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+        buf.put(host.data(), count * 4);
+        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+        T_CHECK(comm.async_error().is_ok());
+        T_CHECK(comm.device_path() == "device regions");
+        for (const LinkInfo& l : comm.links())
+          (l.device_lane ? device_links : host_links)[r] += fmt::format("{}:{}{} ", l.peer, l.transport, l.bytes_written > 0 ? "" : "(idle)");
+        table[r] = comm.link_table();
+      },
+      &registry);
+  INFO(err);
+  REQUIRE(err == "");
+  REQUIRE(wrong == 0);
+  REQUIRE(moved[0] == "#4 1-2 to pcie; ");  // every rank reports the agreed move
+  REQUIRE(moved[1] == "#4 1-2 to pcie (was nvlink); ");
+  REQUIRE(moved[2] == "#4 1-2 to pcie (was nvlink); ");
+  // Host lanes, then the device lane (ring 0-1-2: each rank sends to its right neighbour only).
+  REQUIRE(host_links[0] == "1:nvlink 2:nvlink(idle) ");
+  REQUIRE(host_links[1] == "0:nvlink(idle) 2:pcie ");
+  REQUIRE(host_links[2] == "0:nvlink 1:pcie(idle) ");
+  REQUIRE(device_links[0] == "1:nvlink 2:nvlink(idle) ");
+  REQUIRE(device_links[1] == "0:nvlink(idle) 2:pcie ");
+  REQUIRE(device_links[2] == "0:nvlink 1:pcie(idle) ");
+  REQUIRE_THAT(table[1], Catch::Contains("device lane"));
+}
+
 TEST_CASE("device regions: a communicator of one rank copies on the device", "[device][regions]") {
   const TransportRegistry registry = with_device_transports();
   const std::string err = test::run_ranks(
