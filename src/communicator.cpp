@@ -325,6 +325,8 @@ struct Communicator::Impl : LaneState {
   int device_ordinal = 0;           // the CUDA device current on the thread that built the lane
   detail::DeviceRegions device_regions;
   std::vector<detail::Channel*> device_channel_of;  // the device lane's channel per rank (null for ourselves)
+  std::vector<detail::Channel*> device_position_channel;  // per ring position, for tree/direct/one-shot (run_device_call)
+  std::byte* device_oneshot_input = nullptr;  // one slot of device memory: an in-place one-shot allreduce's input
   bool device_active = false;       // the call running on the progress thread runs on the device lane (its gate says so)
   std::vector<LinkId> moved_pairs;  // pairs agreements moved to a fallback (apply_moves; the same on every rank)
 
@@ -481,6 +483,9 @@ struct Communicator::Impl : LaneState {
     }
   }
 
+  // Tree, direct and one-shot allreduce (c.by_position set) address their peers by ring
+  // position: the device lane's channels in the plan's order. One-shot in place first copies the
+  // input on the device (the executor sends it to every peer while results land in it).
   void run_device_call(const char* call, const detail::RingCall& c, const Reducer& reducer) {
     settle_call(call);
     enter_device(call);
@@ -488,14 +493,35 @@ struct Communicator::Impl : LaneState {
     L.engine.position = engine.position;
     detail::Channel* left = nullptr;
     detail::Channel* right = nullptr;
+    const auto n = static_cast<std::size_t>(size);
     if (size > 1) {
-      const auto n = static_cast<std::size_t>(size), at = static_cast<std::size_t>(engine.position);
+      const auto at = static_cast<std::size_t>(engine.position);
       left = &L.channel_to(ring[(at + n - 1) % n]);
       right = &L.channel_to(ring[(at + 1) % n]);
     }
     detail::RingCall d = c;
     d.device = &device_regions;
     d.check = nullptr;
+    if (c.by_position) {
+      device_position_channel.assign(n, nullptr);  // sized once: no allocation after the first call
+      for (std::size_t p = 0; p < n && size > 1; ++p)
+        if (ring[p] != rank) device_position_channel[p] = &L.channel_to(ring[p]);
+      d.by_position = device_position_channel.data();
+      d.by_rank = device_channel_of.data();
+    }
+    if (c.kind == detail::RingCollective::OneShotAllreduce && c.send == c.recv && c.count > 0) {
+      const std::size_t bytes = c.count * reducer.elem_size;  // at most one slot (allreduce checked)
+      int err = device_cuda.memcpy_async(device_oneshot_input, c.send, bytes, detail::kCudaMemcpyDefault, device_regions.stream);
+      if (err == detail::kCudaSuccess) err = device_cuda.stream_synchronize(device_regions.stream);
+      if (err != detail::kCudaSuccess) {
+        const std::string why = fmt::format("rank {}: {} on a CUDA stream: copying the one-shot input: {}", rank, call,
+                                            device_cuda.describe("cudaMemcpyAsync", err));
+        record_failure(Status(ErrorCode::Cuda, err), why);
+        abort_peers(ErrorCode::Cuda, rank);
+        throw CudaError(why, err);
+      }
+      d.send = device_oneshot_input;
+    }
     detail::Failure failure;
     const Status s = detail::run_ring(L.engine, L.flags, left, right, d, reducer, detail::DirectWrite{}, L.relay_duties, failure);
     judge_call(call);
@@ -1130,7 +1156,9 @@ struct Communicator::Impl : LaneState {
         return static_cast<std::byte*>(p);
       };
       for (auto& ch : L.channels) ch->inbox = device_alloc(*ch->transport, inbox_bytes);
-      if (!L.channels.empty()) L.scratch_mem = device_alloc(*L.channels.front()->transport, scratch_bytes);
+      // One slot more than the scratch: the input copy of an in-place one-shot allreduce.
+      if (!L.channels.empty()) L.scratch_mem = device_alloc(*L.channels.front()->transport, scratch_bytes + L.engine.slot_bytes);
+      device_oneshot_input = L.scratch_mem ? static_cast<std::byte*>(L.scratch_mem) + scratch_bytes : nullptr;
     }
     L.engine.scratch = static_cast<std::byte*>(L.scratch_mem);
 
@@ -2533,13 +2561,15 @@ Work Communicator::Impl::allreduce(bool async, const void* send, void* recv, std
     const Reducer reducer = host_reducer(type, op);
     begin_collective(call, fingerprint(kind, count, type, static_cast<int>(op)));
     const TunerModel& model = tuner_model;
+    // The same choice on the device lane (every rank is on it or none is); its links reach every
+    // peer directly, as the tree, direct and one-shot schedules need.
     Algorithm algo = choose_allreduce(model, options.algorithm, size, bytes, tree_allowed, fenced.empty());
-    if (device_active) algo = Algorithm::Ring;  // the device lane runs ring schedules (docs/device.md)
     // One-shot sends the input to every peer before any result lands, so in place it works on a
     // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
+    // On the device lane run_device_call makes the copy, in device memory.
     if (algo == Algorithm::OneShot && bytes > oneshot_copy.size()) algo = Algorithm::Ring;
     const void* src = send;
-    if (algo == Algorithm::OneShot && send == recv && bytes > 0) {
+    if (algo == Algorithm::OneShot && send == recv && bytes > 0 && !device_active) {
       std::memcpy(oneshot_copy.data(), send, bytes);
       src = oneshot_copy.data();
     }

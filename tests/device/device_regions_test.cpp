@@ -87,6 +87,40 @@ TEST_CASE("device regions: stream-ordered allreduce runs on device buffers, exac
   REQUIRE(kernel_launches() - launches_before >= static_cast<unsigned long>(kNumDataTypes * kNumReduceOps * 2 * n));
 }
 
+TEST_CASE("device regions: tree, direct and one-shot allreduce run on the device lane, exact for every dtype and op", "[device][regions]") {
+  // Forced algorithms (RINGFENCE_ALGO) on 4 ranks, 500 elements (one 4 KiB chunk even for
+  // 8-byte types, so one-shot runs for every type, in place from a device copy of the input).
+  // Unlike the ring (each rank sends to its right neighbour only), each of them sends over
+  // device-lane links between ranks that are not ring neighbours.
+  const int n = 4;
+  const std::size_t count = 500;
+  const TransportRegistry registry = with_device_transports();
+  for (Algorithm algo : {Algorithm::Tree, Algorithm::Direct, Algorithm::OneShot, Algorithm::Ring}) {
+    INFO("algorithm " << static_cast<int>(algo));
+    std::atomic<std::uint64_t> off_ring_bytes{0};
+    const std::string err = test::run_ranks(
+        n,
+        [algo](int) {
+          CommOptions o = options();
+          o.algorithm = algo;
+          return o;
+        },
+        [&](Communicator& comm) {
+          Stream stream;
+          test::allreduce_every_type_and_op(comm, stream, count);
+          T_CHECK(comm.async_error().is_ok());
+          T_CHECK(comm.device_path() == "device regions");
+          const int r = comm.rank(), right = (r + 1) % n;
+          for (const LinkInfo& l : comm.links())
+            if (l.device_lane && l.peer != right) off_ring_bytes += l.bytes_written;
+        },
+        &registry);
+    REQUIRE(err == "");
+    if (algo == Algorithm::Ring) REQUIRE(off_ring_bytes == 0);
+    else REQUIRE(off_ring_bytes > 0);
+  }
+}
+
 TEST_CASE("device regions: reduce_scatter, allgather, broadcast and reduce on device buffers are exact", "[device][regions]") {
   const int n = 4;
   const std::size_t count = 3001;
