@@ -453,12 +453,33 @@ class RingRunner {
     return st;
   }
 
-  // End of a device-region call: our output is written, every chunk we sent was consumed
-  // (so every copy we enqueued on a link finished), and the signals behind them are stored.
+  // End of a device-region call: our output is written, and every link of the call finished
+  // what it was given (our copies landed in the peers' slots, the signals behind them are
+  // stored), so nothing of the call waits for a poll of a link that may not come. The peers
+  // need not have consumed the chunks yet (as on the host lanes): a send that fits the slots
+  // ends before its receive runs.
   Status finish_device_call() noexcept {
     RINGFENCE_TRY(settle_device());
-    RINGFENCE_TRY(await_all_acceptance());
-    return pump_links();
+    return await_all_delivery();
+  }
+
+  // Pumps every link of the call until each is idle (Link::idle), in 20 us slices, bounded by
+  // the timeout; an abort of a peer ends it.
+  Status await_all_delivery() noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+    for (;;) {
+      RINGFENCE_TRY(pump_links());
+      Channel* busy = nullptr;
+      for_each_call_channel([&](Channel& ch) {
+        if (!busy && ch.link && !ch.link->idle()) busy = &ch;
+      });
+      if (!busy) return Status::ok();
+      const std::uint64_t last = busy->sent > 0 ? busy->sent - 1 : 0;
+      RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", last));
+      if (std::chrono::steady_clock::now() >= deadline)
+        return fail(Status(ErrorCode::Timeout), *busy, "delivery of the last chunks (device copies and the signals behind them)", last);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
 
   // Waits until `ch`'s peer accepted (consumed; with checksums, verified) every chunk we sent it.

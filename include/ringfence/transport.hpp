@@ -225,6 +225,12 @@ class Link {
   /// `write()` only enqueues the transfer, so the executor's clock around the call would measure
   /// nothing. Default: false (the executor times `write()` for the bandwidth evidence).
   virtual bool times_writes() const noexcept { return false; }
+  /// Drives progress (as `poll` does) and returns true when no operation of the link is left in
+  /// flight: every write landed and every signal was stored, though completions may still wait
+  /// for `poll`. The engine's device regions wait for it at the end of a call, so nothing is
+  /// left behind a poll that may not come. Default: true (operations that finish within
+  /// `write()` / `signal()` or progress without polls).
+  virtual bool idle() noexcept { return true; }
 };
 
 /// A connection being established; polled until done. Never blocks.

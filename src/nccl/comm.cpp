@@ -8,6 +8,7 @@
 #include <optional>
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
+#include <ringfence/transports/cuda_ipc.hpp>
 #include <ringfence/transports/tcp.hpp>
 #include <ringfence/version.hpp>
 #include <set>
@@ -89,6 +90,20 @@ void check_config(const ncclConfig_t* config) {
   // ncclInProgress). The other fields tune NCCL's GPU kernels and have no meaning here.
 }
 
+// The transports of a communicator ncclCommInitRank* makes: shm and tcp, which the host lanes
+// take (shm reaches every rank of the host first), then nvlink and pcie, which only the device
+// lane picks: with them, collectives on device buffers run on device regions (docs/device.md)
+// where every rank can, else they stage through pinned host memory as before.
+// ncclCommInitAll keeps the built-in ones (staged): its ranks share one process and one calling
+// thread, and the device lane's first call waits for every rank's answer, which a thread that
+// issues the ranks' calls one after another outside a group would never let come.
+rf::TransportRegistry shim_transports() {
+  rf::TransportRegistry r = rf::builtin_transports();
+  r.add(std::string(rf::transports::cuda_ipc::kNvlinkName), rf::transports::cuda_ipc::make_nvlink_transport);
+  r.add(std::string(rf::transports::cuda_ipc::kPcieName), rf::transports::cuda_ipc::make_pcie_transport);
+  return r;
+}
+
 // Creates a communicator of `nranks` through the store named by `id` (queued when in a group).
 ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
   return guarded(call, nullptr, [&] {
@@ -107,7 +122,7 @@ ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const nccl
     auto make = [uid, nranks, call, target = c.get()] {
       ncclComm& comm = *target;
       auto store = std::make_shared<rf::TcpStoreClient>(uid.host(), uid.port(), uid.token(), comm.options.timeout);
-      comm.comm = std::make_unique<rf::Communicator>(std::move(store), comm.rank, nranks, rf::builtin_transports(), comm.options);
+      comm.comm = std::make_unique<rf::Communicator>(std::move(store), comm.rank, nranks, shim_transports(), comm.options);
       rf::nccl::logger(comm.rank).info("nccl shim: {}: rank {} of {} joined through {}:{}", call, comm.rank, nranks, uid.host(), uid.port());
     };
     if (rf::nccl::in_group()) {

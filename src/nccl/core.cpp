@@ -53,8 +53,11 @@ struct Outcome {
   std::string message;
 };
 
-// Runs `tasks` concurrently (one thread each) when there are several, inline when one.
-std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& tasks) {
+// Runs `tasks` concurrently (one thread each) when there are several, inline when one. A
+// worker thread first makes `devices[i]` current (the device of task i's communicator, as its
+// caller had it at init; -1 = leave it): what a communicator builds there (its transports, the
+// device lane of stream-ordered calls) belongs to that GPU. Inline, the caller's device stays.
+std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& tasks, const std::vector<int>& devices) {
   std::vector<Outcome> out(tasks.size());
   auto one = [&](std::size_t i) {
     out[i].code = tasks[i]();
@@ -66,7 +69,11 @@ std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& t
   }
   std::vector<std::thread> threads;
   threads.reserve(tasks.size());
-  for (std::size_t i = 0; i < tasks.size(); ++i) threads.emplace_back(one, i);
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    threads.emplace_back([&, i] {
+      if (i < devices.size() && devices[i] >= 0) (void)set_current_device(devices[i]);
+      one(i);
+    });
   for (auto& t : threads) t.join();
   return out;
 }
@@ -308,8 +315,10 @@ ncclResult_t group_end() noexcept {
     //    the inits, then the splits (whose parents may be among those inits).
     for (const bool splits : {false, true}) {
       std::vector<std::function<ncclResult_t()>> tasks;
+      std::vector<int> devices;
       for (PendingInit& p : g.inits) {
         if (p.from_parent != splits) continue;
+        devices.push_back(p.created != nullptr ? p.created->device : -1);
         tasks.emplace_back([&p] {
           const ncclResult_t code = guarded(p.call, p.report, [&] {
             p.make();
@@ -319,7 +328,7 @@ ncclResult_t group_end() noexcept {
           return code;
         });
       }
-      if (!tasks.empty()) keep(run_all(tasks));
+      if (!tasks.empty()) keep(run_all(tasks, devices));
     }
     // 2. An argument error inside the group drops its operations (as NCCL does).
     if (g.error != ncclSuccess) {
@@ -336,8 +345,12 @@ ncclResult_t group_end() noexcept {
       it->second.push_back(&op);
     }
     std::vector<std::function<ncclResult_t()>> tasks;
-    for (ncclComm* c : comms) tasks.emplace_back([c, &ops = by_comm.at(c)] { return run_ops(*c, ops); });
-    if (!tasks.empty()) keep(run_all(tasks));
+    std::vector<int> devices;
+    for (ncclComm* c : comms) {
+      tasks.emplace_back([c, &ops = by_comm.at(c)] { return run_ops(*c, ops); });
+      devices.push_back(c->device);
+    }
+    if (!tasks.empty()) keep(run_all(tasks, devices));
     return first.code;
   });
   if (r != ncclSuccess && first.code != ncclSuccess && !first.message.empty()) t_last_error = first.message;

@@ -71,6 +71,7 @@ struct Runtime {
   decltype(&::cudaGetDevice) get_device = nullptr;
   decltype(&::cudaPointerGetAttributes) pointer_attributes = nullptr;
   decltype(&::cudaGetErrorString) error_string = nullptr;
+  decltype(&::cudaSetDevice) set_device = nullptr;  // optional
   bool usable = false;   // loaded, and at least one device answered
   std::string why_not;   // when not usable
 };
@@ -100,6 +101,7 @@ Runtime load() {
     rt.why_not = "the CUDA runtime library lacks cudaGetDeviceCount, cudaGetDevice, cudaPointerGetAttributes or cudaGetErrorString";
     return rt;
   }
+  bind(handle, "cudaSetDevice", rt.set_device);
   int count = 0;
   const cudaError_t err = rt.get_device_count(&count);
   if (err != cudaSuccess) {
@@ -130,6 +132,11 @@ int current_device() noexcept {
   if (!rt.usable) return -1;
   int device = -1;
   return rt.get_device(&device) == cudaSuccess ? device : -1;
+}
+
+bool set_current_device(int device) noexcept {
+  const Runtime& rt = runtime();
+  return rt.usable && rt.set_device != nullptr && device >= 0 && rt.set_device(device) == cudaSuccess;
 }
 
 PointerKind pointer_kind(const void* ptr, int* device) noexcept {

@@ -617,12 +617,12 @@ TEST_CASE("device regions: a communicator of one rank copies on the device", "[d
   REQUIRE(err == "");
 }
 
-TEST_CASE("device regions: alltoall and send/recv groups run on the device lane once a collective chose it", "[device][regions][p2p]") {
+TEST_CASE("device regions: alltoall and send/recv run on the device lane once a collective chose it", "[device][regions][p2p]") {
   const int n = 3;
   const std::size_t count = 100000;  // 400 KB blocks, many 4 KiB chunks
   const TransportRegistry registry = with_device_transports();
   const std::string err = test::run_ranks(
-      n, [](int) { return options(); },
+      n, [](int) { return options(DeviceRegionsMode::On, std::chrono::seconds(5)); },
       [&](Communicator& comm) {
         Stream stream;
         const int r = comm.rank();
@@ -660,6 +660,21 @@ TEST_CASE("device regions: alltoall and send/recv groups run on the device lane 
         T_CHECK(cudaStreamSynchronize(stream.s) == 0);
         got = out.get(whole);
         for (int from = 0; from < n; ++from) check_block(got, static_cast<std::size_t>(from) * block, from, r);
+        // Outside a group every rank sends to its right, then receives from its left: a send that
+        // fits the peer's staging slots ends before its receive runs (its copies landed, its
+        // signal stored), as on the host lanes; waiting for the peer to consume it would stall
+        // the ring until the timeout.
+        const std::size_t small = 1000;  // 4000 bytes: one slot
+        comm.send(static_cast<std::byte*>(in.p) + static_cast<std::size_t>(right) * block, small, DataType::Int32, right, stream.handle());
+        comm.recv(out.p, small, DataType::Int32, left, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(comm.async_error().is_ok());
+        {
+          std::vector<std::int32_t> v(small);
+          std::memcpy(v.data(), out.get(small * sizeof(std::int32_t)).data(), small * sizeof(std::int32_t));
+          for (std::size_t i = 0; i < small; ++i)
+            if (v[i] != value(left, r, i)) throw std::runtime_error(fmt::format("rank {}: send-then-recv wrong at {}", r, i));
+        }
         T_CHECK(comm.async_error().is_ok());
         // Nothing went through pinned staging: the device path allocates none.
         T_CHECK(comm.device_staging_bytes() == 0);

@@ -524,14 +524,19 @@ static void test_errors(ncclComm_t comm, void* device_pointer) {
   FAILS(ncclInvalidArgument, ncclAllReduce(buf, buf, 16, ncclInt32, (ncclRedOp_t)77, comm, NULL));
   FAILS(ncclInvalidUsage, ncclAllReduce(buf, buf, 16, ncclFloat8e4m3, ncclSum, comm, NULL));
   /* A non-NULL stream makes a collective stream-ordered (docs/device.md): without a usable CUDA
-   * runtime (CPU machines) or with a bogus stream (GPU machines) the CUDA call fails. */
-  FAILS(ncclUnhandledCudaError, ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, (cudaStream_t)0x1));
+   * runtime (CPU machines) or with a bogus stream (GPU machines) the CUDA call fails. On device
+   * regions (the test run with RINGFENCE_DEVICE_REGIONS=on) the plain host buffer is refused
+   * first, naming the argument. */
+  const char* regions = getenv("RINGFENCE_DEVICE_REGIONS");
+  const int on_device = regions != NULL && strcmp(regions, "on") == 0;
+  FAILS(on_device ? ncclInvalidUsage : ncclUnhandledCudaError, ncclAllReduce(buf, buf, 16, ncclInt32, ncclSum, comm, (cudaStream_t)0x1));
   {
     const char* last = ncclGetLastError(comm);
-    CHECK(strstr(last, "CUDA") != NULL, "stream-ordered failure '%s' does not name CUDA", last);
+    CHECK(strstr(last, on_device ? "sendbuff" : "CUDA") != NULL, "stream-ordered failure '%s' does not name %s", last,
+          on_device ? "sendbuff" : "CUDA");
   }
   /* So do send/recv with a stream (stream-ordered send/recv). */
-  FAILS(ncclUnhandledCudaError, ncclSend(buf, 16, ncclInt32, (g_rank + 1) % g_size, comm, (cudaStream_t)0x1));
+  FAILS(on_device ? ncclInvalidUsage : ncclUnhandledCudaError, ncclSend(buf, 16, ncclInt32, (g_rank + 1) % g_size, comm, (cudaStream_t)0x1));
   FAILS(ncclInvalidArgument, ncclBroadcast(buf, buf, 16, ncclInt32, g_size, comm, NULL));
   {
     const char* last = ncclGetLastError(comm);

@@ -264,6 +264,10 @@ class CudaLink final : public Link {
   int peer() const noexcept override { return peer_; }
   const LinkStats& stats() const noexcept override { return stats_; }
   bool times_writes() const noexcept override { return timing_start_[0] != nullptr; }
+  bool idle() noexcept override {
+    progress();
+    return done_ == head_;
+  }
 
  private:
   struct Op {
