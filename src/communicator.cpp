@@ -318,6 +318,9 @@ struct Communicator::Impl : LaneState {
   // links are device transports (nvlink, pcie) and whose staging slots and scratch are device
   // memory. Decided by every rank together at the first stream-ordered collective.
   std::unique_ptr<LaneState> device_lane;
+  // The same lane for other threads (abort(), links()): published once it is complete, so a
+  // reader sees no lane or a whole one.
+  std::atomic<LaneState*> device_lane_view{nullptr};
   int device_verdict = 0;           // 0: not decided yet, 1: device lane, -1: staged
   std::string device_why_not;       // why staged (the first rank that could not, and why)
   detail::CudaApi device_cuda;
@@ -426,6 +429,7 @@ struct Communicator::Impl : LaneState {
     device_channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : L->channels) device_channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
     device_lane = std::move(L);
+    device_lane_view.store(device_lane.get(), std::memory_order_release);
     device_verdict = 1;
     log.info("stream-ordered collectives run on device regions ({} kernels)", device_kernels.library);
     return true;
@@ -1093,7 +1097,7 @@ struct Communicator::Impl : LaneState {
   template <class F>
   void for_each_lane_and_device(F&& f) {
     for_each_lane(f);
-    if (device_lane) f(*device_lane);
+    if (LaneState* d = device_lane_view.load(std::memory_order_acquire)) f(*d);
   }
 
   // Lanes to build: RINGFENCE_CHANNELS, or (0 = auto) one per core this rank can count on —
@@ -2924,8 +2928,8 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
         if (c->peer == ch->peer) add(*c);
     out.push_back(std::move(info));
   }
-  if (m.device_lane)
-    for (const auto& ch : m.device_lane->channels) {
+  if (const LaneState* d = m.device_lane_view.load(std::memory_order_acquire))
+    for (const auto& ch : d->channels) {
       LinkInfo info;
       info.rank = m.rank;
       info.peer = ch->peer;
