@@ -481,10 +481,15 @@ struct Communicator::Impl : LaneState {
     try {
       make_lane_device_current(fmt::format("{} on a CUDA stream", call));
     } catch (const CudaError& e) {
-      record_failure(Status(ErrorCode::Cuda, e.native()), e.what());
-      abort_peers(ErrorCode::Cuda, rank);
-      throw;
+      device_call_failed(e.what(), e.native());
     }
+  }
+  // A CUDA call of a device-lane collective failed outside the executor: the communicator fails
+  // (the peers learn it at once) and the call throws CudaError(`why`).
+  [[noreturn]] void device_call_failed(const std::string& why, int err) {
+    record_failure(Status(ErrorCode::Cuda, err), why);
+    abort_peers(ErrorCode::Cuda, rank);
+    throw CudaError(why, err);
   }
 
   // Tree, direct and one-shot allreduce (c.by_position set) address their peers by ring
@@ -517,13 +522,10 @@ struct Communicator::Impl : LaneState {
       const std::size_t bytes = c.count * reducer.elem_size;  // at most one slot (allreduce checked)
       int err = device_cuda.memcpy_async(device_oneshot_input, c.send, bytes, detail::kCudaMemcpyDefault, device_regions.stream);
       if (err == detail::kCudaSuccess) err = device_cuda.stream_synchronize(device_regions.stream);
-      if (err != detail::kCudaSuccess) {
-        const std::string why = fmt::format("rank {}: {} on a CUDA stream: copying the one-shot input: {}", rank, call,
-                                            device_cuda.describe("cudaMemcpyAsync", err));
-        record_failure(Status(ErrorCode::Cuda, err), why);
-        abort_peers(ErrorCode::Cuda, rank);
-        throw CudaError(why, err);
-      }
+      if (err != detail::kCudaSuccess)
+        device_call_failed(fmt::format("rank {}: {} on a CUDA stream: copying the one-shot input: {}", rank, call,
+                                       device_cuda.describe("cudaMemcpyAsync", err)),
+                           err);
       d.send = device_oneshot_input;
     }
     detail::Failure failure;
