@@ -57,6 +57,28 @@ TransportRegistry with_device_transports() {
   return r;
 }
 
+// Agreements every 2 collectives, pair 1-2 judged on the fake NVML's device 0, link 1 (the
+// tests' FakeNvmlState decides what its counters say).
+CommOptions nvml_mapped_options() {
+  CommOptions o = options();
+  o.health_agree_every = 2;
+  o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
+  o.health_interval = std::chrono::milliseconds(0);
+  o.health_link_map = "1-2=nvml:0:1";
+  return o;
+}
+
+// One stream-ordered int32 sum allreduce in place on `buf` (verifiable inputs), waited for:
+// the number of wrong elements.
+std::size_t allreduce_in_place_wrong(Communicator& comm, Stream& stream, DeviceBuffer& buf, std::size_t count) {
+  std::vector<std::int32_t> host(count);
+  test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), comm.size(), host.data(), count);
+  buf.put(host.data(), count * sizeof(std::int32_t));
+  comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+  T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+  return test::count_wrong(DataType::Int32, ReduceOp::Sum, comm.size(), buf.get(count * sizeof(std::int32_t)).data(), count);
+}
+
 unsigned long kernel_launches() {
   void* h = ::dlopen(RINGFENCE_FAKE_KERNELS_PATH, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) return 0;
@@ -395,14 +417,7 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
   std::vector<std::string> moved(n);
   const std::string err = test::run_ranks(
       n,
-      [](int) {
-        CommOptions o = options();
-        o.health_agree_every = 2;
-        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-        o.health_interval = std::chrono::milliseconds(0);
-        o.health_link_map = "1-2=nvml:0:1";
-        return o;
-      },
+      [](int) { return nvml_mapped_options(); },
       [&](Communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         comm.on_health_event([&, r](const HealthEvent& e) {
@@ -410,7 +425,6 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
         });
         Stream stream;
         DeviceBuffer buf(count * 4);
-        std::vector<std::int32_t> host(count);
         for (int call = 1; call <= 12; ++call) {
           if (call == 7) {
             comm.synchronize();
@@ -419,11 +433,7 @@ TEST_CASE("device regions: an NVLink the health layer fences moves to pcie on th
             if (r == 0) nvml.write("count 1\nlinks 4\nd0.l1.crc_flit 250000\nd0.l1.replay 7\n");
             sync.arrive_and_wait();
           }
-          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-          buf.put(host.data(), count * 4);
-          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+          wrong += allreduce_in_place_wrong(comm, stream, buf, count);
         }
         T_CHECK(comm.async_error().is_ok());
         T_CHECK(comm.device_path() == "device regions");
@@ -464,12 +474,8 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies, m
   const std::string err = test::run_ranks(
       n,
       [](int) {
-        CommOptions o = options();
+        CommOptions o = nvml_mapped_options();
         o.chunk_bytes = 64 * 1024;
-        o.health_agree_every = 2;
-        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-        o.health_interval = std::chrono::milliseconds(0);
-        o.health_link_map = "1-2=nvml:0:1";
         // Nominal NVLink 100 GB/s; fake copies of 64 KiB take 0.5 ms (ratio ~1.3e-3), slowed
         // ones 20.5 ms (~3e-5).
         o.health.thresholds.bandwidth_min_ratio = 2e-4;
@@ -488,7 +494,6 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies, m
         });
         Stream stream;
         DeviceBuffer buf(count * 4);
-        std::vector<std::int32_t> host(count);
         for (int call = 1; call <= 24; ++call) {
           if (call == 3 || call == 9) {
             comm.synchronize();
@@ -498,11 +503,7 @@ TEST_CASE("device regions: a slow NVLink is judged on its timed device copies, m
             sync.arrive_and_wait();
           }
           if (call > 9) std::this_thread::sleep_for(std::chrono::milliseconds(40));  // let the cool-down pass
-          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-          buf.put(host.data(), count * 4);
-          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-          wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+          wrong += allreduce_in_place_wrong(comm, stream, buf, count);
           if (call == 8) fenced_at_8[r] = comm.fenced_links();
         }
         T_CHECK(comm.async_error().is_ok());
@@ -543,14 +544,7 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
   std::vector<std::string> host_links(n), device_links(n), moved(n), table(n);
   const std::string err = test::run_ranks(
       n,
-      [](int) {
-        CommOptions o = options();
-        o.health_agree_every = 2;
-        o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
-        o.health_interval = std::chrono::milliseconds(0);
-        o.health_link_map = "1-2=nvml:0:1";
-        return o;
-      },
+      [](int) { return nvml_mapped_options(); },
       [&](Communicator& comm) {
         const auto r = static_cast<std::size_t>(comm.rank());
         comm.on_health_event([&, r](const HealthEvent& e) {
@@ -569,11 +563,7 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
         }
         Stream stream;
         DeviceBuffer buf(count * 4);
-        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-        buf.put(host.data(), count * 4);
-        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-        wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count);
+        wrong += allreduce_in_place_wrong(comm, stream, buf, count);
         T_CHECK(comm.async_error().is_ok());
         T_CHECK(comm.device_path() == "device regions");
         for (const LinkInfo& l : comm.links())
