@@ -1303,7 +1303,7 @@ struct Communicator::Impl : LaneState {
   // Moves the device lane's link to `peer` to `to` (an agreed fence or move of the pair, see
   // move_device_links): as move_link, for the device lane alone, its staging slots registered
   // anew as device memory. Nothing of a device-lane call is in flight at an agreement (each
-  // ends only when its chunks were consumed and their signals stored), and the old link is
+  // ends only once its links are idle: copies landed, signals stored), and the old link is
   // polled until both ends meet.
   void move_device_link(int peer, Transport& to) {
     LaneState& L = *device_lane;
@@ -1851,15 +1851,15 @@ struct Communicator::Impl : LaneState {
       // The device lane's links join their pair's evidence: chunks, timeouts and their own
       // bandwidth (device copies timed with CUDA events, against the device transport's figure);
       // the slower of the two paths judges the pair.
+      // Its channels are in lane 0's order (use_device_lane builds them so).
       if (device_lane)
-        for (auto& dch : device_lane->channels)
-          for (std::size_t i = 0; i < channels.size(); ++i) {
-            if (channels[i]->peer != dch->peer) continue;
-            std::pair<std::uint64_t, std::uint64_t> t{0, 0};
-            auto& o = observations[i];
-            judge(*dch, o, t);
-            if (const auto r = ratio(t, dch->expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
-          }
+        for (std::size_t i = 0; i < channels.size(); ++i) {
+          detail::Channel& dch = *device_lane->channels[i];
+          std::pair<std::uint64_t, std::uint64_t> t{0, 0};
+          auto& o = observations[i];
+          judge(dch, o, t);
+          if (const auto r = ratio(t, dch.expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
+        }
       for (std::size_t i = 0; i < channels.size(); ++i) {
         auto& o = observations[i];
         if (o.checksum_mismatches > 0)
@@ -2905,48 +2905,41 @@ std::vector<LinkInfo> Communicator::links() const { return links_of(*live(__func
 
 std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
   std::vector<LinkInfo> out;
-  for (const auto& ch : m.channels) {
+  // A link's entry: its peer, transport and state, then `add` sums its counters (and, for the
+  // host lanes, the other lanes' links to the same peer).
+  auto entry = [&](const detail::Channel& ch, bool device_lane) {
     LinkInfo info;
     info.rank = m.rank;
-    info.peer = ch->peer;
-    info.transport = ch->transport_name;
-    if (ch->link) info.state = ch->link->state();
-    // Counters summed over the lanes (each has its own link to the peer).
-    auto add = [&](const detail::Channel& c) {
-      if (!c.link) return;
-      const LinkStats& s = c.link->stats();
-      info.channels_used += s.bytes_written.load(std::memory_order_relaxed) > 0;
-      info.bytes_written += s.bytes_written.load(std::memory_order_relaxed);
-      info.writes += s.writes.load(std::memory_order_relaxed);
-      info.signals += s.signals.load(std::memory_order_relaxed);
-      info.errors += s.errors.load(std::memory_order_relaxed);
-      info.retries += s.retries.load(std::memory_order_relaxed) + c.resends;
-      info.checksum_errors += c.checksum_errors;
-      info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
-    };
-    add(*ch);
+    info.peer = ch.peer;
+    info.transport = ch.transport_name;
+    info.device_lane = device_lane;
+    if (ch.link) info.state = ch.link->state();
+    return info;
+  };
+  auto add = [](LinkInfo& info, const detail::Channel& c) {
+    if (!c.link) return;
+    const LinkStats& s = c.link->stats();
+    info.channels_used += s.bytes_written.load(std::memory_order_relaxed) > 0;
+    info.bytes_written += s.bytes_written.load(std::memory_order_relaxed);
+    info.writes += s.writes.load(std::memory_order_relaxed);
+    info.signals += s.signals.load(std::memory_order_relaxed);
+    info.errors += s.errors.load(std::memory_order_relaxed);
+    info.retries += s.retries.load(std::memory_order_relaxed) + c.resends;
+    info.checksum_errors += c.checksum_errors;
+    info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
+  };
+  for (const auto& ch : m.channels) {
+    LinkInfo info = entry(*ch, false);
+    add(info, *ch);
     for (const auto& lane : m.extra_lanes)
       for (const auto& c : lane->channels)
-        if (c->peer == ch->peer) add(*c);
+        if (c->peer == ch->peer) add(info, *c);
     out.push_back(std::move(info));
   }
   if (const LaneState* d = m.device_lane_view.load(std::memory_order_acquire))
     for (const auto& ch : d->channels) {
-      LinkInfo info;
-      info.rank = m.rank;
-      info.peer = ch->peer;
-      info.transport = ch->transport_name;
-      info.device_lane = true;
-      if (ch->link) {
-        info.state = ch->link->state();
-        const LinkStats& s = ch->link->stats();
-        info.channels_used = s.bytes_written.load(std::memory_order_relaxed) > 0;
-        info.bytes_written = s.bytes_written.load(std::memory_order_relaxed);
-        info.writes = s.writes.load(std::memory_order_relaxed);
-        info.signals = s.signals.load(std::memory_order_relaxed);
-        info.errors = s.errors.load(std::memory_order_relaxed);
-        info.wait_ms = static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
-      }
+      LinkInfo info = entry(*ch, true);
+      add(info, *ch);
       out.push_back(std::move(info));
     }
   return out;

@@ -541,7 +541,7 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
   registry.add(std::string(cuda_ipc::kPcieName), cuda_ipc::make_pcie_transport);
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0};
-  std::vector<std::string> host_links(n), device_links(n), moved(n), table(n);
+  std::vector<std::string> host_links(n), device_links(n), moved(n), table(n);  // table: link table + Prometheus
   const std::string err = test::run_ranks(
       n,
       [](int) { return nvml_mapped_options(); },
@@ -568,7 +568,7 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
         T_CHECK(comm.device_path() == "device regions");
         for (const LinkInfo& l : comm.links())
           (l.device_lane ? device_links : host_links)[r] += fmt::format("{}:{}{} ", l.peer, l.transport, l.bytes_written > 0 ? "" : "(idle)");
-        table[r] = comm.link_table();
+        table[r] = comm.link_table() + comm.health().prometheus();
       },
       &registry);
   INFO(err);
@@ -584,7 +584,9 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
   REQUIRE(device_links[0] == "1:nvlink 2:nvlink(idle) ");
   REQUIRE(device_links[1] == "0:nvlink(idle) 2:pcie ");
   REQUIRE(device_links[2] == "0:nvlink 1:pcie(idle) ");
-  REQUIRE_THAT(table[1], Catch::Contains("device lane"));
+  REQUIRE_THAT(table[1], Catch::Contains("device lane") &&
+                            Catch::Contains("ringfence_link_bytes_total{rank=\"1\",peer=\"2\",lane=\"device\"}") &&
+                            Catch::Contains("ringfence_link_state{rank=\"1\",peer=\"2\",transport=\"pcie\",lane=\"device\"} 1"));
 }
 
 TEST_CASE("device regions: a communicator of one rank copies on the device", "[device][regions]") {
