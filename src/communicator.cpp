@@ -755,6 +755,10 @@ struct Communicator::Impl : LaneState {
   std::deque<RemoteReg> remote_regs;
   std::mutex regs_mutex;  // guards remote_regs (lane workers import concurrently)
   mutable std::mutex status_mutex;  // guards `failure` for async_error() from other threads
+  // Guards each channel's `link` and `transport_name` where a move replaces them (reconnect),
+  // against links() from other threads; the communicator's own thread reads them without it
+  // (only that thread writes them).
+  mutable std::mutex links_mutex;
   Status failure;
   std::atomic<bool> failed{false};  // failure is set (lock-free fast path of check_usable)
   std::string failure_message;      // why (complete sentence naming the ranks), without the call
@@ -1125,9 +1129,13 @@ struct Communicator::Impl : LaneState {
   // starts the error: "... failed" (the transport's error class) or "... timed out after N ms".
   void finish_connect(PendingLink& pending, detail::Channel& ch, std::chrono::steady_clock::time_point deadline,
                       const std::string& what) {
-    for (;;) {
-      const Status s = pending.try_finish(ch.link);
-      if (s.is_ok()) return;
+    for (std::unique_ptr<Link> link;;) {
+      const Status s = pending.try_finish(link);
+      if (s.is_ok()) {
+        std::lock_guard lock(links_mutex);  // a move's new link: links() may be reading
+        ch.link = std::move(link);
+        return;
+      }
       if (s.is_error()) throw_status(s, what + " failed");
       if (std::chrono::steady_clock::now() >= deadline)
         throw TimeoutError(fmt::format("{} timed out after {} ms", what, options.timeout.count()));
@@ -1275,13 +1283,16 @@ struct Communicator::Impl : LaneState {
   void reconnect(LaneState& L, detail::Channel& ch, Transport& to, const std::string& key, MemoryKind inbox_kind, const char* what) {
     const int peer = ch.peer;
     if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
-    ch.link.reset();
+    {
+      std::lock_guard lock(links_mutex);  // links() from another thread may be reading the old link
+      ch.link.reset();
+      ch.transport_name = std::string(to.name());
+    }
     ch.peer_inbox = RemoteRegion{};
     ch.peer_flags = RemoteRegion{};
     ch.inbox_region = MemoryRegion{};
     ch.flags_region = MemoryRegion{};
     ch.transport = &to;
-    ch.transport_name = std::string(to.name());
     const auto listener = to.listen();
     store->set(fmt::format("{}/addr/{}", key, rank), listener->address());
     const Bytes address = store->get(fmt::format("{}/addr/{}", key, peer), options.timeout);
@@ -1832,12 +1843,13 @@ struct Communicator::Impl : LaneState {
         const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
         const std::uint64_t link_bytes = st.timed_bytes.load(std::memory_order_relaxed);
         const std::uint64_t link_ns = st.timed_ns.load(std::memory_order_relaxed);
-        o.checksum_mismatches += ch.checksum_errors - j.checksum_errors;
+        const std::uint64_t checksum_errors = ch.checksum_errors.load(std::memory_order_relaxed);
+        o.checksum_mismatches += checksum_errors - j.checksum_errors;
         o.successes += (ch.sent - j.sent) + (ch.received - j.received);
         o.timeouts += timeouts - j.timeouts;
         t.first += (ch.timed_bytes - j.timed_bytes) + (link_bytes - j.link_timed_bytes);
         t.second += (ch.timed_ns - j.timed_ns) + (link_ns - j.link_timed_ns);
-        j = {ch.checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts, link_bytes, link_ns};
+        j = {checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts, link_bytes, link_ns};
       };
       // Bytes over time spent in writes: the speed of one write stream, against the transport's.
       auto ratio = [](const std::pair<std::uint64_t, std::uint64_t>& t, double expected_gbps) -> std::optional<double> {
@@ -2905,6 +2917,7 @@ std::vector<LinkInfo> Communicator::links() const { return links_of(*live(__func
 
 std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
   std::vector<LinkInfo> out;
+  std::lock_guard lock(m.links_mutex);  // a move may be replacing a link (reconnect)
   // A link's entry: its peer, transport and state, then `add` sums its counters (and, for the
   // host lanes, the other lanes' links to the same peer).
   auto entry = [&](const detail::Channel& ch, bool device_lane) {
@@ -2924,8 +2937,8 @@ std::vector<LinkInfo> links_of(const Communicator::Impl& m) {
     info.writes += s.writes.load(std::memory_order_relaxed);
     info.signals += s.signals.load(std::memory_order_relaxed);
     info.errors += s.errors.load(std::memory_order_relaxed);
-    info.retries += s.retries.load(std::memory_order_relaxed) + c.resends;
-    info.checksum_errors += c.checksum_errors;
+    info.retries += s.retries.load(std::memory_order_relaxed) + c.resends.load(std::memory_order_relaxed);
+    info.checksum_errors += c.checksum_errors.load(std::memory_order_relaxed);
     info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
   };
   for (const auto& ch : m.channels) {

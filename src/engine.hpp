@@ -2,6 +2,7 @@
 // Private engine types: per-peer channels (a link plus the peer's imported regions and the
 // message counters) and the step executor. Nothing here allocates or throws once built.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -184,8 +185,10 @@ struct Channel {
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
   std::uint32_t p2p_mail_header[3] = {};
-  std::uint32_t nacks_seen = 0, resends = 0, nacks_sent = 0;
-  std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer
+  std::uint32_t nacks_seen = 0, nacks_sent = 0;
+  // Read by links() from any thread (relaxed); written by the communicator's thread alone.
+  std::atomic<std::uint32_t> resends{0};
+  std::atomic<std::uint64_t> checksum_errors{0};  ///< corrupted chunks received from the peer
   // Health evidence: writes of at least kTimedWriteBytes are timed (achieved bandwidth against
   // `expected_gbps`, the transport's `can_reach` figure), here or by the link itself
   // (`Link::times_writes`, LinkStats::timed_*); `judged` holds the counters' values at the

@@ -788,7 +788,7 @@ class RingRunner {
       ++ch.resends;
       RINGFENCE_TRY(put_chunk(ch, m));
       const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank),
-                                                ch.resends, m});
+                                                ch.resends.load(std::memory_order_relaxed), m});
       if (!s.is_ok()) return fail(s, ch, "signalling a re-sent chunk", m);
       RINGFENCE_TRY(drain(ch, "completing a re-sent chunk"));
     }

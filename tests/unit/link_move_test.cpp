@@ -3,6 +3,7 @@
 // result stays bit-identical to a fault-free run. On the CPU the pair is shm -> tcp (a fault
 // rule limited to shm plays the failing NVLink); nvlink -> pcie over the fake CUDA runtime is
 // tests/device/move_test.cpp.
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -297,4 +299,70 @@ TEST_CASE("RINGFENCE_FALLBACK and the fault rule's transport= field", "[health][
   REQUIRE(rules[0].transport == "shm");
   REQUIRE(rules[1].transport.empty());
   REQUIRE_THROWS_WITH(parse_fault_spec("flip:rate=1e-3,transport="), Catch::Contains("transport= needs a transport name"));
+}
+
+TEST_CASE("links() on another thread while moves replace the links: whole entries, the old transport then the new", "[health][move]") {
+  // A watcher thread per rank reads links() and link_table() without pause while pairs 0-1 and
+  // 2-3 move shm -> tcp on both lanes (reconnect replaces each channel's link and transport
+  // name). Every entry must name a transport whole; the sanitizer stage (ASan) reports a read of
+  // a link a move destroyed. Each watcher reads once before the first collective and once after
+  // the last, so it has seen the partner's link on shm and then on tcp.
+  const int n = 4;
+  std::atomic<std::size_t> wrong{0}, torn{0};
+  std::vector<std::vector<std::string>> moved(n);
+  std::vector<std::vector<std::string>> seen(n);  // transports the watcher saw for the partner (r ^ 1), in order, deduplicated
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.health_agree_every = 2;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm;flip:rate=1e-4,link=2-3,seed=5,transport=shm";
+  o.host_id = "move-watched";
+  o.fallbacks = {{"shm", "tcp"}};
+  o.channels = 2;
+  o.channel_min_bytes = 16384;
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind == EventKind::LinkMoved) moved[r].push_back(fmt::format("{}-{}", e.a, e.b));
+    });
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> reads{0};
+    std::thread watcher([&, r] {
+      while (!stop.load()) {
+        for (const auto& l : comm.links()) {
+          if (l.transport != "shm" && l.transport != "tcp") ++torn;
+          if (l.peer == static_cast<int>(r ^ 1u) && (seen[r].empty() || seen[r].back() != l.transport)) seen[r].push_back(l.transport);
+        }
+        if (comm.link_table().find("rank") == std::string::npos) ++torn;
+        ++reads;
+      }
+    });
+    struct Join {
+      std::atomic<bool>& stop;
+      std::thread& t;
+      ~Join() { stop = true; t.join(); }
+    } join{stop, watcher};
+    const auto wait_for_read = [&] {
+      for (const std::uint64_t now = reads.load(); reads.load() < now + 2;) std::this_thread::yield();
+    };
+    wait_for_read();
+    std::vector<float> buf(30000);
+    for (int it = 0; it < 16; ++it) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size(), static_cast<std::size_t>(it));
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size(), static_cast<std::size_t>(it));
+    }
+    wait_for_read();
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  REQUIRE(torn == 0);
+  for (std::size_t r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    std::sort(moved[r].begin(), moved[r].end());  // the two pairs may move at one agreement or at two
+    REQUIRE(moved[r] == std::vector<std::string>{"0-1", "2-3"});
+    REQUIRE(seen[r] == std::vector<std::string>{"shm", "tcp"});
+  }
 }
