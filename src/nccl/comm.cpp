@@ -117,6 +117,7 @@ ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const nccl
     c->rank = rank;
     c->size = nranks;
     c->device = rf::nccl::current_device();
+    c->device_checked = c->device >= 0;
     c->options = env_options();
     c->server = take_hosted(uid.token());
     auto make = [uid, nranks, call, target = c.get()] {
@@ -327,6 +328,7 @@ extern "C" ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, i
     n->rank = n->comm->rank();
     n->size = n->comm->size();
     n->device = c.device;
+    n->device_checked = c.device_checked;
     n->server = c.server;
     *newcomm = n.release();
     return ncclSuccess;
@@ -501,6 +503,7 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
       child = std::make_unique<ncclComm>();
       child->options = parent.options;
       child->device = parent.device;
+      child->device_checked = parent.device_checked;
       child->server = parent.server;  // the parent's store (if this process hosts it) serves the child
     }
     auto make = [&parent, target = child.get(), color, key] {

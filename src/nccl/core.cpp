@@ -54,10 +54,15 @@ struct Outcome {
 };
 
 // Runs `tasks` concurrently (one thread each) when there are several, inline when one. A
-// worker thread first makes `devices[i]` current (the device of task i's communicator, as its
-// caller had it at init; -1 = leave it): what a communicator builds there (its transports, the
-// device lane of stream-ordered calls) belongs to that GPU. Inline, the caller's device stays.
-std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& tasks, const std::vector<int>& devices) {
+// worker thread first makes the GPU of task i's communicator current (`comms[i]->device`, as its
+// caller had it at init; a null communicator or -1 leaves it): what a communicator builds there
+// (its transports, the device lane of stream-ordered calls) belongs to that GPU. When that fails
+// for a device the runtime reported at init (`device_checked`: the GPU is gone since), the task
+// does not run: it ends with ncclUnhandledCudaError naming the GPU, and a pending init records
+// it as its failure. (A ncclCommInitAll devlist entry is not checked: those communicators stage
+// through host memory, and without a runtime any list is accepted.) Inline, the caller's device
+// stays.
+std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& tasks, const std::vector<ncclComm*>& comms) {
   std::vector<Outcome> out(tasks.size());
   auto one = [&](std::size_t i) {
     out[i].code = tasks[i]();
@@ -71,7 +76,22 @@ std::vector<Outcome> run_all(const std::vector<std::function<ncclResult_t()>>& t
   threads.reserve(tasks.size());
   for (std::size_t i = 0; i < tasks.size(); ++i)
     threads.emplace_back([&, i] {
-      if (i < devices.size() && devices[i] >= 0) (void)set_current_device(devices[i]);
+      ncclComm* c = i < comms.size() ? comms[i] : nullptr;
+      if (c != nullptr && c->device >= 0) {
+        const ncclResult_t code = guarded("ncclGroupEnd", c, [&] {
+          const std::string why = set_current_device(c->device);
+          if (why.empty() || !c->device_checked) return ncclSuccess;
+          return fail("ncclGroupEnd", c, ncclUnhandledCudaError,
+                      fmt::format("rank {}: cannot make GPU {} (the communicator's device) current on the group's worker thread: {}",
+                                  c->rank, c->device, why));
+        });
+        if (code != ncclSuccess) {
+          if (!c->comm && c->init_error == ncclSuccess) c->init_error = code;  // a pending init or split
+          out[i].code = code;
+          out[i].message = t_last_error;
+          return;
+        }
+      }
       one(i);
     });
   for (auto& t : threads) t.join();
@@ -315,10 +335,10 @@ ncclResult_t group_end() noexcept {
     //    the inits, then the splits (whose parents may be among those inits).
     for (const bool splits : {false, true}) {
       std::vector<std::function<ncclResult_t()>> tasks;
-      std::vector<int> devices;
+      std::vector<ncclComm*> comms;
       for (PendingInit& p : g.inits) {
         if (p.from_parent != splits) continue;
-        devices.push_back(p.created != nullptr ? p.created->device : -1);
+        comms.push_back(p.created);
         tasks.emplace_back([&p] {
           const ncclResult_t code = guarded(p.call, p.report, [&] {
             p.make();
@@ -328,7 +348,7 @@ ncclResult_t group_end() noexcept {
           return code;
         });
       }
-      if (!tasks.empty()) keep(run_all(tasks, devices));
+      if (!tasks.empty()) keep(run_all(tasks, comms));
     }
     // 2. An argument error inside the group drops its operations (as NCCL does).
     if (g.error != ncclSuccess) {
@@ -345,12 +365,8 @@ ncclResult_t group_end() noexcept {
       it->second.push_back(&op);
     }
     std::vector<std::function<ncclResult_t()>> tasks;
-    std::vector<int> devices;
-    for (ncclComm* c : comms) {
-      tasks.emplace_back([c, &ops = by_comm.at(c)] { return run_ops(*c, ops); });
-      devices.push_back(c->device);
-    }
-    if (!tasks.empty()) keep(run_all(tasks, devices));
+    for (ncclComm* c : comms) tasks.emplace_back([c, &ops = by_comm.at(c)] { return run_ops(*c, ops); });
+    if (!tasks.empty()) keep(run_all(tasks, comms));
     return first.code;
   });
   if (r != ncclSuccess && first.code != ncclSuccess && !first.message.empty()) t_last_error = first.message;

@@ -134,9 +134,13 @@ int current_device() noexcept {
   return rt.get_device(&device) == cudaSuccess ? device : -1;
 }
 
-bool set_current_device(int device) noexcept {
+std::string set_current_device(int device) {
   const Runtime& rt = runtime();
-  return rt.usable && rt.set_device != nullptr && device >= 0 && rt.set_device(device) == cudaSuccess;
+  if (!rt.usable) return "no usable CUDA runtime (" + rt.why_not + ")";
+  if (rt.set_device == nullptr) return "the CUDA runtime library lacks cudaSetDevice";
+  if (device < 0) return "no device (" + std::to_string(device) + ")";
+  const cudaError_t err = rt.set_device(device);
+  return err == cudaSuccess ? std::string() : "cudaSetDevice(" + std::to_string(device) + ") failed: " + rt.error_string(err);
 }
 
 PointerKind pointer_kind(const void* ptr, int* device) noexcept {

@@ -24,9 +24,9 @@ bool cuda_device_present() noexcept;
 std::string cuda_absent_reason();
 /// The device current on this thread (cudaGetDevice), or -1 when there is none.
 int current_device() noexcept;
-/// Makes `device` current on this thread (cudaSetDevice); false when it cannot (no runtime,
-/// no such device, `device` < 0).
-bool set_current_device(int device) noexcept;
+/// Makes `device` current on this thread (cudaSetDevice). Returns why it could not (no
+/// runtime, no cudaSetDevice, `device` < 0, or the call's CUDA error), empty when it did.
+std::string set_current_device(int device);
 /// The kind of `ptr`; `device` (optional) receives the owning device of device memory.
 PointerKind pointer_kind(const void* ptr, int* device = nullptr) noexcept;
 

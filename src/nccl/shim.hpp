@@ -45,6 +45,9 @@ struct ncclComm {
   int rank = -1;    ///< this rank (known at the call, even when the init is queued)
   int size = 0;     ///< number of ranks; 0 = not known yet (a split queued in a group)
   int device = -1;  ///< CUDA device current at init (or the ncclCommInitAll device); -1 = none
+  /// `device` was the runtime's current device at init (so it existed then), not a
+  /// ncclCommInitAll devlist entry: a group worker that cannot make it current fails the task.
+  bool device_checked = false;
   bool finalized = false;  ///< ncclCommFinalize was called: no more operations
   ringfence::CommOptions options;  ///< options the communicator was made with (children inherit)
 

@@ -808,6 +808,64 @@ static void* cuda_sym(void* h, const char* name) {
   }
   return f;
 }
+/* A GPU lost under a group (the fake runtime of tests/device only, found by its test hook
+ * fake_cuda_slow_copies; FAKE_CUDA_DEVICES is the device count it reports at every call). Two
+ * one-rank communicators are made on GPUs 0 and 1; GPU 1 then disappears. The group's worker
+ * for its communicator cannot make GPU 1 current: ncclGroupEnd returns ncclUnhandledCudaError
+ * naming the GPU, the other communicator's operation still ran, and once GPU 1 is back the
+ * communicator works. */
+typedef int (*cuda_set_device_fn)(int);
+static void test_lost_device(void* h) {
+  if (dlsym(h, "fake_cuda_slow_copies") == NULL) return;
+  cuda_set_device_fn setdev;
+  void* f = cuda_sym(h, "cudaSetDevice");
+  memcpy(&setdev, &f, sizeof f);
+  const char* was = getenv("FAKE_CUDA_DEVICES");
+  char saved[32] = "";
+  if (was != NULL) snprintf(saved, sizeof saved, "%s", was);
+  setenv("FAKE_CUDA_DEVICES", "2", 1);
+  ncclUniqueId id0, id1;
+  ncclComm_t c0 = NULL, c1 = NULL;
+  MUST(ncclGetUniqueId(&id0));
+  MUST(ncclGetUniqueId(&id1));
+  CHECK(setdev(1) == 0, "cudaSetDevice(1)");
+  MUST(ncclCommInitRank(&c1, 1, id1, 0));
+  CHECK(setdev(0) == 0, "cudaSetDevice(0)");
+  MUST(ncclCommInitRank(&c0, 1, id0, 0));
+  int dev = -1;
+  OK(ncclCommCuDevice(c1, &dev));
+  CHECK(dev == 1, "communicator made on GPU 1 reports device %d", dev);
+  int32_t a[8], b[8];
+  for (int i = 0; i < 8; ++i) a[i] = b[i] = i;
+  setenv("FAKE_CUDA_DEVICES", "1", 1); /* GPU 1 is gone */
+  OK(ncclGroupStart());
+  OK(ncclAllReduce(a, a, 8, ncclInt32, ncclSum, c0, NULL));
+  OK(ncclAllReduce(b, b, 8, ncclInt32, ncclMax, c1, NULL));
+  FAILS(ncclUnhandledCudaError, ncclGroupEnd());
+  CHECK(strstr(ncclGetLastError(NULL), "cannot make GPU 1") != NULL && strstr(ncclGetLastError(NULL), "cudaSetDevice(1)") != NULL,
+        "ncclGetLastError(NULL) after the lost GPU: '%s'", ncclGetLastError(NULL));
+  CHECK(strstr(ncclGetLastError(c1), "cannot make GPU 1") != NULL, "ncclGetLastError(c1): '%s'", ncclGetLastError(c1));
+  long bad = 0;
+  for (int i = 0; i < 8; ++i) bad += a[i] != i;
+  CHECK(bad == 0, "the other communicator's allreduce beside the lost GPU: %ld wrong", bad);
+  setenv("FAKE_CUDA_DEVICES", "2", 1); /* back */
+  for (int i = 0; i < 8; ++i) b[i] = 3 * i;
+  OK(ncclGroupStart());
+  OK(ncclAllReduce(a, a, 8, ncclInt32, ncclSum, c0, NULL));
+  OK(ncclAllReduce(b, b, 8, ncclInt32, ncclMax, c1, NULL));
+  OK(ncclGroupEnd());
+  bad = 0;
+  for (int i = 0; i < 8; ++i) bad += (a[i] != i) + (b[i] != 3 * i);
+  CHECK(bad == 0, "grouped allreduces once GPU 1 is back: %ld wrong", bad);
+  OK(ncclCommDestroy(c0));
+  OK(ncclCommDestroy(c1));
+  if (was != NULL)
+    setenv("FAKE_CUDA_DEVICES", saved, 1);
+  else
+    unsetenv("FAKE_CUDA_DEVICES");
+  CHECK(setdev(0) == 0, "cudaSetDevice(0)");
+}
+
 static void test_device_buffers(ncclComm_t comm) {
   void* h = dlopen("libcudart.so.13", RTLD_NOW);
   CHECK(h != NULL, "--device-buffers: cannot load libcudart.so.13: %s", dlerror());
@@ -943,6 +1001,7 @@ static void test_device_buffers(ncclComm_t comm) {
   sdestroy(stream);
   free(host);
   free(back);
+  test_lost_device(h);
 }
 
 int main(int argc, char** argv) {
