@@ -12,7 +12,8 @@
 #      (CUDA IPC, 64 MiB + 13 B each way), exact; a pair whose NVLink corrupts (fault rule) moved
 #      to pcie at the fence agreement, 2 processes, every collective exact; the same device
 #      collectives on device regions (RINGFENCE_DEVICE_REGIONS=on: the engine on device memory,
-#      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact;
+#      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact; the NCCL shim's
+#      API test on device buffers with streams, on device regions, 2 ranks (what frameworks run);
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
 #   4. all_reduce_perf -m device for 2 and 4 ranks, on device regions and host-staged
 #      (RINGFENCE_DEVICE_REGIONS=off), next to the device-to-device and pinned
@@ -27,15 +28,17 @@
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance move_mp all_reduce_perf device_memcpy_bw)
+bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conformance move_mp all_reduce_perf device_memcpy_bw
+  nccl_api_test)
 kernels=libringfence_kernels.so  # the device reductions' module (target ringfence_kernels, in lib/)
+shim=libringfence_nccl.so        # the NCCL shim nccl_api_test links (target ringfence_nccl, in lib/)
 
 build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
   local b=$1
   cmake -S "$repo" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGFENCE_WITH_CUDA=ON -DRINGFENCE_WITH_TORCH=OFF \
     -DRINGFENCE_WITH_MPI=OFF -DRINGFENCE_BUILD_TESTS=ON -DRINGFENCE_BUILD_BENCH=ON >"$b.configure.log" 2>&1 ||
     { tail -30 "$b.configure.log"; return 1; }
-  cmake --build "$b" --target "${bins[@]}" ringfence_kernels >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
+  cmake --build "$b" --target "${bins[@]}" ringfence_kernels ringfence_nccl >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
 }
 
 if [ "${1:-}" = "--bundle" ]; then
@@ -44,6 +47,7 @@ if [ "${1:-}" = "--bundle" ]; then
   build "$dir.build" || exit 1
   for b in "${bins[@]}"; do cp "$dir.build/bin/$b" "$dir/"; done
   cp "$dir.build/lib/$kernels" "$dir/"
+  cp -L "$dir.build/lib/$shim" "$dir/"
   # The one shared library the binaries need beyond libc/libstdc++ (ringfence links statically).
   fmt=$(ldd "$dir/ringfence-run" | awk '/libfmt/ {print $3}')
   [ -n "$fmt" ] && cp -L "$fmt" "$dir/"
@@ -127,6 +131,20 @@ for n in 2 4; do
     >"$out/gpu_device_regions_${n}ranks.log" 2>&1
   status "the same on device regions (engine on device memory, nvlink/pcie), $n ranks, exact" $? "$out/gpu_device_regions_${n}ranks.log"
 done
+# The NCCL shim on device regions: every collective and send/recv on device buffers with a stream
+# (nccl_api_test --device-buffers, which also runs the host-buffer API checks). It loads the
+# runtime by soname, so a DEVICE_CHECK_CUDART fake is put first on the loader's path.
+if [ -x "$bin/nccl_api_test" ]; then
+  LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on \
+    timeout 180 "$bin/ringfence-run" -n 2 --timeout 170 "$bin/nccl_api_test" --device-buffers >"$out/gpu_nccl_shim_device_regions.log" 2>&1
+  rc=$?
+  grep -q "rank 0: [0-9]* checks passed, 0 failed" "$out/gpu_nccl_shim_device_regions.log" || [ $rc -ne 0 ] || rc=1
+else
+  echo "nccl_api_test was not built (no nccl.h at configure time)" >"$out/gpu_nccl_shim_device_regions.log"
+  rc=77
+fi
+status "NCCL shim API test on device buffers, device regions, 2 ranks ($(grep -ao 'rank 0: [0-9]* checks passed, [0-9]* failed' \
+  "$out/gpu_nccl_shim_device_regions.log" | head -1))" $rc "$out/gpu_nccl_shim_device_regions.log"
 
 ipc_bytes=${DEVICE_CHECK_IPC_BYTES:-67108877}
 for t in nvlink pcie; do
