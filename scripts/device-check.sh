@@ -10,7 +10,9 @@
 #      aligned and misaligned), stream-ordered device collectives on 2 and 4 ranks (ranks share
 #      the GPUs round-robin), exact; the nvlink and pcie transports between two processes
 #      (CUDA IPC, 64 MiB + 13 B each way), exact; a pair whose NVLink corrupts (fault rule) moved
-#      to pcie at the fence agreement, 2 processes, every collective exact; the same device
+#      to pcie at the fence agreement, 2 processes, every collective exact; the same move on device
+#      regions (a replay storm on the fake NVML of tests/support moves the pair's host-lane and
+#      device-lane links to pcie, 2 processes, every stream-ordered allreduce exact); the same device
 #      collectives on device regions (RINGFENCE_DEVICE_REGIONS=on: the engine on device memory,
 #      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact; the NCCL shim's
 #      API test on device buffers with streams, on device regions, 2 ranks (what frameworks run);
@@ -32,13 +34,14 @@ bins=(ringfence-run device_collectives reduce_functors_gpu_test cuda_ipc_conform
   nccl_api_test)
 kernels=libringfence_kernels.so  # the device reductions' module (target ringfence_kernels, in lib/)
 shim=libringfence_nccl.so        # the NCCL shim nccl_api_test links (target ringfence_nccl, in lib/)
+fake_nvml=libringfence_fake_nvml.so  # move_mp --device-regions' evidence (target ringfence_fake_nvml, in lib/)
 
 build() {  # build BUILD_DIR: configure for sm_90 and build only what the check runs
   local b=$1
   cmake -S "$repo" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGFENCE_WITH_CUDA=ON -DRINGFENCE_WITH_TORCH=OFF \
     -DRINGFENCE_WITH_MPI=OFF -DRINGFENCE_BUILD_TESTS=ON -DRINGFENCE_BUILD_BENCH=ON >"$b.configure.log" 2>&1 ||
     { tail -30 "$b.configure.log"; return 1; }
-  cmake --build "$b" --target "${bins[@]}" ringfence_kernels ringfence_nccl >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
+  cmake --build "$b" --target "${bins[@]}" ringfence_kernels ringfence_nccl ringfence_fake_nvml >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
 }
 
 if [ "${1:-}" = "--bundle" ]; then
@@ -48,6 +51,7 @@ if [ "${1:-}" = "--bundle" ]; then
   for b in "${bins[@]}"; do cp "$dir.build/bin/$b" "$dir/"; done
   cp "$dir.build/lib/$kernels" "$dir/"
   cp -L "$dir.build/lib/$shim" "$dir/"
+  cp -L "$dir.build/lib/$fake_nvml" "$dir/"
   # The one shared library the binaries need beyond libc/libstdc++ (ringfence links statically).
   fmt=$(ldd "$dir/ringfence-run" | awk '/libfmt/ {print $3}')
   [ -n "$fmt" ] && cp -L "$fmt" "$dir/"
@@ -153,6 +157,18 @@ for t in nvlink pcie; do
 done
 timeout 150 "$bin/ringfence-run" -n 2 --timeout 140 "$bin/move_mp" >"$out/gpu_move_nvlink_to_pcie.log" 2>&1
 status "corrupting nvlink pair moved to pcie at the fence agreement, 2 processes, exact" $? "$out/gpu_move_nvlink_to_pcie.log"
+nvml_lib=$bin/$fake_nvml
+[ -e "$nvml_lib" ] || nvml_lib=$bin/../lib/$fake_nvml
+if [ -e "$nvml_lib" ]; then
+  RINGFENCE_NVML_LIBRARY=$nvml_lib RINGFENCE_FAKE_NVML_STATE=$out/move_device_regions.nvml RINGFENCE_DEVICE_REGIONS=on \
+    timeout 150 "$bin/ringfence-run" -n 2 --timeout 140 "$bin/move_mp" --device-regions >"$out/gpu_move_device_regions.log" 2>&1
+  rc=$?
+else
+  echo "$fake_nvml was not built" >"$out/gpu_move_device_regions.log"
+  rc=77
+fi
+status "NVLink replay storm (fake NVML): pair moved to pcie on host and device lanes, device regions, 2 processes, exact" $rc \
+  "$out/gpu_move_device_regions.log"
 
 # 3. compute-sanitizer memcheck on one small device collective (every rank process).
 if command -v compute-sanitizer >/dev/null 2>&1; then
