@@ -215,7 +215,8 @@ class Link {
   /// its cool-down and whose counters are clean is readmitted into the plan). Only called when
   /// `can_reopen()` is true and no operation is pending.
   virtual void reopen() noexcept {}
-  /// Current state.
+  /// Current state. Called from any thread (`Communicator::links()`), concurrently with the
+  /// link's own operations and `fence()`: keep the state in an atomic.
   virtual LinkState state() const noexcept = 0;
   /// Peer rank.
   virtual int peer() const noexcept = 0;

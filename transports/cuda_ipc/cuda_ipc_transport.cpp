@@ -382,7 +382,7 @@ class CudaLink final : public Link {
   Op ring_[kMaxPendingOps];
   std::size_t head_ = 0, done_ = 0, tail_ = 0;  // tail_ <= done_ <= head_
   std::size_t pending_signals_ = 0;             // signals in [done_, head_): wait() then slices
-  bool fenced_ = false;
+  std::atomic<bool> fenced_{false};  // read by links() (state()) from other threads
   LinkStats stats_;
 };
 

@@ -174,7 +174,7 @@ class ShmLink final : public Link {
   void reopen() noexcept override {
     if (state_ == LinkState::Fenced) state_ = LinkState::Up;
   }
-  LinkState state() const noexcept override { return state_; }
+  LinkState state() const noexcept override { return state_.load(std::memory_order_relaxed); }
   int peer() const noexcept override { return peer_; }
   const LinkStats& stats() const noexcept override { return stats_; }
 
@@ -220,7 +220,7 @@ class ShmLink final : public Link {
   int pidfd_;
   ShmOptions options_;
   bool self_;
-  LinkState state_ = LinkState::Up;
+  std::atomic<LinkState> state_{LinkState::Up};  // read by links() from other threads
   LinkStats stats_;
   transport_util::CompletionQueue<> queue_;
 };

@@ -293,7 +293,7 @@ class TcpLink final : public Link {
   void reopen() noexcept override {
     if (state_ == LinkState::Fenced) state_ = LinkState::Up;
   }
-  LinkState state() const noexcept override { return state_; }
+  LinkState state() const noexcept override { return state_.load(std::memory_order_relaxed); }
   int peer() const noexcept override { return peer_; }
   const LinkStats& stats() const noexcept override { return stats_; }
 
@@ -423,7 +423,7 @@ class TcpLink final : public Link {
   std::size_t next_socket_ = 0;
   std::array<std::byte, kTxPendingBytes> pending_{};  // small write frames not sent yet (socket 0)
   std::size_t pending_len_ = 0;
-  LinkState state_ = LinkState::Up;
+  std::atomic<LinkState> state_{LinkState::Up};  // read by links() from other threads
   bool abandon_ = false;  // fenced with FenceReason::Error: the destructor lingers briefly
   std::atomic<std::uint32_t> broken_code_{0};
   LinkStats stats_;
