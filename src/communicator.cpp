@@ -428,6 +428,7 @@ struct Communicator::Impl : LaneState {
       throw CudaError(fmt::format("rank {}: {}: {}", rank, call, device_cuda.describe("cudaStreamCreateWithFlags", err)), err);
     device_channel_of.assign(static_cast<std::size_t>(size), nullptr);
     for (auto& ch : L->channels) device_channel_of[static_cast<std::size_t>(ch->peer)] = ch.get();
+    device_position_channel.assign(static_cast<std::size_t>(size), nullptr);  // filled per call (run_device_call)
     device_lane = std::move(L);
     device_lane_view.store(device_lane.get(), std::memory_order_release);
     device_verdict = 1;
@@ -512,9 +513,8 @@ struct Communicator::Impl : LaneState {
     d.device = &device_regions;
     d.check = nullptr;
     if (c.by_position) {
-      device_position_channel.assign(n, nullptr);  // sized once: no allocation after the first call
-      for (std::size_t p = 0; p < n && size > 1; ++p)
-        if (ring[p] != rank) device_position_channel[p] = &L.channel_to(ring[p]);
+      for (std::size_t p = 0; p < n && size > 1; ++p)  // sized when the lane was built: no allocation here
+        device_position_channel[p] = ring[p] != rank ? &L.channel_to(ring[p]) : nullptr;
       d.by_position = device_position_channel.data();
       d.by_rank = device_channel_of.data();
     }
