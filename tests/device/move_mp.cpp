@@ -41,6 +41,15 @@ using namespace ringfence;
 
 namespace {
 
+// A communicator over the move's two transports alone: nvlink first, pcie its fallback.
+Communicator over_nvlink_and_pcie(const LaunchInfo& launch, CommOptions options) {
+  options.transports = {std::string(transports::cuda_ipc::kNvlinkName), std::string(transports::cuda_ipc::kPcieName)};
+  TransportRegistry registry;
+  registry.add(std::string(transports::cuda_ipc::kNvlinkName), transports::cuda_ipc::make_nvlink_transport);
+  registry.add(std::string(transports::cuda_ipc::kPcieName), transports::cuda_ipc::make_pcie_transport);
+  return Communicator::from_launch(launch, registry, options);
+}
+
 // Replaces the fake NVML's state file at once (write, then rename): the other process may be
 // reading it.
 void write_nvml_state(const std::string& path, int rank, const std::string& content) {
@@ -61,15 +70,11 @@ int run_device_regions(tools::CudaRt& cuda, const LaunchInfo& launch, CommOption
   }
   const std::string quiet = "count 1\nlinks 4\n";
   write_nvml_state(*state, launch.rank, quiet);  // every rank, before the communicator reads it
-  options.transports = {std::string(transports::cuda_ipc::kNvlinkName), std::string(transports::cuda_ipc::kPcieName)};
   options.checksum = false;
   options.device_regions = DeviceRegionsMode::On;
   options.health_agree_every = 2;
   if (options.health_link_map.empty()) options.health_link_map = "0-1=nvml:0:1";
-  TransportRegistry registry;
-  registry.add(std::string(transports::cuda_ipc::kNvlinkName), transports::cuda_ipc::make_nvlink_transport);
-  registry.add(std::string(transports::cuda_ipc::kPcieName), transports::cuda_ipc::make_pcie_transport);
-  Communicator comm = Communicator::from_launch(launch, registry, options);
+  Communicator comm = over_nvlink_and_pcie(launch, options);
   const int rank = comm.rank(), n = comm.size();
   std::vector<std::string> moved;
   comm.on_health_event([&](const HealthEvent& e) {
@@ -133,14 +138,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (device_regions) return run_device_regions(cuda, launch, options, env, count, iterations);
-  options.transports = {std::string(transports::cuda_ipc::kNvlinkName), std::string(transports::cuda_ipc::kPcieName)};
   options.checksum = true;
   options.health_agree_every = 2;
   if (options.fault.empty()) options.fault = "flip:rate=1e-5,link=0-1,seed=5,transport=nvlink";
-  TransportRegistry registry;
-  registry.add(std::string(transports::cuda_ipc::kNvlinkName), transports::cuda_ipc::make_nvlink_transport);
-  registry.add(std::string(transports::cuda_ipc::kPcieName), transports::cuda_ipc::make_pcie_transport);
-  Communicator comm = Communicator::from_launch(launch, registry, options);
+  Communicator comm = over_nvlink_and_pcie(launch, options);
   const int rank = comm.rank(), n = comm.size();
   if (n < 2) {
     std::printf("rank %d: needs at least 2 ranks\n", rank);
