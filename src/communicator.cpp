@@ -513,7 +513,7 @@ struct Communicator::Impl : LaneState {
     d.device = &device_regions;
     d.check = nullptr;
     if (c.by_position) {
-      for (std::size_t p = 0; p < n && size > 1; ++p)  // sized when the lane was built: no allocation here
+      for (std::size_t p = 0; p < ring.size(); ++p)  // sized when the lane was built (ring: empty on one rank)
         device_position_channel[p] = ring[p] != rank ? &L.channel_to(ring[p]) : nullptr;
       d.by_position = device_position_channel.data();
       d.by_rank = device_channel_of.data();
