@@ -7,6 +7,7 @@
 #include <cmath>
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
+#include <ringfence/transport_util.hpp>
 #include <string>
 #include <thread>
 
@@ -340,30 +341,18 @@ class FaultPending final : public PendingLink {
   int self_;
 };
 
-class FaultTransport final : public Transport {
+class FaultTransport final : public transport_util::ForwardingTransport {
  public:
   FaultTransport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules, int self)
-      : inner_(std::move(inner)), rules_(std::move(rules)), self_(self) {
-    std::erase_if(rules_, [&](const FaultRule& r) { return !r.transport.empty() && r.transport != inner_->name(); });
-  }
-  std::string_view name() const noexcept override { return inner_->name(); }
-  // The decorator injects faults; what the transport is stays the inner one's.
-  bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
-  bool shares_memory() const noexcept override { return inner_->shares_memory(); }
-  Reachability can_reach(const PeerInfo& a, const PeerInfo& b) const override { return inner_->can_reach(a, b); }
-  void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
-  bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }
-  MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
-    return inner_->register_memory(ptr, bytes, kind);
-  }
-  RemoteRegion import_region(std::span<const std::byte> key) override { return inner_->import_region(key); }
-  std::unique_ptr<ListenHandle> listen() override { return inner_->listen(); }
+      : ForwardingTransport(std::move(inner)), rules_(std::move(rules)), self_(self) {}
+  // Fault links read and flip payloads on the host (FaultLink::write): no device memory through
+  // them, so no device lane over a transport with fault rules.
+  bool writes_device_memory() const noexcept override { return false; }
   std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
-    return std::make_unique<FaultPending>(inner_->connect(local, peer, address), rules_, self_);
+    return std::make_unique<FaultPending>(inner().connect(local, peer, address), rules_, self_);
   }
 
  private:
-  std::unique_ptr<Transport> inner_;
   std::vector<FaultRule> rules_;
   int self_;
 };
@@ -388,6 +377,9 @@ std::vector<FaultRule> parse_fault_spec(std::string_view text) {
 
 std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules,
                                                 int self_rank) {
+  // A transport no rule names stays itself (its device memory included: a device lane may use it).
+  std::erase_if(rules, [&](const FaultRule& r) { return !r.transport.empty() && r.transport != inner->name(); });
+  if (rules.empty()) return inner;
   return std::make_unique<FaultTransport>(std::move(inner), std::move(rules), self_rank);
 }
 

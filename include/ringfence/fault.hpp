@@ -78,7 +78,9 @@ struct FaultRule {
 std::vector<FaultRule> parse_fault_spec(std::string_view text);
 
 /// Wraps `inner` so that links created through it apply the `rules` that match them.
-/// `self_rank` is this rank. The decorator reports the inner transport's name.
+/// `self_rank` is this rank. The decorator reports the inner transport's name, and writes no
+/// device memory (its links read payloads on the host), so the device lane does not use a
+/// transport with rules. Returns `inner` itself when no rule names it (`transport=` of another).
 std::unique_ptr<Transport> make_fault_transport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules,
                                                 int self_rank);
 

@@ -1,7 +1,8 @@
 #pragma once
 /// \file transport_util.hpp
 /// Building blocks for transports whose signals land in local memory (shm, tcp): a fixed-size
-/// completion queue, and the flag wait / flag store pair built on futexes. Data plane only:
+/// completion queue, and the flag wait / flag store pair built on futexes; and a base for
+/// transport decorators. Data plane only:
 /// noexcept, allocation-free. Futex calls are not FUTEX_PRIVATE: flags may live in memory
 /// shared between processes.
 
@@ -37,6 +38,37 @@ class ReadyPendingLink final : public PendingLink {
 
  private:
   std::unique_ptr<Link> link_;
+};
+
+/// Base of a transport decorator (fault injection, instrumentation): every call goes to the
+/// wrapped transport. A subclass overrides what it changes, typically `connect`, to wrap the
+/// links it hands out.
+class ForwardingTransport : public Transport {
+ public:
+  /// Wraps `inner`.
+  explicit ForwardingTransport(std::unique_ptr<Transport> inner) noexcept : inner_(std::move(inner)) {}
+  std::string_view name() const noexcept override { return inner_->name(); }
+  Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const override { return inner_->can_reach(self, peer); }
+  void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
+  bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }
+  bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
+  bool shares_memory() const noexcept override { return inner_->shares_memory(); }
+  bool writes_device_memory() const noexcept override { return inner_->writes_device_memory(); }
+  MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
+    return inner_->register_memory(ptr, bytes, kind);
+  }
+  RemoteRegion import_region(std::span<const std::byte> peer_key) override { return inner_->import_region(peer_key); }
+  std::unique_ptr<ListenHandle> listen() override { return inner_->listen(); }
+  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
+    return inner_->connect(local, peer, address);
+  }
+
+ protected:
+  /// The wrapped transport.
+  Transport& inner() const noexcept { return *inner_; }
+
+ private:
+  std::unique_ptr<Transport> inner_;
 };
 
 /// futex(2) on a 32-bit word (shared, not private).

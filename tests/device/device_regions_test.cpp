@@ -278,6 +278,50 @@ TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and s
   }
 }
 
+TEST_CASE("device regions: fault rules keep the device lane off the transports they name, and only those", "[device][regions]") {
+  // Fault links read payloads on the host, so a transport with rules carries no device lane; a
+  // rule for another transport leaves it alone (it is not wrapped at all).
+  const int n = 2;
+  const std::size_t count = 3000;
+  const TransportRegistry registry = with_device_transports();
+  struct Case {
+    const char* fault;
+    const char* path;    // what device_path() must contain
+    const char* device;  // the device lane's transport ("" when staged)
+  };
+  const Case cases[] = {
+      {"delay:us=1,transport=shm", "device regions", "nvlink"},
+      {"delay:us=1,transport=nvlink", "device regions", "pcie"},
+      {"delay:us=1,transport=nvlink;delay:us=1,transport=pcie", "no transport writes device memory to rank", ""},
+  };
+  for (const Case& c : cases) {
+    INFO(c.fault);
+    std::vector<std::string> path(n), device(n);
+    const std::string err = test::run_ranks(
+        n,
+        [&](int) {
+          CommOptions o = options(DeviceRegionsMode::Auto, std::chrono::seconds(5));
+          o.fault = c.fault;
+          return o;
+        },
+        [&](Communicator& comm) {
+          Stream stream;
+          DeviceBuffer buf(count * 4);
+          T_CHECK(allreduce_in_place_wrong(comm, stream, buf, count) == 0);
+          const auto r = static_cast<std::size_t>(comm.rank());
+          path[r] = comm.device_path();
+          for (const auto& l : comm.links())
+            if (l.device_lane) device[r] = l.transport;
+        },
+        &registry);
+    REQUIRE(err == "");
+    for (std::size_t r = 0; r < n; ++r) {
+      REQUIRE_THAT(path[r], Catch::Contains(c.path));
+      REQUIRE(device[r] == c.device);
+    }
+  }
+}
+
 TEST_CASE("device regions: RINGFENCE_DEVICE_REGIONS=on without a device transport fails with CudaError saying why", "[device][regions]") {
   const int n = 2;
   std::vector<std::string> seen(n);

@@ -11,6 +11,7 @@
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
+#include <ringfence/transport_util.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -305,18 +306,10 @@ namespace {
 // shm, whose links take 1 ms inside state() and stats() (the calls links() makes on another
 // thread) and count the callers inside them. A link destroyed while a caller is inside records a
 // violation, then waits for the caller to leave (so the test reports instead of crashing).
-class SlowReadShm final : public Transport {
+class SlowReadShm final : public transport_util::ForwardingTransport {
  public:
-  SlowReadShm(std::unique_ptr<Transport> inner, std::atomic<int>* violations) : inner_(std::move(inner)), violations_(violations) {}
-  std::string_view name() const noexcept override { return inner_->name(); }
-  bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
-  bool shares_memory() const noexcept override { return inner_->shares_memory(); }
-  Reachability can_reach(const PeerInfo& a, const PeerInfo& b) const override { return inner_->can_reach(a, b); }
-  void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
-  bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }
-  MemoryRegion register_memory(void* p, std::size_t n, MemoryKind k) override { return inner_->register_memory(p, n, k); }
-  RemoteRegion import_region(std::span<const std::byte> key) override { return inner_->import_region(key); }
-  std::unique_ptr<ListenHandle> listen() override { return inner_->listen(); }
+  SlowReadShm(std::unique_ptr<Transport> inner, std::atomic<int>* violations)
+      : ForwardingTransport(std::move(inner)), violations_(violations) {}
   std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
     struct Pending final : PendingLink {
       std::unique_ptr<PendingLink> inner;
@@ -329,7 +322,7 @@ class SlowReadShm final : public Transport {
       }
     };
     auto p = std::make_unique<Pending>();
-    p->inner = inner_->connect(local, peer, address);
+    p->inner = inner().connect(local, peer, address);
     p->violations = violations_;
     return p;
   }
@@ -375,7 +368,6 @@ class SlowReadShm final : public Transport {
     std::atomic<int>* violations_;
     mutable std::atomic<int> readers_{0};
   };
-  std::unique_ptr<Transport> inner_;
   std::atomic<int>* violations_;
 };
 }  // namespace
