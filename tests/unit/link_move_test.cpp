@@ -386,29 +386,25 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
   registry.add("tcp", [&](const TransportContext& ctx) { return builtin.create("tcp", ctx); });
   std::atomic<std::size_t> wrong{0}, torn{0};
   std::vector<std::vector<std::string>> moved(n), seen(n);  // seen: the peer's transport, in order, deduplicated
-  std::vector<std::uint64_t> reads(n);
-  auto store = std::make_shared<InProcessStore>();
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        CommOptions o;
-        o.chunk_bytes = 4096;
-        o.timeout = std::chrono::seconds(20);
-        o.checksum = true;
-        o.health_agree_every = 2;
-        o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
-        o.host_id = "move-watched";
-        o.transports = {"shm", "tcp"};
-        o.fallbacks = {{"shm", "tcp"}};
-        o.channels = 1;
-        Communicator comm(store, r, n, registry, o);
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.health_agree_every = 2;
+  o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
+  o.host_id = "move-watched";
+  o.transports = {"shm", "tcp"};
+  o.fallbacks = {{"shm", "tcp"}};
+  o.channels = 1;
+  const std::string error = test::run_ranks(
+      n, [&](int) { return o; },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
         comm.on_health_event([&, r](const HealthEvent& e) {
           if (e.kind == EventKind::LinkMoved) moved[r].push_back(fmt::format("{}-{}", e.a, e.b));
         });
         std::atomic<bool> stop{false};
-        std::atomic<std::uint64_t> count{0};
+        std::atomic<std::uint64_t> reads{0};
         std::thread watcher([&, r] {
           while (!stop.load()) {
             for (const auto& l : comm.links()) {
@@ -416,7 +412,7 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
               if (seen[r].empty() || seen[r].back() != l.transport) seen[r].push_back(l.transport);
             }
             if (comm.link_table().find("rank") == std::string::npos) ++torn;
-            ++count;
+            ++reads;
           }
         });
         struct Join {
@@ -425,25 +421,22 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
           ~Join() { stop = true; t.join(); }
         } join{stop, watcher};
         const auto wait_for_reads = [&] {
-          for (const std::uint64_t now = count.load(); count.load() < now + 2;) std::this_thread::yield();
+          for (const std::uint64_t now = reads.load(); reads.load() < now + 2;) std::this_thread::yield();
         };
         wait_for_reads();  // the watcher saw the link before the move ...
         std::vector<float> buf(30000);
         for (int it = 0; it < 12; ++it) {
-          test::fill_input(DataType::Float32, ReduceOp::Sum, r, n, buf.data(), buf.size(), static_cast<std::size_t>(it));
+          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size(), static_cast<std::size_t>(it));
           comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
           wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, buf.data(), buf.size(), static_cast<std::size_t>(it));
         }
         wait_for_reads();  // ... and after it
-        reads[static_cast<std::size_t>(r)] = count.load();
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+      },
+      &registry);
+  INFO(error);
+  REQUIRE(error.empty());
   for (int r = 0; r < n; ++r) {
-    INFO("rank " << r << ": " << errors[r] << "; " << reads[r] << " reads of links()");
-    REQUIRE(errors[r].empty());
+    INFO("rank " << r);
     REQUIRE(moved[r] == std::vector<std::string>{"0-1"});
     REQUIRE(seen[r] == std::vector<std::string>{"shm", "tcp"});
   }
