@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <list>
-#include <ringfence/communicator.hpp>
+#include <ringfence/work.hpp>
 #include <span>
 #include <string>
 

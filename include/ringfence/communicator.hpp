@@ -27,31 +27,11 @@
 #include <ringfence/store.hpp>
 #include <ringfence/transport.hpp>
 #include <ringfence/types.hpp>
+#include <ringfence/work.hpp>
 #include <string>
 #include <vector>
 
 namespace ringfence {
-
-/// Handle of an asynchronous collective. Copyable; every copy refers to the same work. A
-/// default-constructed handle is complete.
-class Work {
- public:
-  Work() = default;
-  /// True once the work finished (successfully or not). Never blocks or throws.
-  bool test() const noexcept;
-  /// Blocks until the work finished; rethrows its error (the same exception types as the
-  /// blocking call). Bounded: the collective's own waits time out.
-  void wait() const;
-  /// Like `wait()`, but returns false if the work is still running after `timeout`.
-  bool wait_for(std::chrono::nanoseconds timeout) const;
-
-  struct State;  ///< shared completion state (private)
-  /// Wraps a state (used by the communicator).
-  explicit Work(std::shared_ptr<State> state) noexcept : state_(std::move(state)) {}
-
- private:
-  std::shared_ptr<State> state_;
-};
 
 /// Snapshot of one link, for tables and tests.
 struct LinkInfo {
@@ -311,7 +291,7 @@ class Communicator {
 /// Formats `links` as a table with one row per link.
 std::string format_link_table(const std::vector<LinkInfo>& links);
 
-/// The built-in transports (shm today) in default priority order. Defined in
+/// The built-in transports (shm, then tcp) in default priority order. Defined in
 /// `ringfence::builtin`.
 TransportRegistry builtin_transports();
 

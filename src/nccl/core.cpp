@@ -13,6 +13,7 @@
 #include <string_view>
 #include <thread>
 
+#include "../comm/arg_checks.hpp"
 #include "cuda_runtime.hpp"
 #include "shim.hpp"
 
@@ -273,10 +274,10 @@ ReduceOp reduce_op(const char* call, ncclRedOp_t op) {
 
 std::size_t bytes_of(const char* call, const char* what, std::size_t count, DataType type) {
   (void)call;
-  const std::size_t elem = size_of(type);
-  if (count > std::numeric_limits<std::size_t>::max() / elem)
-    throw ShimError(ncclInvalidArgument, fmt::format("{} {} overflows the address space", what, count));
-  return count * elem;
+  // The communicator's own rule (arg_checks.hpp), as ncclInvalidArgument.
+  const std::optional<std::size_t> bytes = ringfence::detail::checked_bytes(count, type);
+  if (!bytes) throw ShimError(ncclInvalidArgument, fmt::format("{} {} overflows the address space", what, count));
+  return *bytes;
 }
 
 bool check_buffer(const char* call, const ncclComm& comm, const char* what, const void* ptr, std::size_t bytes) {

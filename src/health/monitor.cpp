@@ -1,4 +1,4 @@
-#include "health_monitor.hpp"
+#include "monitor.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,0 +1,46 @@
+#pragma once
+// What every part of one communicator reads: its options, logger, rank, size, bootstrap store,
+// who the ranks are and the transports it selected. Filled once at setup (before any part
+// runs); only `seq` changes afterwards.
+#include <cstdint>
+#include <memory>
+#include <ringfence/log.hpp>
+#include <ringfence/options.hpp>
+#include <ringfence/store.hpp>
+#include <ringfence/transport.hpp>
+#include <string>
+#include <vector>
+
+namespace ringfence::detail {
+
+struct CommContext {
+  CommOptions options;
+  Logger log;
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;
+  PeerInfo self;
+  std::vector<PeerInfo> peer_info;  // by rank, ourselves included (moves reconnect with it)
+  std::vector<std::unique_ptr<Transport>> transports;  // selected, in priority order
+  /// Collectives issued so far (the call sequence number); written by the thread that runs
+  /// collectives, read for messages and events.
+  std::uint64_t seq = 0;
+  /// The data-path options every rank must share, as exchanged when lanes connect (set at setup).
+  std::string protocol;
+
+  const PeerInfo& peer(int r) const { return peer_info[static_cast<std::size_t>(r)]; }
+  /// True when no selected transport shares memory: every link is a network link.
+  bool network_only() const noexcept {
+    for (const auto& t : transports)
+      if (t->shares_memory()) return false;
+    return true;
+  }
+  /// Index of `t` in `transports` (its size when absent).
+  std::size_t index_of(const Transport* t) const noexcept {
+    std::size_t i = 0;
+    while (i < transports.size() && transports[i].get() != t) ++i;
+    return i;
+  }
+};
+
+}  // namespace ringfence::detail

@@ -1,0 +1,73 @@
+#pragma once
+// The fence agreement's decision (design §5.4, docs/health.md "Agreement"): every rank fills a
+// ballot with what its links' policies say, a checksummed max-allreduce gives every rank the
+// same ballot, and `decide` turns it into the same fences, moves, readmissions and plan on every
+// rank. `decide` is pure: votes and the current plan in, the decision out.
+#include <cstdint>
+#include <optional>
+#include <ringfence/plan.hpp>
+#include <utility>
+#include <vector>
+
+#include "../comm/plan_state.hpp"
+
+namespace ringfence::detail {
+
+/// A vote on a link: the largest vote any rank casts wins (a fence dominates a readmission).
+enum class Vote : std::uint8_t { None = 0, Readmit = 1, Fence = 2 };
+
+/// Two n x n byte matrices reduced with max over every rank: the votes on link (a, b), a < b,
+/// at [a][b] of the first; in row r of the second, the transport (index + 1, 0 = none) each of
+/// r's links may move to instead of being fenced (CommOptions::fallbacks).
+class Ballot {
+ public:
+  /// Sized for `n` ranks, empty.
+  void resize(int n);
+  /// Empties every cell (allocates nothing).
+  void clear() noexcept;
+  /// Casts `v` on link `l` (the largest vote on a link stays).
+  void vote(LinkId l, Vote v) noexcept;
+  /// Says that `rank`'s link to `peer` may move to transport `index` (-1: nowhere).
+  void offer_fallback(int rank, int peer, int index) noexcept;
+  /// The vote on `l` after the reduction.
+  Vote vote_of(LinkId l) const noexcept;
+  /// The transport `rank`'s link to `peer` may move to (-1: none).
+  int fallback_of(int rank, int peer) const noexcept;
+  /// The cells, for the allreduce.
+  std::uint8_t* data() noexcept { return cells_.data(); }
+  const std::uint8_t* data() const noexcept { return cells_.data(); }
+  std::size_t bytes() const noexcept { return cells_.size(); }
+  int ranks() const noexcept { return n_; }
+
+ private:
+  int n_ = 0;
+  std::vector<std::uint8_t> cells_;
+};
+
+/// What every rank does after an agreement.
+struct Decision {
+  /// Links to fence whose two ends offered the same fallback: moved there instead, the plan unchanged.
+  std::vector<std::pair<LinkId, int>> moves;
+  /// Links fenced by this agreement (in the new plan).
+  std::vector<LinkId> added;
+  /// Fenced links readmitted (probation served, both ends clean).
+  std::vector<LinkId> readmitted;
+  /// Links that must be fenced but that no relay or ring avoids: they stay in use, degraded,
+  /// with checksums on every rank from now on.
+  std::vector<LinkId> unroutable;
+  /// With `unroutable`: the whole fence list that no plan avoided (for the message).
+  std::vector<LinkId> unplannable;
+  /// The new plan when it changes (then `fenced` is its fence list).
+  std::optional<Plan> plan;
+  std::vector<LinkId> fenced;
+};
+
+/// Decides from the reduced ballot `b` and the current plan: fence votes on links neither fenced
+/// nor known unroutable become moves (both ends offered the same fallback) or fences;
+/// readmission votes on fenced links readmit them. Fences prefer relays over `ring` (the
+/// reduction order stays, results stay bit-identical); when links come back the plan starts
+/// again from `home_ring`, so a job whose fences all healed runs its original plan. Without any
+/// plan the new fences become `unroutable` (readmissions still apply when a plan without them exists).
+Decision decide(const Ballot& b, const PlanState& plan);
+
+}  // namespace ringfence::detail

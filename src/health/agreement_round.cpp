@@ -1,0 +1,215 @@
+#include "agreement_round.hpp"
+
+#include <algorithm>
+#include <ringfence/crc32c.hpp>
+#include <ringfence/error.hpp>
+
+namespace ringfence::detail {
+
+namespace {
+// Bandwidth evidence needs at least this much timed traffic on a link between agreements.
+constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
+}  // namespace
+
+void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
+  monitor_ = std::move(monitor);
+  ballot_.resize(ctx_.size);
+  digests_.resize(static_cast<std::size_t>(ctx_.size));
+  observations_.reserve(static_cast<std::size_t>(ctx_.size));
+  timed_.reserve(static_cast<std::size_t>(ctx_.size));
+}
+
+void AgreementRound::stop() noexcept {
+  if (monitor_) monitor_->stop();
+}
+
+bool AgreementRound::enabled() const noexcept {
+  return ctx_.size > 1 && ctx_.options.health_agree_every > 0 && (lanes_.main().engine.checksum || (monitor_ && monitor_->active()));
+}
+
+// Proposals and readmissions come from the links' policies: this rank's links judged on what
+// the transport saw since the last agreement (checksum mismatches, intact chunks, timeouts,
+// achieved bandwidth), mapped links on their hardware counters as well.
+void AgreementRound::observe() {
+  const int rank = ctx_.rank;
+  auto propose = [&](LinkId l, std::uint64_t count, const std::string& why) {
+    ballot_.vote(l, Vote::Fence);
+    ctx_.log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
+    emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
+  };
+  const auto& channels = lanes_.main().channels;
+  // One observation per peer, summed over the lanes (each lane has its own link to it).
+  observations_.clear();
+  for (auto& ch : channels) observations_.push_back(TransportObservation{LinkId::of(rank, ch->peer)});
+  timed_.assign(channels.size(), {0, 0});
+  // What channel `ch` saw since the last agreement, into `o` and its timed traffic `t`.
+  auto judge = [](Channel& ch, TransportObservation& o, std::pair<std::uint64_t, std::uint64_t>& t) {
+    auto& j = ch.judged;
+    const LinkStats& st = ch.link->stats();
+    const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
+    const std::uint64_t link_bytes = st.timed_bytes.load(std::memory_order_relaxed);
+    const std::uint64_t link_ns = st.timed_ns.load(std::memory_order_relaxed);
+    const std::uint64_t checksum_errors = ch.checksum_errors.load(std::memory_order_relaxed);
+    o.checksum_mismatches += checksum_errors - j.checksum_errors;
+    o.successes += (ch.sent - j.sent) + (ch.received - j.received);
+    o.timeouts += timeouts - j.timeouts;
+    t.first += (ch.timed_bytes - j.timed_bytes) + (link_bytes - j.link_timed_bytes);
+    t.second += (ch.timed_ns - j.timed_ns) + (link_ns - j.link_timed_ns);
+    j = {checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts, link_bytes, link_ns};
+  };
+  // Bytes over time spent in writes: the speed of one write stream, against the transport's.
+  auto ratio = [](const std::pair<std::uint64_t, std::uint64_t>& t, double expected_gbps) -> std::optional<double> {
+    if (t.first < kBandwidthEvidenceBytes || t.second == 0 || expected_gbps <= 0) return std::nullopt;
+    return static_cast<double>(t.first) / static_cast<double>(t.second) / expected_gbps;
+  };
+  lanes_.for_each([&](LaneState& L) {
+    for (std::size_t i = 0; i < L.channels.size(); ++i) judge(*L.channels[i], observations_[i], timed_[i]);
+  });
+  for (std::size_t i = 0; i < channels.size(); ++i) observations_[i].bandwidth_ratio = ratio(timed_[i], channels[i]->expected_gbps);
+  // The device lane's links join their pair's evidence: chunks, timeouts and their own bandwidth
+  // (device copies timed with CUDA events, against the device transport's figure); the slower
+  // of the two paths judges the pair. Its channels are in lane 0's order (DeviceLane::build).
+  if (device_.built())
+    for (std::size_t i = 0; i < channels.size(); ++i) {
+      Channel& dch = *device_.lane().channels[i];
+      std::pair<std::uint64_t, std::uint64_t> t{0, 0};
+      auto& o = observations_[i];
+      judge(dch, o, t);
+      if (const auto r = ratio(t, dch.expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
+    }
+  for (const auto& o : observations_)
+    if (o.checksum_mismatches > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
+  for (const auto& a : monitor_->evaluate(std::chrono::steady_clock::now(), observations_)) {
+    if (a.link.b >= ctx_.size) continue;
+    if (a.change && a.change->to == health::LinkState::Suspect)
+      emit(HealthEvent{EventKind::LinkSuspect, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
+    if (a.change && a.change->to == health::LinkState::Healthy)
+      emit(HealthEvent{EventKind::LinkHealthy, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
+    const bool fenced = plan_.is_fenced(a.link.a, a.link.b);
+    if (a.state == health::LinkState::Fenced) {
+      if (fenced)
+        ballot_.vote(a.link, Vote::Fence);  // still serving its cool-down
+      else
+        propose(a.link, 0, a.why);
+    } else if (fenced) {
+      ballot_.vote(a.link, Vote::Readmit);  // cool-down served, nothing wrong since: probation in the plan
+    }
+  }
+}
+
+Status AgreementRound::run(Failure& failure) {
+  const int rank = ctx_.rank;
+  ballot_.clear();
+  if (monitor_) observe();
+  // Where each of our links may move instead of being fenced.
+  for (int p = 0; p < ctx_.size; ++p)
+    if (p != rank) ballot_.offer_fallback(rank, p, mover_.fallback_of(p));
+  // An end whose transport cannot resume a fenced link keeps it fenced.
+  for (const LinkId& l : plan_.fenced())
+    if (l.a == rank || l.b == rank)
+      if (!lanes_.main().channel_to(l.a == rank ? l.b : l.a).link->can_reopen()) ballot_.vote(l, Vote::Fence);
+
+  LaneState& lane0 = lanes_.main();
+  EngineConfig config = lane0.engine;
+  config.checksum = true;  // the votes themselves must not be corrupted on the way
+  const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
+  RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, ballot_.data(), ballot_.data(), ballot_.bytes(), max,
+                                   DirectWrite{}, lane0.relay_duties, failure));
+  const Decision d = decide(ballot_, plan_);
+  if (!d.moves.empty()) mover_.apply(d.moves, monitor_.get());
+  if (!d.moves.empty() || !d.added.empty() || !d.unroutable.empty()) {
+    std::vector<LinkId> bad = d.added;
+    bad.insert(bad.end(), d.unroutable.begin(), d.unroutable.end());
+    for (const auto& m : d.moves) bad.push_back(m.first);
+    mover_.move_device_links(bad);
+  }
+  if (!d.unroutable.empty()) no_route(d);
+  if (!d.plan) return Status::ok();
+  install(*d.plan, d.fenced, d.added, d.readmitted);
+  mover_.move_device_links(d.readmitted, /*home=*/true);
+  if (monitor_) {  // a fenced link serves a cool-down before it may come back
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& l : d.added) monitor_->fence(l, "fenced by agreement", now);
+  }
+  const std::string plan = plan_.relays().empty() ? fmt::format("{}", fmt::join(plan_.ring(), "-"))
+                                                  : fmt::format("{} relays {}", fmt::join(plan_.ring(), "-"), to_string(plan_.relays()));
+  for (const auto& l : d.added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "agreed by all ranks", 0});
+  for (const auto& l : d.readmitted)
+    emit(HealthEvent{EventKind::LinkReadmitted, rank, l.a, l.b, 0, 0, 0, "cool-down served, counters clean; agreed by all ranks", 0});
+  emit(HealthEvent{EventKind::Replanned, rank, -1, -1, 0, 0, 0, plan, 0});
+  if (!d.added.empty()) ctx_.log.warn("fenced link {} at collective #{}; epoch {}: ring {}", to_string(d.added), ctx_.seq, plan_.epoch(), plan);
+  if (!d.readmitted.empty())
+    ctx_.log.warn("readmitted link {} at collective #{}; epoch {}: ring {}", to_string(d.readmitted), ctx_.seq, plan_.epoch(), plan);
+  return Status::ok();
+}
+
+// No route around: the links stay in use, degraded, with end-to-end checksums on every rank
+// from this collective (switched on together: every rank decides from the same votes), so every
+// chunk is verified and re-sent when damaged and results stay exact. Failing the job instead
+// would stop training on a link that still delivers.
+void AgreementRound::no_route(const Decision& d) {
+  plan_.add_unroutable(d.unroutable);
+  const bool was_checked = lanes_.main().engine.checksum;
+  lanes_.for_each([](LaneState& L) { L.engine.checksum = true; });
+  const std::string message = fmt::format(
+      "links {} must be fenced (agreed by all ranks) but neither a relay nor a ring of {} ranks avoids {}: they stay in use, "
+      "degraded, with end-to-end checksums{} (every chunk verified, re-sent when damaged); shrink the communicator or "
+      "replace the hardware",
+      to_string(d.unroutable), ctx_.size, to_string(d.unplannable), was_checked ? "" : " switched on");
+  ctx_.log.error("collective #{}: {}", ctx_.seq, message);
+  for (const auto& l : d.unroutable) emit(HealthEvent{EventKind::NoPlan, ctx_.rank, l.a, l.b, 0, 0, 0, message, 0});
+}
+
+void AgreementRound::install(Plan next, std::vector<LinkId> fenced, const std::vector<LinkId>& added,
+                             const std::vector<LinkId>& readmitted) {
+  const int rank = ctx_.rank;
+  plan_.set_fenced(std::move(fenced));
+  lanes_.for_each([&](LaneState& L) {
+    for (const auto& l : added)
+      if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+    for (const auto& l : readmitted)
+      if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->reopen();
+  });
+  set_plan_(std::move(next));
+  plan_.bump_epoch();
+}
+
+void AgreementRound::install_fences(std::vector<LinkId> all) {
+  auto next = plan_around(plan_.ring(), all, ctx_.size);
+  if (!next)
+    throw LinkFencedError(fmt::format("rank {}: no ring of {} ranks avoids the fenced links {}", ctx_.rank, ctx_.size, to_string(all)),
+                          ctx_.rank, all.front().a == ctx_.rank ? all.front().b : all.front().a);
+  const std::vector<LinkId> added = all;
+  install(std::move(*next), std::move(all), added, {});
+}
+
+Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failure& failure) {
+  const int rank = ctx_.rank, size = ctx_.size;
+  std::fill(digests_.begin(), digests_.end(), std::uint64_t{0});
+  digests_[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
+  LaneState& lane0 = lanes_.main();
+  EngineConfig config = lane0.engine;
+  config.checksum = true;
+  const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
+  RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, digests_.data(), digests_.data(), digests_.size(), max,
+                                   DirectWrite{}, lane0.relay_duties, failure));
+  // The majority digest (ties: the lowest rank's); every rank computes the same.
+  std::uint64_t majority = digests_[0];
+  int best = 0;
+  for (std::size_t i = 0; i < digests_.size(); ++i) {
+    const int votes_for = static_cast<int>(std::count(digests_.begin(), digests_.end(), digests_[i]));
+    if (votes_for > best) best = votes_for, majority = digests_[i];
+  }
+  if (best == size) return Status::ok();
+  ++digest_mismatches_;
+  std::string all;
+  for (int r = 0; r < size; ++r) all += fmt::format("{}{}:{:08x}", r ? " " : "", r, digests_[static_cast<std::size_t>(r)] & 0xffffffffu);
+  for (int r = 0; r < size; ++r)
+    if (digests_[static_cast<std::size_t>(r)] != majority) {
+      ctx_.log.error("collective #{}: rank {}'s result differs from the majority's (digests {})", ctx_.seq, r, all);
+      emit(HealthEvent{EventKind::DigestMismatch, rank, -1, -1, 0, 0, static_cast<std::uint64_t>(r), all, 0});
+    }
+  return Status::ok();
+}
+
+}  // namespace ringfence::detail

@@ -1,0 +1,73 @@
+#pragma once
+// One fence agreement at a collective boundary, around the pure `decide` (agreement.hpp):
+// observe (this rank's links judged by their policies on what the transports saw since the last
+// agreement, hardware counters too for mapped links) -> ballot -> a checksummed max-allreduce
+// that gives every rank the same ballot -> `decide` -> apply (moves, fences with relays or a
+// re-ordered ring, readmissions, links with no route kept in use with checksums). Also the
+// result digests (design §5 "Integrity").
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "../comm/context.hpp"
+#include "../comm/lanes.hpp"
+#include "../comm/plan_state.hpp"
+#include "../device/device_lane.hpp"
+#include "agreement.hpp"
+#include "link_mover.hpp"
+#include "monitor.hpp"
+#include "reporting.hpp"
+
+namespace ringfence::detail {
+
+class AgreementRound {
+ public:
+  /// `set_plan` installs a plan in the plan state and wires the lanes and fingerprints to it.
+  AgreementRound(CommContext& ctx, Lanes& lanes, PlanState& plan, DeviceLane& device, LinkMover& mover, EventSink& events,
+                 std::function<void(Plan)> set_plan)
+      : ctx_(ctx), lanes_(lanes), plan_(plan), device_(device), mover_(mover), events_(events), set_plan_(std::move(set_plan)) {}
+  ~AgreementRound() { stop(); }
+
+  /// Sizes the ballot and digests for the job; `monitor` (may be null) judges the links.
+  void start(std::unique_ptr<HealthMonitor> monitor);
+  void stop() noexcept;
+  HealthMonitor* monitor() const noexcept { return monitor_.get(); }
+  /// Whether agreements run: more than one rank, every RINGFENCE_HEALTH_AGREE_EVERY > 0, and
+  /// something to judge (checksums, or a link map).
+  bool enabled() const noexcept;
+  /// Runs one agreement (between collectives, on every rank at the same collective). Returns Ok
+  /// or the failure of the internal allreduce; a move that fails throws.
+  Status run(Failure& failure);
+  /// Installs an agreed fence list at setup (shrink and split carry fences over): the same
+  /// planning as an agreement, without the vote. Throws `LinkFencedError` when no plan avoids them.
+  void install_fences(std::vector<LinkId> all);
+  /// Every rank puts crc32c(output) in its slot, a max-allreduce gives everyone all digests, and
+  /// the ranks that differ from the majority are named (same inputs everywhere, so every rank
+  /// reports the same ranks).
+  Status compare_digests(const void* out, std::size_t bytes, Failure& failure);
+  std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
+
+ private:
+  void observe();
+  // Switches to `next` with `fenced`: fences this rank's newly fenced links, reopens its
+  // readmitted ones, rebuilds the ring and bumps the epoch.
+  void install(Plan next, std::vector<LinkId> fenced, const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted);
+  void no_route(const Decision& d);
+  void emit(HealthEvent e) noexcept { events_.emit(std::move(e), ctx_.rank, ctx_.seq, plan_.epoch(), ctx_.log); }
+
+  CommContext& ctx_;
+  Lanes& lanes_;
+  PlanState& plan_;
+  DeviceLane& device_;
+  LinkMover& mover_;
+  EventSink& events_;
+  std::function<void(Plan)> set_plan_;
+  std::unique_ptr<HealthMonitor> monitor_;
+  Ballot ballot_;
+  std::vector<TransportObservation> observations_;  // per agreement; reserved at start
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
+  std::vector<std::uint64_t> digests_;
+  std::uint64_t digest_mismatches_ = 0;
+};
+
+}  // namespace ringfence::detail
