@@ -11,8 +11,8 @@ namespace ringfence {
 TransportRegistry builtin_transports() {
   TransportRegistry registry;
   // Priority order: shared memory within a host, tcp across hosts (and wherever shm cannot).
-  registry.add(std::string(transports::shm::kName), &transports::shm::make_transport);
-  registry.add(std::string(transports::tcp::kName), &transports::tcp::make_transport);
+  registry.add(std::string(transports::shm::kName), &transports::shm::make_transport, transports::shm::setting_keys());
+  registry.add(std::string(transports::tcp::kName), &transports::tcp::make_transport, transports::tcp::setting_keys());
   return registry;
 }
 

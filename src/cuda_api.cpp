@@ -1,4 +1,4 @@
-#include "cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 
 #include <dlfcn.h>
 #include <fmt/format.h>

@@ -18,7 +18,7 @@
 #include <span>
 #include <string>
 
-#include "cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 
 namespace ringfence::detail {
 

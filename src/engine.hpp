@@ -1,5 +1,5 @@
 #pragma once
-// Private engine types: per-peer channels (a link plus the peer's imported regions and the
+// Private engine types: per-peer connections (a link plus the peer's imported regions and the
 // message counters) and the step executor. Nothing here allocates or throws once built.
 
 #include <atomic>
@@ -152,7 +152,7 @@ struct DirectWrite {
 };
 
 /// Everything one rank needs to talk to one peer.
-struct Channel {
+struct Connection {
   int peer = -1;
   std::string transport_name;
   Transport* transport = nullptr;
@@ -193,7 +193,7 @@ struct Channel {
   // `expected_gbps`, the transport's `can_reach` figure), here or by the link itself
   // (`Link::times_writes`, LinkStats::timed_*); `judged` holds the counters' values at the
   // previous fence agreement, which judges the differences (the link's own from zero again
-  // when the channel gets a new link).
+  // when the connection gets a new link).
   double expected_gbps = 0.0;
   std::uint64_t timed_bytes = 0, timed_ns = 0;
   struct Judged {
@@ -209,8 +209,8 @@ inline constexpr std::size_t kTimedWriteBytes = 32 * 1024;
 /// Forward, unchanged, every chunk that `in`'s peer (logical sender) writes to us to `out`'s
 /// peer (logical receiver): their link is fenced and we relay (see `Relay` in plan.hpp).
 struct RelayDuty {
-  Channel* in = nullptr;
-  Channel* out = nullptr;
+  Connection* in = nullptr;
+  Connection* out = nullptr;
   int sender_position = 0;     ///< ring position of the logical sender (to count its chunks per call)
   std::uint64_t base_in = 0;   ///< in->received when the duty started
   std::uint64_t base_out = 0;  ///< out->sent when the duty started
@@ -232,7 +232,7 @@ struct Failure {
   std::uint64_t message = 0; ///< message number on the link
   bool aborted_by_peer = false;  ///< `peer` failed first and aborted; `status` is its error class
   int blamed = -1;               ///< with aborted_by_peer: the rank the failing peer blamed
-  /// Transport of the channel it happened on (`Channel::transport_name`, which outlives the
+  /// Transport of the connection it happened on (`Connection::transport_name`, which outlives the
   /// failure's report); null when it happened on none (local) or was not set.
   const std::string* transport = nullptr;
 };
@@ -293,9 +293,9 @@ struct RingCall {
   /// Reduce-scatter / allgather: the rank (= block) at each ring position; nullptr when the ring
   /// is 0, 1, ..., n-1.
   const int* blocks = nullptr;
-  /// Tree and direct allreduce: channel per ring position and per rank (null for ourselves).
-  Channel* const* by_position = nullptr;
-  Channel* const* by_rank = nullptr;
+  /// Tree and direct allreduce: connection per ring position and per rank (null for ourselves).
+  Connection* const* by_position = nullptr;
+  Connection* const* by_rank = nullptr;
   /// This call's fingerprint check, left to the executor (null: settled before the call, or
   /// none). Only for calls whose every received chunk comes from `check->from`.
   CallCheck* check = nullptr;
@@ -329,14 +329,14 @@ struct P2PDirect {
   std::size_t user_min_bytes = SIZE_MAX;
   /// Key of `ptr` registered with `ch`'s transport under the rules of `d`; empty when it
   /// cannot or should not be shared (may allocate on a cache miss, never throws).
-  std::span<const std::byte> (*key_of)(const P2PDirect& d, void* ptr, std::size_t bytes, Channel& ch) noexcept = nullptr;
+  std::span<const std::byte> (*key_of)(const P2PDirect& d, void* ptr, std::size_t bytes, Connection& ch) noexcept = nullptr;
   /// Imports a peer's key (cached; nullptr on failure).
-  const RemoteRegion* (*resolve)(void* ctx, std::span<const std::byte> key, Channel& ch) noexcept = nullptr;
+  const RemoteRegion* (*resolve)(void* ctx, std::span<const std::byte> key, Connection& ch) noexcept = nullptr;
   void* ctx = nullptr;
 };
 
 /// Runs one ring collective over `left`/`right` (see `run_ring_allreduce`).
-Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, const RingCall& call,
+Status run_ring(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
 
 /// A call fingerprint posted to the ranks that check it and not yet compared with the one
@@ -344,7 +344,7 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Channel* left, Chan
 /// receives, when a wait finds it already there, and at the end of the call, so the first data
 /// leaves without waiting for the neighbour's fingerprint (docs/failure-semantics.md).
 struct CallCheck {
-  Channel* from = nullptr;  ///< channel whose fingerprint of this call we compare (null: none pending)
+  Connection* from = nullptr;  ///< connection whose fingerprint of this call we compare (null: none pending)
   CallFingerprint mine;     ///< ours, numbered and with its CRC
   CallFingerprint theirs;   ///< `from`'s, once read
   bool settled = false;     ///< `theirs` was read
@@ -361,28 +361,28 @@ struct CallCheck {
 /// arrived (true); does not acknowledge it. Never blocks.
 bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept;
 
-/// Call fingerprints, first half: writes `mine` to every channel in `to[0..n_to)` (after each
+/// Call fingerprints, first half: writes `mine` to every connection in `to[0..n_to)` (after each
 /// has read the one `kCallSlots` calls earlier). Bounded by the timeout.
-Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
-                        Channel* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept;
+Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
+                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept;
 
 /// Second half, for calls that do not leave it to the executor: waits for `check.from`'s
 /// fingerprint of the same call, reads it into `check` and acknowledges it. `check.intact` is
 /// false when it arrived damaged or stale (a lossy or corrupting link: evidence against the
 /// link, not a disagreement); a disagreement is not an error here (see `CallCheck::disagree`).
 /// Bounded by the timeout.
-Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right, RelayDuties& relays,
+Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
                           CallCheck& check, Failure& failure) noexcept;
 
-/// Runs a group of point-to-point transfers (`channel_of[r]`: channel to rank r, null for
+/// Runs a group of point-to-point transfers (`connection_of[r]`: connection to rank r, null for
 /// ourselves). `device`: the buffers and staging slots are device memory (see DeviceRegions;
 /// `direct` must then be disabled). Never throws or allocates.
-Status run_p2p(const EngineConfig& config, FlagBlock flags, Channel* const* channel_of, P2POp* ops, std::size_t n,
+Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
                const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr) noexcept;
 
-/// Runs one ring allreduce over `left`/`right` channels. Returns Ok, or an error with
+/// Runs one ring allreduce over the `left`/`right` connections. Returns Ok, or an error with
 /// `failure` describing the peer and the wait. Never throws or allocates.
-Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Channel* left, Channel* right,
+Status run_ring_allreduce(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right,
                           const void* send, void* recv, std::size_t count, const Reducer& reducer,
                           const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept;
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 #include <ringfence/env.hpp>
+#include <ringfence/transport_settings.hpp>
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
 #include <ringfence/health/config.hpp>
@@ -93,28 +94,37 @@ std::uint64_t fnv1a(std::string_view text, std::uint64_t seed) {
   return h;
 }
 
+
+// The core options (and launcher variables): every other RINGFENCE_* variable is a transport's
+// setting (copied to CommOptions::transport_settings) or unknown.
+constexpr std::string_view kKnown[] = {
+    "RINGFENCE_RANK",         "RINGFENCE_WORLD_SIZE",   "RINGFENCE_LOCAL_RANK",
+    "RINGFENCE_LOCAL_SIZE",   "RINGFENCE_STORE_ADDR",   "RINGFENCE_STORE_HOST",
+    "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
+    "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
+    "RINGFENCE_HOST_ID",
+    "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
+    "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
+    "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_FALLBACK",
+    "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
+    "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
+    "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
+    "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
+    "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
+    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS"};
+
+bool is_core_variable(std::string_view name) noexcept {
+  return std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown);
+}
+
+
 }  // namespace
 
-std::vector<std::string> unknown_variables(const Environment& env) {
-  static constexpr std::string_view kKnown[] = {
-      "RINGFENCE_RANK",         "RINGFENCE_WORLD_SIZE",   "RINGFENCE_LOCAL_RANK",
-      "RINGFENCE_LOCAL_SIZE",   "RINGFENCE_STORE_ADDR",   "RINGFENCE_STORE_HOST",
-      "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
-      "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
-      "RINGFENCE_HOST_ID",      "RINGFENCE_SHM_SPIN",     "RINGFENCE_SHM_CMA", "RINGFENCE_TCP_SOCKETS", "RINGFENCE_SOCKET_IFNAME", "RINGFENCE_TCP_CHUNK_BYTES",
-      "RINGFENCE_IB_HCA", "RINGFENCE_IB_GID_INDEX", "RINGFENCE_IB_TIMEOUT", "RINGFENCE_IB_RETRY_CNT", "RINGFENCE_IB_SL", "RINGFENCE_IB_TC",
-      "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
-      "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
-      "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_FALLBACK",
-      "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
-      "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
-      "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
-      "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
-      "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
-      "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS"};
+std::vector<std::string> unknown_variables(const Environment& env, const std::vector<std::string>& transport_variables) {
   std::vector<std::string> out;
   for (auto& name : env.names_with_prefix("RINGFENCE_"))
-    if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) out.push_back(name);
+    if (!is_core_variable(name) && std::find(transport_variables.begin(), transport_variables.end(), name) == transport_variables.end())
+      out.push_back(name);
   return out;
 }
 
@@ -140,6 +150,10 @@ std::size_t parse_bytes(std::string_view text, std::string_view what) {
 }
 
 CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
+  // Every variable that is not a core option may be a transport's: the transports parse their
+  // own (SettingsReader) when they are created.
+  for (const std::string& name : env.names_with_prefix("RINGFENCE_"))
+    if (!is_core_variable(name)) o.transport_settings[name] = *env.get(name);
   if (auto v = env.get("RINGFENCE_TIMEOUT_MS"))
     o.timeout = std::chrono::milliseconds(parse_integer("RINGFENCE_TIMEOUT_MS", *v, 1, 365ll * 24 * 3600 * 1000));
   if (auto v = env.get("RINGFENCE_CHUNK_BYTES")) o.chunk_bytes = parse_bytes(*v, "RINGFENCE_CHUNK_BYTES");
@@ -178,26 +192,6 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     if (v->empty()) bad_value("RINGFENCE_HOST_ID", *v, "a non-empty host identity");
     o.host_id = *v;
   }
-  if (auto v = env.get("RINGFENCE_SHM_SPIN"))
-    o.shm.spin_count = static_cast<int>(parse_integer("RINGFENCE_SHM_SPIN", *v, 0, 1ll << 30));
-  if (auto v = env.get("RINGFENCE_TCP_SOCKETS"))
-    o.tcp.sockets = static_cast<int>(parse_integer("RINGFENCE_TCP_SOCKETS", *v, 1, 8));
-  if (auto v = env.get("RINGFENCE_SOCKET_IFNAME")) o.tcp.interfaces = *v;
-  if (auto v = env.get("RINGFENCE_TCP_CHUNK_BYTES")) o.tcp.chunk_bytes = parse_bytes(*v, "RINGFENCE_TCP_CHUNK_BYTES");
-  // The HCA list is kept as text and parsed by the ibverbs transport (the core does not depend
-  // on a transport), but an empty one is refused here, naming the variable.
-  if (auto v = env.get("RINGFENCE_IB_HCA")) {
-    if (v->empty()) bad_value("RINGFENCE_IB_HCA", *v, "a device list such as mlx5_0:1,mlx5_1 or ^mlx5_2");
-    o.ib.hca = *v;
-  }
-  if (auto v = env.get("RINGFENCE_IB_GID_INDEX"))
-    o.ib.gid_index = static_cast<int>(parse_integer("RINGFENCE_IB_GID_INDEX", *v, 0, 255));
-  if (auto v = env.get("RINGFENCE_IB_TIMEOUT")) o.ib.timeout = static_cast<int>(parse_integer("RINGFENCE_IB_TIMEOUT", *v, 1, 31));
-  if (auto v = env.get("RINGFENCE_IB_RETRY_CNT"))
-    o.ib.retry_count = static_cast<int>(parse_integer("RINGFENCE_IB_RETRY_CNT", *v, 0, 7));
-  if (auto v = env.get("RINGFENCE_IB_SL")) o.ib.service_level = static_cast<int>(parse_integer("RINGFENCE_IB_SL", *v, 0, 15));
-  if (auto v = env.get("RINGFENCE_IB_TC")) o.ib.traffic_class = static_cast<int>(parse_integer("RINGFENCE_IB_TC", *v, 0, 255));
-  if (auto v = env.get("RINGFENCE_SHM_CMA")) o.shm.cross_memory_attach = parse_bool("RINGFENCE_SHM_CMA", *v);
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
   if (auto v = env.get("RINGFENCE_CHECK_CALLS")) o.check_calls = parse_bool("RINGFENCE_CHECK_CALLS", *v);
   if (auto v = env.get("RINGFENCE_HEARTBEAT_MS"))
@@ -232,13 +226,13 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))
     o.health_agree_every = static_cast<int>(parse_integer("RINGFENCE_HEALTH_AGREE_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_FALLBACK")) {
-    o.fallbacks.clear();
+    o.fallbacks = FallbackTable{};
     if (*v != "none")
       for (const std::string& pair : split_list(*v)) {
         const auto colon = pair.find(':');
         if (colon == std::string::npos || colon == 0 || colon + 1 == pair.size() || pair.substr(0, colon) == pair.substr(colon + 1))
           bad_value("RINGFENCE_FALLBACK", *v, "comma-separated from:to pairs of two different transports, such as nvlink:pcie, or none");
-        o.fallbacks.emplace_back(pair.substr(0, colon), pair.substr(colon + 1));
+        o.fallbacks->emplace_back(pair.substr(0, colon), pair.substr(colon + 1));
       }
   }
   if (auto v = env.get("RINGFENCE_HEALTH_FENCE_CRC_ERRORS"))
@@ -249,6 +243,28 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.fault = *v;
   }
   return o;
+}
+
+std::optional<std::string> SettingsReader::text(std::string_view variable) const {
+  if (!options_) return std::nullopt;
+  const auto it = options_->transport_settings.find(variable);
+  if (it == options_->transport_settings.end()) return std::nullopt;
+  return it->second;
+}
+
+long long SettingsReader::integer(std::string_view variable, long long fallback, long long min, long long max) const {
+  const auto v = text(variable);
+  return v ? parse_integer(variable, *v, min, max) : fallback;
+}
+
+std::size_t SettingsReader::bytes(std::string_view variable, std::size_t fallback) const {
+  const auto v = text(variable);
+  return v ? parse_bytes(*v, variable) : fallback;
+}
+
+bool SettingsReader::boolean(std::string_view variable, bool fallback) const {
+  const auto v = text(variable);
+  return v ? parse_bool(variable, *v) : fallback;
 }
 
 CommOptions CommOptions::from_env(const Environment& env) { return from_env(env, CommOptions{}); }

@@ -344,10 +344,12 @@ class FaultPending final : public PendingLink {
 class FaultTransport final : public transport_util::ForwardingTransport {
  public:
   FaultTransport(std::unique_ptr<Transport> inner, std::vector<FaultRule> rules, int self)
-      : ForwardingTransport(std::move(inner)), rules_(std::move(rules)), self_(self) {}
-  // Fault links read and flip payloads on the host (FaultLink::write): no device memory through
-  // them, so no device lane over a transport with fault rules.
-  bool writes_device_memory() const noexcept override { return false; }
+      : ForwardingTransport(std::move(inner)), rules_(std::move(rules)), self_(self), traits_(this->inner().traits()) {
+    // Fault links read and flip payloads on the host (FaultLink::write): no device memory
+    // through them, so no device lane over a transport with fault rules.
+    traits_.writes_device_memory = false;
+  }
+  const TransportTraits& traits() const noexcept override { return traits_; }
   std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
     return std::make_unique<FaultPending>(inner().connect(local, peer, address), rules_, self_);
   }
@@ -355,6 +357,7 @@ class FaultTransport final : public transport_util::ForwardingTransport {
  private:
   std::vector<FaultRule> rules_;
   int self_;
+  TransportTraits traits_;
 };
 
 }  // namespace

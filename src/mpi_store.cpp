@@ -1,11 +1,12 @@
 // MpiStore: the bootstrap store over MPI collectives (see include/ringfence/mpi.hpp for the
 // supported usage). Part of the optional `ringfence::mpi` target; the core never sees MPI.
 //
-// Why rounds are safe for `Communicator` setup (src/communicator.cpp): every rank runs
+// Why rounds are safe for `Communicator` setup (src/comm/setup.cpp, src/comm/lanes.cpp): every rank runs
 //   [nvlink_map: set gpu/<r>; get gpu/<every other rank>]      (only with a link map of `auto`)
 //   set peer/<r>;                     get peer/<every other rank>
-//   per lane: set addr/<r>/<t>...;    get addr/<peer>/<t>... (connect between the gets)
-//             set regions/<r>/for/..; get regions/<peer>/for/<r>...
+//   per lane (Lanes::connect_connections): set conn/<a>-<b>/addr/<r> for every peer;
+//             get conn/<a>-<b>/addr/<peer> for every peer (connect between the gets);
+//             set conn/<a>-<b>/regions/<r> for every peer; get conn/<a>-<b>/regions/<peer>...
 //   store_barrier: add barrier/setup 1; set barrier/setup/done; get barrier/setup/done
 // Each phase sets all of its keys before its first get, and its keys are new, so on every rank
 // the first get of a phase misses and runs a round, that round delivers every rank's keys of

@@ -80,4 +80,9 @@ PeerInfo deserialize_peer_info(std::span<const std::byte> bytes) {
   return info;
 }
 
+const TransportTraits& Transport::traits() const noexcept {
+  static const TransportTraits kNone;  // immutable: a transport that declares nothing
+  return kNone;
+}
+
 }  // namespace ringfence

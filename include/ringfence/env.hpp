@@ -20,17 +20,10 @@
 /// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4; ≥ 2 for network-only links on a host not oversubscribed) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
-/// | RINGFENCE_TCP_SOCKETS | tcp sockets per link (large writes are striped across them) | 2 |
-/// | RINGFENCE_TCP_CHUNK_BYTES | pipeline chunk once any link is not shared memory (if larger than RINGFENCE_CHUNK_BYTES) | 512K |
-/// | RINGFENCE_SOCKET_IFNAME | interfaces tcp listens on: prefixes, `^` excludes, `=` exact (NCCL_SOCKET_IFNAME syntax) | first non-loopback |
-/// | RINGFENCE_IB_HCA | InfiniBand devices/ports for the ibverbs transport: `name[:port]` prefixes, `^` excludes, `=` exact (NCCL_IB_HCA syntax) | all, first active port |
-/// | RINGFENCE_IB_GID_INDEX | GID index (RoCE, routed IB), 0..255 | 0 |
-/// | RINGFENCE_IB_TIMEOUT, RINGFENCE_IB_RETRY_CNT | ACK timeout exponent (1..31, 4.096 us x 2^n) and retries (0..7) | 20, 7 |
-/// | RINGFENCE_IB_SL, RINGFENCE_IB_TC | service level (0..15), traffic class (0..255) | 0, 0 |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
-/// | RINGFENCE_FALLBACK | `from:to` transport pairs a link that must be fenced moves along instead (docs/health.md), or `none` | nvlink:pcie |
+/// | RINGFENCE_FALLBACK | `from:to` transport pairs a link that must be fenced moves along instead (docs/health.md), or `none` | what the selected transports declare |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer within the checksum storm window (10 s) that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
 /// | RINGFENCE_HEALTH_PROMETHEUS | Prometheus text file per rank (`{rank}` in the path) | none |
@@ -49,8 +42,7 @@
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |
-/// | RINGFENCE_SHM_SPIN | shm polls before futex sleep (>= 0) | 2000 |
-/// | RINGFENCE_SHM_CMA | 0/1: cross-memory attach for unregistered buffers | 1 |
+/// | RINGFENCE_<TRANSPORT>_* | a transport's own settings (`CommOptions::transport_settings`): see transports/<name>/README.md | |
 ///
 /// Launchers understood by `detect_launch`: ringfence-run (RINGFENCE_*), torchrun (RANK,
 /// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
@@ -89,9 +81,10 @@ class Environment {
   std::map<std::string, std::string, std::less<>> vars_;
 };
 
-/// `RINGFENCE_*` variables in `env` that ringfence does not know (likely typos); the
+/// `RINGFENCE_*` variables in `env` that ringfence does not know (likely typos): neither a core
+/// option nor one of `transport_variables` (`TransportRegistry::setting_variables()`). The
 /// communicator logs a warning for each.
-std::vector<std::string> unknown_variables(const Environment& env);
+std::vector<std::string> unknown_variables(const Environment& env, const std::vector<std::string>& transport_variables = {});
 
 /// Parses a positive byte count with an optional K/M/G (binary) suffix: "65536", "64K", "1M".
 /// Throws `InvalidUsage` naming `what` on a malformed or out-of-range value.

@@ -11,74 +11,21 @@
 #include <cstdint>
 #include <ringfence/health/options.hpp>
 #include <ringfence/log.hpp>
+#include <map>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 namespace ringfence {
 
 class Environment;
 
-/// Options of the shared-memory transport.
-struct ShmOptions {
-  /// Flag polls before a waiter sleeps on a futex (0 = sleep at once). Spinning wins latency
-  /// when ranks <= cores; sleeping keeps 4 ranks on 2 cores from starving each other.
-  int spin_count = 2000;
-  /// Use cross-memory attach (process_vm_writev) to write straight into a peer's
-  /// unregistered buffer; when false such regions are rejected.
-  bool cross_memory_attach = true;
-};
+/// Settings that belong to one transport, as text keyed by their variable name
+/// (`RINGFENCE_<NAME>_<KEY>`): see include/ringfence/transport_settings.hpp.
+using TransportSettings = std::map<std::string, std::string, std::less<>>;
 
-/// Options of the TCP transport (see transports/tcp.hpp).
-struct TcpOptions {
-  /// Sockets per link; writes of at least 2 x `stripe_min_bytes` are striped across them.
-  /// Env: RINGFENCE_TCP_SOCKETS.
-  int sockets = 2;
-  /// Smallest part of a striped write.
-  std::size_t stripe_min_bytes = 128 * 1024;
-  /// Pipeline chunk the tcp transport asks for (`Reachability::min_chunk_bytes`), used instead of
-  /// `CommOptions::chunk_bytes` when larger as soon as a link of the communicator is tcp: every
-  /// chunk costs a signal round on the socket. Measured on loopback, 2 ranks, allreduce busbw,
-  /// three alternating runs, once a waiting thread kept its link's sockets between waits
-  /// (bench/README.md "tcp"): 512 KiB gave 3.2-3.5 GB/s at 4 MiB, 2.9-3.4 at 16 MiB and 2.7-3.6
-  /// at 64 MiB, against 1.7-2.0, 1.75-1.9 and 1.45-2.0 with 1 MiB; 256 KiB fell between them;
-  /// at 1 MiB all were within noise.
-  /// Env: RINGFENCE_TCP_CHUNK_BYTES.
-  std::size_t chunk_bytes = 512 * 1024;
-  /// SO_SNDBUF / SO_RCVBUF of every socket (the kernel may cap it).
-  int buffer_bytes = 4 * 1024 * 1024;
-  /// Interfaces to listen on, NCCL_SOCKET_IFNAME syntax ("eth", "^docker,lo", "=eth0"); empty =
-  /// the first up non-loopback IPv4 interface, else loopback. Env: RINGFENCE_SOCKET_IFNAME.
-  std::string interfaces;
-};
-
-/// Options of the InfiniBand verbs transport (see transports/ibverbs/README.md). Read by the
-/// transport when it is created; the transport is only built when libibverbs headers are found.
-struct IbverbsOptions {
-  /// Devices and ports to use, NCCL_IB_HCA syntax: comma list of `name[:port]` prefixes
-  /// ("mlx5_0:1,mlx5_1"), `^` in front excludes them, `=` in front matches names exactly
-  /// (`^=mlx5_2` also works). Empty = every device; the first ACTIVE port that passes is used.
-  /// Parsed by `transports::ibverbs::parse_hca_filter` when the transport is created.
-  /// Env: RINGFENCE_IB_HCA.
-  std::string hca;
-  /// GID table index for RoCE (and for routed IB). Env: RINGFENCE_IB_GID_INDEX (0..255).
-  int gid_index = 0;
-  /// Local ACK timeout exponent: 4.096 us x 2^timeout per try (20 = ~4.3 s, NCCL's default).
-  /// Env: RINGFENCE_IB_TIMEOUT (1..31).
-  int timeout = 20;
-  /// Transport retries before a write completes with RETRY_EXC_ERR (0..7).
-  /// Env: RINGFENCE_IB_RETRY_CNT.
-  int retry_count = 7;
-  /// Service level of the queue pairs (0..15). Env: RINGFENCE_IB_SL.
-  int service_level = 0;
-  /// Traffic class (RoCE DSCP << 2) of the queue pairs (0..255). Env: RINGFENCE_IB_TC.
-  int traffic_class = 0;
-  /// Registered bounce buffer per link for writes whose source is not registered with this
-  /// transport (the engine's staging slots): such writes are copied into it (bytes).
-  std::size_t staging_bytes = 4 * 1024 * 1024;
-  /// Library to dlopen (tests and unusual installs only).
-  std::string library = "libibverbs.so.1";
-};
+/// Fallback transports, as (from, to) transport names (`CommOptions::fallbacks`).
+using FallbackTable = std::vector<std::pair<std::string, std::string>>;
 
 /// Whether stream-ordered collectives run the engine on device memory (docs/device.md "Device
 /// regions in the engine") instead of staging through pinned host memory.
@@ -162,21 +109,20 @@ struct CommOptions {
   /// Smallest slice a channel is given (bytes); a call uses min(channels, bytes ÷ this) channels.
   /// Must match on every rank. Env: RINGFENCE_CHANNEL_MIN_BYTES.
   std::size_t channel_min_bytes = 1024 * 1024;
-  /// Allowed transports in priority order; empty = every registered transport in registry
-  /// order. Env: RINGFENCE_TRANSPORTS=shm,tcp.
+  /// Allowed transports in priority order, by registry name; empty = every registered
+  /// transport in registry order. Env: RINGFENCE_TRANSPORTS=<name>,<name>.
   std::vector<std::string> transports;
   /// Log verbosity. Env: RINGFENCE_LOG=error|warn|info|debug|trace.
   LogLevel log_level = LogLevel::Warn;
   /// Host identity used to decide which peers share memory; empty = hostname + boot id.
   /// Env: RINGFENCE_HOST_ID (tests use it to simulate several hosts).
   std::string host_id;
-  /// Shared-memory transport options. Env: RINGFENCE_SHM_SPIN, RINGFENCE_SHM_CMA.
-  ShmOptions shm;
-  /// TCP transport options. Env: RINGFENCE_TCP_SOCKETS, RINGFENCE_SOCKET_IFNAME.
-  TcpOptions tcp;
-  /// InfiniBand verbs transport options. Env: RINGFENCE_IB_HCA, RINGFENCE_IB_GID_INDEX,
-  /// RINGFENCE_IB_TIMEOUT, RINGFENCE_IB_RETRY_CNT, RINGFENCE_IB_SL, RINGFENCE_IB_TC.
-  IbverbsOptions ib;
+  /// The transports' own settings, as text by variable name (each transport's README and
+  /// `setting_keys()` list its variables). `from_env` copies every `RINGFENCE_*` variable that is
+  /// not one of the options here; set them in code the same way,
+  /// `options.transport_settings["RINGFENCE_<NAME>_<KEY>"] = "4"`. A transport parses its own
+  /// when it is created and refuses a bad value with `InvalidUsage` naming the variable.
+  TransportSettings transport_settings;
   /// End-to-end integrity: every chunk carries a CRC32C that the receiver verifies; a corrupted
   /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
   /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.
@@ -191,10 +137,11 @@ struct CommOptions {
   /// transport), the pair moves to `to` instead (a `link_moved` event): the plan stays, and
   /// so does every result, bit for bit. Otherwise the link is fenced and routed around. A moved
   /// link is judged afresh on its new transport and may move again, or be fenced; it does not
-  /// move back. Default: nvlink -> pcie (the PCIe path avoids the NVLink fabric). An end
-  /// without the pair in its list refuses the move. Env: RINGFENCE_FALLBACK=nvlink:pcie,shm:tcp
-  /// (`none`: never move).
-  std::vector<std::pair<std::string, std::string>> fallbacks{{"nvlink", "pcie"}};
+  /// move back. Unset (the default): the pairs the selected transports declare
+  /// (`TransportTraits::fallbacks`, e.g. a GPU peer-to-peer transport names its host-staged
+  /// twin). An end without the pair in its table refuses the move. An empty table never moves.
+  /// Env: RINGFENCE_FALLBACK=<from>:<to>,... or `none`.
+  std::optional<FallbackTable> fallbacks;
   /// Every this many collectives, ranks compare an 8-byte digest (CRC32C) of their allreduce
   /// output; a rank whose digest differs from the majority is reported as a `DigestMismatch`
   /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must
@@ -206,7 +153,8 @@ struct CommOptions {
   /// RINGFENCE_HEALTH_FENCE_CRC_ERRORS (`thresholds.checksum_storm_count`: corrupted chunks from
   /// a peer within `checksum_storm_window` that make a rank propose fencing the link).
   health::HealthOptions health;
-  /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2;1-2=ib:mlx5_0:1;2-3=pcie:0000:3b:00.0`,
+  /// Which hardware counters describe which link, e.g. `0-1=nvml:0:2` (the counter sources and
+  /// their grammar: docs/health.md, "From evidence to a fenced link"),
   /// or `auto` (NVLinks from NVML's topology, see `health_gpu`), alone or with such entries.
   /// Mapped links are judged by the health policy at every fence agreement (which then runs
   /// even without checksums). Must be non-empty on every rank or on none.

@@ -6,6 +6,8 @@
 #include <functional>
 #include <memory>
 #include <ringfence/transport.hpp>
+#include <ringfence/transport_settings.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,8 +20,10 @@ using TransportFactory = std::function<std::unique_ptr<Transport>(const Transpor
 /// Ordered list of named transport factories. A value type: copy it into each communicator.
 class TransportRegistry {
  public:
-  /// Appends a factory under `name`. Throws `InvalidUsage` when `name` is already registered.
-  void add(std::string name, TransportFactory factory);
+  /// Appends a factory under `name`, with the variables the transport reads (`settings`, e.g.
+  /// `transports::shm::setting_keys()`; they are known to `unknown_variables`). Throws
+  /// `InvalidUsage` when `name` is already registered.
+  void add(std::string name, TransportFactory factory, std::span<const SettingKey> settings = {});
   /// True when `name` is registered.
   bool contains(std::string_view name) const noexcept;
   /// Registered names in registration (priority) order.
@@ -27,11 +31,18 @@ class TransportRegistry {
   /// Names to use for a communicator: `allowed` in its order (each must be registered, else
   /// `InvalidUsage` naming it and listing the registered ones), or all when `allowed` is empty.
   std::vector<std::string> select(const std::vector<std::string>& allowed) const;
+  /// The variables every registered transport reads (for `unknown_variables`).
+  std::vector<std::string> setting_variables() const;
   /// Creates the transport `name`; throws `InvalidUsage` if unknown.
   std::unique_ptr<Transport> create(std::string_view name, const TransportContext& context) const;
 
  private:
-  std::vector<std::pair<std::string, TransportFactory>> entries_;
+  struct Entry {
+    std::string name;
+    TransportFactory factory;
+    std::vector<std::string> settings;
+  };
+  std::vector<Entry> entries_;
 };
 
 }  // namespace ringfence

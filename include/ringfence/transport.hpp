@@ -258,6 +258,27 @@ struct TransportContext {
   const Logger* log = nullptr;        ///< communicator logger (outlives the transport)
 };
 
+/// What a transport can do, as the engine needs to know it: one description per transport
+/// instead of a yes/no virtual per trait. Returned by `Transport::traits()`.
+struct TransportTraits {
+  /// A peer's write into a registered plain user buffer costs no more than a write into staging
+  /// memory (the receiver places the bytes itself, as a socket transport reads straight into
+  /// the buffer), so the engine lets peers write final values into user buffers without
+  /// `CommOptions::direct_write_user_min_bytes`. (Shared memory needs cross-memory attach.)
+  bool cheap_user_writes = false;
+  /// Links move data through memory both ends map: such a transport only joins ranks of one
+  /// host, at memory speed. A communicator whose transports all lack it has only network links,
+  /// and the tuner uses its network figures.
+  bool shares_memory = false;
+  /// `write` moves device memory: device sources, and destinations registered as
+  /// `MemoryKind::Device` whose staging slots `allocate(bytes, MemoryKind::Device)` made. The
+  /// engine's device regions run only over such transports (docs/device.md).
+  bool writes_device_memory = false;
+  /// Transports a link of this one may move to when the health layer must fence it, in order of
+  /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.
+  std::vector<std::string> fallbacks;
+};
+
 /// One transport instance per communicator. Control plane: thread-safe, may block and throw.
 class Transport {
  public:
@@ -271,19 +292,8 @@ class Transport {
   virtual void* allocate(std::size_t bytes, MemoryKind kind) { (void)bytes; (void)kind; return nullptr; }
   /// Frees memory from `allocate`; false when `ptr` is not this transport's.
   virtual bool deallocate(void* ptr) noexcept { (void)ptr; return false; }
-  /// True when a peer's write into a registered plain user buffer costs no more than a write
-  /// into staging memory (the receiver places the bytes itself: tcp reads its socket straight
-  /// into the buffer), so the engine lets peers write final values into user buffers without
-  /// `CommOptions::direct_write_user_min_bytes`. Default: false (shm needs cross-memory attach).
-  virtual bool cheap_user_writes() const noexcept { return false; }
-  /// True when links move data through memory both ends map (shm; later nvlink, pcie): such a
-  /// transport only joins ranks of one host, at memory speed. A communicator whose transports
-  /// all answer false has only network links, and the tuner uses its network figures.
-  virtual bool shares_memory() const noexcept { return false; }
-  /// True when `write` moves device memory: device sources, and destinations registered as
-  /// `MemoryKind::Device` whose staging slots `allocate(bytes, MemoryKind::Device)` made
-  /// (nvlink, pcie). The engine's device regions run only over such transports (docs/device.md).
-  virtual bool writes_device_memory() const noexcept { return false; }
+  /// What this transport can do (see `TransportTraits`). Default: none of the traits. Never throws.
+  virtual const TransportTraits& traits() const noexcept;
   /// Registers `bytes` at `ptr` so peers can address it. The region must outlive its use.
   virtual MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) = 0;
   /// Imports a peer's region from its key. Throws `InvalidUsage` on a malformed key.

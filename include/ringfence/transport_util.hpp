@@ -51,9 +51,7 @@ class ForwardingTransport : public Transport {
   Reachability can_reach(const PeerInfo& self, const PeerInfo& peer) const override { return inner_->can_reach(self, peer); }
   void* allocate(std::size_t bytes, MemoryKind kind) override { return inner_->allocate(bytes, kind); }
   bool deallocate(void* ptr) noexcept override { return inner_->deallocate(ptr); }
-  bool cheap_user_writes() const noexcept override { return inner_->cheap_user_writes(); }
-  bool shares_memory() const noexcept override { return inner_->shares_memory(); }
-  bool writes_device_memory() const noexcept override { return inner_->writes_device_memory(); }
+  const TransportTraits& traits() const noexcept override { return inner_->traits(); }
   MemoryRegion register_memory(void* ptr, std::size_t bytes, MemoryKind kind) override {
     return inner_->register_memory(ptr, bytes, kind);
   }

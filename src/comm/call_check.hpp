@@ -20,7 +20,7 @@ CallFingerprint make_fingerprint(CallKind kind, std::uint64_t count, DataType ty
 class CallChecker {
  public:
   /// Pairs the ranks for the plan `ring` (fenced links skipped, see `is_fenced`): which lane-0
-  /// channel we check and which ranks check ours. The same pairs on every rank (same ring, same
+  /// connection we check and which ranks check ours. The same pairs on every rank (same ring, same
   /// fence list). Between collectives only.
   template <class IsFenced>
   void wire(const std::vector<int>& ring, int rank, LaneState& lane0, IsFenced is_fenced) {
@@ -31,8 +31,8 @@ class CallChecker {
       int source = -1;
       for (std::size_t d = 1; d < n && source < 0; ++d)
         if (const int q = ring[(p + n - d) % n]; !is_fenced(q, ring[p])) source = q;
-      if (ring[p] == rank && source >= 0) from_ = &lane0.channel_to(source);
-      if (source == rank) to_.push_back(&lane0.channel_to(ring[p]));
+      if (ring[p] == rank && source >= 0) from_ = &lane0.connection_to(source);
+      if (source == rank) to_.push_back(&lane0.connection_to(ring[p]));
     }
   }
 
@@ -59,17 +59,17 @@ class CallChecker {
   /// What a judged call found.
   struct Verdict {
     enum Kind { None, Damaged, Disagree } kind = None;
-    Channel* from = nullptr;  ///< the channel whose fingerprint was judged
+    Connection* from = nullptr;  ///< the connection whose fingerprint was judged
     CallFingerprint mine, theirs;
   };
   /// After the data phase (or when it failed): reads the fingerprint if it arrived and judges
-  /// it once. A damaged or stale fingerprint is evidence against the link (its channel's
+  /// it once. A damaged or stale fingerprint is evidence against the link (its connection's
   /// checksum errors count it), not a disagreement.
   Verdict judge(const FlagBlock& flags) noexcept;
 
  private:
-  Channel* from_ = nullptr;    // lane-0 channel whose fingerprint we check
-  std::vector<Channel*> to_;   // lane-0 channels of the ranks that check ours
+  Connection* from_ = nullptr;    // lane-0 connection whose fingerprint we check
+  std::vector<Connection*> to_;   // lane-0 connections of the ranks that check ours
   CallCheck check_;            // this collective's: posted, compared by the executor or settle()
 };
 

@@ -27,12 +27,15 @@ struct CommContext {
   std::uint64_t seq = 0;
   /// The data-path options every rank must share, as exchanged when lanes connect (set at setup).
   std::string protocol;
+  /// The fallback table in force: `CommOptions::fallbacks`, or the pairs the selected
+  /// transports declare (`TransportTraits::fallbacks`). Set at setup.
+  FallbackTable fallbacks;
 
   const PeerInfo& peer(int r) const { return peer_info[static_cast<std::size_t>(r)]; }
   /// True when no selected transport shares memory: every link is a network link.
   bool network_only() const noexcept {
     for (const auto& t : transports)
-      if (t->shares_memory()) return false;
+      if (t->traits().shares_memory) return false;
     return true;
   }
   /// Index of `t` in `transports` (its size when absent).

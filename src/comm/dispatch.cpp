@@ -11,25 +11,9 @@ void Dispatch::start(TunerModel tuner, std::size_t oneshot_bytes, const Heartbea
   heartbeat_ = heartbeat;
 }
 
-Work Dispatch::issue(bool async, const char* call, std::function<void()> run) {
-  std::function<void()> gate = std::exchange(next_gate_, {});  // a stream-ordered call's input gate
+void Dispatch::refuse_in_group(const char* call) const {
   RINGFENCE_EXPECTS(group_depth_ == 0, "rank {}: {}: collectives inside group_start()/group_end() are not supported", p_.ctx.rank,
                     call);
-  if (!async) {
-    drain();
-    apply_timeout(call_timeout_);
-    run();
-    return Work{};
-  }
-  return p_.queue.push([this, t = call_timeout_, run = std::move(run), gate = std::move(gate)] {
-    struct Scope {  // the call's path lasts as long as the call
-      DeviceLane& device;
-      ~Scope() { device.leave_call(); }
-    } scope{p_.device};
-    if (gate) gate();  // enters the device lane for a device-lane call
-    apply_timeout(t);
-    run();
-  });
 }
 
 // The deadline of the call about to run on every lane: set_timeout()'s value or the default.
@@ -210,7 +194,7 @@ DirectWrite Dispatch::direct_write_for(LaneState& lane, const RingCall& c, std::
     direct.enabled = true;
     direct.call = static_cast<std::uint32_t>(ctx.seq);
     if (p_.lanes.is_user_memory(recv, bytes) || bytes >= ctx.options.direct_write_user_min_bytes ||
-        lane.left->transport->cheap_user_writes())
+        lane.left->transport->traits().cheap_user_writes)
       direct.own_key = p_.regs.local_key(recv, bytes, lane.left->transport);
     direct.resolve = &Dispatch::resolve_remote;
     direct.ctx = this;
@@ -237,7 +221,7 @@ void Dispatch::raise(const char* call, const Failure& f) {
   }
   // The link: the one the executor failed on (it names its transport), else lane 0's to the peer.
   const std::string* transport =
-      f.transport ? f.transport : f.peer >= 0 && f.peer != ctx.rank ? &p_.lanes.main().channel_to(f.peer).transport_name : nullptr;
+      f.transport ? f.transport : f.peer >= 0 && f.peer != ctx.rank ? &p_.lanes.main().connection_to(f.peer).transport_name : nullptr;
   const FailureReport r = describe_failure(ctx.rank, call, ctx.seq, f, transport, p_.lanes.main().engine.timeout,
                                            heartbeat_ && f.status.code() == ErrorCode::Timeout ? heartbeat_->silent_peer_note() : std::string());
   p_.failure.record(r.status, r.message);

@@ -82,10 +82,29 @@ class Dispatch {
   void run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes);
 
   // ---- issue ----
-  /// Runs `run` now (blocking call: after the queue drained) or queues it (async). The checks
-  /// already ran on the caller's thread. A gate set by `set_next_gate` runs first on the
-  /// progress thread.
-  Work issue(bool async, const char* call, std::function<void()> run);
+  /// Runs `run` now (blocking call: after the queue drained; nothing is allocated) or queues it
+  /// (async). The checks already ran on the caller's thread. A gate set by `set_next_gate` runs
+  /// first on the progress thread.
+  template <class Run>
+  Work issue(bool async, const char* call, Run run) {
+    std::function<void()> gate = std::exchange(next_gate_, {});  // a stream-ordered call's input gate
+    refuse_in_group(call);
+    if (!async) {
+      drain();
+      apply_timeout(call_timeout_);
+      run();
+      return Work{};
+    }
+    return p_.queue.push([this, t = call_timeout_, run = std::move(run), gate = std::move(gate)] {
+      struct Scope {  // the call's path lasts as long as the call
+        DeviceLane& device;
+        ~Scope() { device.leave_call(); }
+      } scope{p_.device};
+      if (gate) gate();  // enters the device lane for a device-lane call
+      apply_timeout(t);
+      run();
+    });
+  }
   /// The input gate of the stream-ordered call being issued (see DeviceStager): the next queued
   /// call waits for it first. Empty: none.
   void set_next_gate(std::function<void()> gate) { next_gate_ = std::move(gate); }
@@ -105,6 +124,7 @@ class Dispatch {
 
  private:
   void apply_timeout(std::chrono::milliseconds t) noexcept;
+  void refuse_in_group(const char* call) const;
   void begin_collective(const char* call, CallFingerprint fp);
   void settle_call(const char* call);
   void judge_call(const char* call);

@@ -70,9 +70,9 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes) noexcept {
   d.min_bytes = p_.ctx.options.direct_write_min_bytes;
   d.user_min_bytes = user_min_bytes;
   d.ctx = this;
-  d.key_of = [](const P2PDirect& d, void* ptr, std::size_t bytes, Channel& ch) noexcept -> std::span<const std::byte> {
+  d.key_of = [](const P2PDirect& d, void* ptr, std::size_t bytes, Connection& ch) noexcept -> std::span<const std::byte> {
     auto& self = *static_cast<Dispatch*>(d.ctx);
-    if (!self.p_.lanes.is_user_memory(ptr, bytes) && bytes < d.user_min_bytes && !ch.transport->cheap_user_writes()) return {};
+    if (!self.p_.lanes.is_user_memory(ptr, bytes) && bytes < d.user_min_bytes && !ch.transport->traits().cheap_user_writes) return {};
     try {
       return self.p_.regs.local_key(ptr, bytes, ch.transport);
     } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
@@ -80,7 +80,7 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes) noexcept {
       return {};
     }
   };
-  d.resolve = [](void* ctx, std::span<const std::byte> key, Channel& ch) noexcept {
+  d.resolve = [](void* ctx, std::span<const std::byte> key, Connection& ch) noexcept {
     auto& self = *static_cast<Dispatch*>(ctx);
     return self.p_.regs.import(key, ch, 2 * static_cast<std::size_t>(self.p_.ctx.size));
   };

@@ -66,7 +66,7 @@ void set_local_abort(LaneState& lane, std::uint32_t value) noexcept {
 }
 
 void signal_abort(LaneState& lane, int size, std::uint32_t value) noexcept {
-  for (auto& ch : lane.channels) {
+  for (auto& ch : lane.connections) {
     if (!ch->link || !ch->peer_flags) continue;
     (void)ch->link->signal(SignalOp{&ch->peer_flags, FlagBlock::abort_offset(size), value, 0});
     poll_link(*ch);

@@ -43,9 +43,9 @@ void Heartbeat::request_abort() noexcept {
 }
 
 void Heartbeat::close(FenceReason why) noexcept {
-  for (auto& ch : lane_.channels)
+  for (auto& ch : lane_.connections)
     if (ch->link) ch->link->fence(why);
-  lane_.channels.clear();
+  lane_.connections.clear();
 }
 
 void Heartbeat::loop() noexcept {
@@ -55,7 +55,7 @@ void Heartbeat::loop() noexcept {
     std::vector<char> watched(static_cast<std::size_t>(size_), 1);
     std::uint32_t beat = 0;
     bool abort_sent = false, abort_seen = false;
-    auto left_cleanly = [&](const Channel& ch) {
+    auto left_cleanly = [&](const Connection& ch) {
       const auto p = static_cast<std::size_t>(ch.peer);
       watched[p] = 0;
       left_[p].store(true, std::memory_order_release);
@@ -74,8 +74,8 @@ void Heartbeat::loop() noexcept {
       const bool send_abort = abort_requested_ && !abort_sent;
       lock.unlock();
       ++beat;
-      for (auto& chp : lane_.channels) {
-        Channel& ch = *chp;
+      for (auto& chp : lane_.connections) {
+        Connection& ch = *chp;
         const auto p = static_cast<std::size_t>(ch.peer);
         const std::size_t word = stop ? FlagBlock::credit_offset(size_, rank_) : FlagBlock::data_offset(size_, rank_);
         Status s = Status::ok();

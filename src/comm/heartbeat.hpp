@@ -34,7 +34,7 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
-  /// The beat lane: its channels are made and connected by the caller before `start()`.
+  /// The beat lane: its connections are made and connected by the caller before `start()`.
   LaneState& lane() noexcept { return lane_; }
   /// Starts the thread.
   void start();

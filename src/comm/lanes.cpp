@@ -57,11 +57,11 @@ constexpr int kNetworkMinLanes = 2;
 
 std::size_t Lanes::choose_transports() {
   for (int p = 0; p < ctx_.size; ++p)
-    if (p != ctx_.rank) lane0_.channel_to(p);
-  channel_of_.assign(static_cast<std::size_t>(ctx_.size), nullptr);
-  for (auto& ch : lane0_.channels) channel_of_[static_cast<std::size_t>(ch->peer)] = ch.get();
+    if (p != ctx_.rank) lane0_.connection_to(p);
+  connection_of_.assign(static_cast<std::size_t>(ctx_.size), nullptr);
+  for (auto& ch : lane0_.connections) connection_of_[static_cast<std::size_t>(ch->peer)] = ch.get();
   std::size_t min_chunk = 0;
-  for (auto& ch : lane0_.channels) {
+  for (auto& ch : lane0_.connections) {
     std::string reasons;
     for (const auto& t : ctx_.transports) {
       const Reachability r = t->can_reach(ctx_.self, ctx_.peer(ch->peer));
@@ -85,7 +85,7 @@ std::size_t Lanes::choose_transports() {
 int Lanes::lane_count() const {
   if (ctx_.options.channels > 0) return ctx_.options.channels;
   int local = 1;
-  for (const auto& ch : lane0_.channels) local += ctx_.peer(ch->peer).host_id == ctx_.self.host_id;
+  for (const auto& ch : lane0_.connections) local += ctx_.peer(ch->peer).host_id == ctx_.self.host_id;
   const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   // Every link a network link: at least two lanes unless the host is oversubscribed. A tcp
   // lane's thread blocks in sends and socket reads, and a second lane overlaps them; 2 tcp
@@ -95,15 +95,15 @@ int Lanes::lane_count() const {
 }
 
 void Lanes::follow_lane0(LaneState& L, bool expected) const {
-  for (const auto& ch : lane0_.channels) {
-    Channel& mine = L.channel_to(ch->peer);
+  for (const auto& ch : lane0_.connections) {
+    Connection& mine = L.connection_to(ch->peer);
     mine.transport = ch->transport;
     mine.transport_name = ch->transport_name;
     if (expected) mine.expected_gbps = ch->expected_gbps;
   }
 }
 
-void Lanes::finish_connect(PendingLink& pending, Channel& ch, std::chrono::steady_clock::time_point deadline,
+void Lanes::finish_connect(PendingLink& pending, Connection& ch, std::chrono::steady_clock::time_point deadline,
                            const std::string& what) {
   for (std::unique_ptr<Link> link;;) {
     const Status s = pending.try_finish(link);
@@ -120,9 +120,8 @@ void Lanes::finish_connect(PendingLink& pending, Channel& ch, std::chrono::stead
 }
 
 // Store keys of lane 0 have no suffix, lane c's end in "/lane<c>".
-void Lanes::connect(LaneState& L, int index, const std::string& protocol, MemoryKind memory, std::byte** extra_slot) {
+void Lanes::connect(LaneState& L, int index, MemoryKind memory, std::byte** extra_slot) {
   const int rank = ctx_.rank, size = ctx_.size;
-  Store& store = *ctx_.store;
   const std::string suffix = index == 0            ? std::string()
                              : index == kBeatLane   ? std::string("/beat")
                              : index == kDeviceLane ? std::string("/device")
@@ -132,92 +131,102 @@ void Lanes::connect(LaneState& L, int index, const std::string& protocol, Memory
   const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
   const std::size_t scratch_bytes = L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots + 1);
   if (memory == MemoryKind::Host) {
-    L.inbox_mem = allocate(inbox_bytes * L.channels.size());
-    for (std::size_t i = 0; i < L.channels.size(); ++i) L.channels[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
+    L.inbox_mem = allocate(inbox_bytes * L.connections.size());
+    for (std::size_t i = 0; i < L.connections.size(); ++i) L.connections[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
     L.scratch_mem = allocate(scratch_bytes);
   } else {
-    for (auto& ch : L.channels) ch->inbox = allocate_device(*ch->transport, inbox_bytes);
+    for (auto& ch : L.connections) ch->inbox = allocate_device(*ch->transport, inbox_bytes);
     // One slot more than the scratch: the input copy of an in-place one-shot allreduce.
-    if (!L.channels.empty()) L.scratch_mem = allocate_device(*L.channels.front()->transport, scratch_bytes + L.engine.slot_bytes);
+    if (!L.connections.empty()) L.scratch_mem = allocate_device(*L.connections.front()->transport, scratch_bytes + L.engine.slot_bytes);
     if (extra_slot) *extra_slot = L.scratch_mem ? static_cast<std::byte*>(L.scratch_mem) + scratch_bytes : nullptr;
   }
   L.engine.scratch = static_cast<std::byte*>(L.scratch_mem);
-
-  std::vector<std::unique_ptr<ListenHandle>> listeners(ctx_.transports.size());
-  for (auto& ch : L.channels)
-    if (auto& l = listeners[ctx_.index_of(ch->transport)]; !l) l = ch->transport->listen();
-  for (std::size_t t = 0; t < ctx_.transports.size(); ++t)
-    if (listeners[t]) store.set(fmt::format("addr/{}/{}{}", rank, ctx_.transports[t]->name(), suffix), listeners[t]->address());
-
-  const auto deadline = std::chrono::steady_clock::now() + ctx_.options.timeout;
-  for (auto& chp : L.channels) {
-    Channel& ch = *chp;
-    const Bytes address = store.get(fmt::format("addr/{}/{}{}", ch.peer, ch.transport_name, suffix), ctx_.options.timeout);
-    finish_connect(*ch.transport->connect(*listeners[ctx_.index_of(ch.transport)], ctx_.peer(ch.peer), address), ch, deadline,
-                   fmt::format("rank {}: connecting to rank {} over {}", rank, ch.peer, ch.transport_name));
+  // Every connection of the lane at once (the same code a link move runs for one).
+  std::vector<ConnectSpec> specs;
+  specs.reserve(L.connections.size());
+  for (auto& ch : L.connections) {
+    const LinkId pair = LinkId::of(rank, ch->peer);
+    specs.push_back(ConnectSpec{ch.get(), ch->transport, fmt::format("conn{}/{}-{}", suffix, pair.a, pair.b),
+                                fmt::format("rank {}: connecting to rank {} over {}", rank, ch->peer, ch->transport_name)});
   }
-
-  for (auto& ch : L.channels) {
-    ch->flags_region = ch->transport->register_memory(L.flags_mem, FlagBlock::bytes(size), MemoryKind::Host);
-    ch->inbox_region = ch->transport->register_memory(ch->inbox, inbox_bytes, memory);
-    store.set(fmt::format("regions/{}/for/{}{}", rank, ch->peer, suffix),
-              pack({ch->inbox_region.key(), ch->flags_region.key(), to_bytes(protocol)}));
-  }
-  for (auto& ch : L.channels) {
-    const auto parts = unpack(store.get(fmt::format("regions/{}/for/{}{}", ch->peer, rank, suffix), ctx_.options.timeout), "region keys");
-    RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, ch->peer);
-    RINGFENCE_EXPECTS(to_string(parts[2]) == protocol,
-                      "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
-                      "RINGFENCE_SLOTS, RINGFENCE_CHANNELS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and "
-                      "RINGFENCE_TUNER_* must match on every rank",
-                      rank, ch->peer, to_string(parts[2]), protocol);
-    ch->peer_inbox = ch->transport->import_region(parts[0]);
-    ch->peer_flags = ch->transport->import_region(parts[1]);
-  }
+  connect_connections(L, specs, memory);
 }
 
-void Lanes::build(int count, const std::string& protocol) {
-  connect(lane0_, 0, protocol);
+void Lanes::build(int count) {
+  connect(lane0_, 0);
   for (int c = 1; c < count; ++c) {
     auto lane = std::make_unique<LaneState>();
     lane->engine = lane0_.engine;
     follow_lane0(*lane, true);
-    connect(*lane, c, protocol);
+    connect(*lane, c);
     extra_.push_back(std::move(lane));
   }
   start_workers();
 }
 
-void Lanes::connect_channel(LaneState& L, Channel& ch, Transport& to, const std::string& key, MemoryKind inbox_kind,
-                            const char* what) {
-  const int rank = ctx_.rank, peer = ch.peer;
+void Lanes::connect_connection(LaneState& L, Connection& ch, Transport& to, const std::string& key, MemoryKind inbox_kind,
+                               const std::string& what) {
+  const ConnectSpec one{&ch, &to, key, what};
+  connect_connections(L, std::span(&one, 1), inbox_kind);
+}
+
+// In phases, each of which sets all its store keys before it reads any: a collective-only store
+// (MpiStore) serves a phase's reads with one round in which every rank delivers that phase's
+// keys, so every rank must run the same phases (src/mpi_store.cpp).
+void Lanes::connect_connections(LaneState& L, std::span<const ConnectSpec> specs, MemoryKind inbox_kind) {
+  const int rank = ctx_.rank;
+  const std::string& protocol = ctx_.protocol;
   Store& store = *ctx_.store;
-  if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
-  {
-    std::lock_guard lock(links_mutex_);  // links() from another thread may be reading the old link
-    ch.link.reset();
-    ch.transport_name = std::string(to.name());
+  // 1. Drop any old link; listen; publish the address.
+  std::vector<std::unique_ptr<ListenHandle>> listeners;
+  listeners.reserve(specs.size());
+  for (const ConnectSpec& s : specs) {
+    Connection& ch = *s.ch;
+    if (ch.link) ch.link->fence(FenceReason::HealthPolicy);
+    {
+      std::lock_guard lock(links_mutex_);  // links() from another thread may be reading the old link
+      ch.link.reset();
+      ch.transport_name = std::string(s.to->name());
+    }
+    ch.peer_inbox = RemoteRegion{};
+    ch.peer_flags = RemoteRegion{};
+    ch.inbox_region = MemoryRegion{};
+    ch.flags_region = MemoryRegion{};
+    ch.transport = s.to;
+    listeners.push_back(s.to->listen());
+    store.set(fmt::format("{}/addr/{}", s.key, rank), listeners.back()->address());
   }
-  ch.peer_inbox = RemoteRegion{};
-  ch.peer_flags = RemoteRegion{};
-  ch.inbox_region = MemoryRegion{};
-  ch.flags_region = MemoryRegion{};
-  ch.transport = &to;
-  const auto listener = to.listen();
-  store.set(fmt::format("{}/addr/{}", key, rank), listener->address());
-  const Bytes address = store.get(fmt::format("{}/addr/{}", key, peer), ctx_.options.timeout);
-  finish_connect(*to.connect(*listener, ctx_.peer(peer), address), ch, std::chrono::steady_clock::now() + ctx_.options.timeout,
-                 fmt::format("rank {}: moving {} to rank {} to {}: connecting", rank, what, peer, to.name()));
+  // 2. Connect, one peer at a time in peer order (the transport decides who dials).
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const ConnectSpec& s = specs[i];
+    const int peer = s.ch->peer;
+    const Bytes address = store.get(fmt::format("{}/addr/{}", s.key, peer), ctx_.options.timeout);
+    finish_connect(*s.to->connect(*listeners[i], ctx_.peer(peer), address), *s.ch,
+                   std::chrono::steady_clock::now() + ctx_.options.timeout, s.what);
+  }
+  // 3. Register the lane's flags and the connection's staging slots with the new link; publish
+  //    the keys with the data-path options every rank must share.
   const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
-  ch.flags_region = to.register_memory(L.flags_mem, FlagBlock::bytes(ctx_.size), MemoryKind::Host);
-  ch.inbox_region = to.register_memory(ch.inbox, inbox_bytes, inbox_kind);
-  store.set(fmt::format("{}/regions/{}", key, rank), pack({ch.inbox_region.key(), ch.flags_region.key()}));
-  const auto parts = unpack(store.get(fmt::format("{}/regions/{}", key, peer), ctx_.options.timeout), "region keys");
-  RINGFENCE_EXPECTS(parts.size() == 2, "rank {}: malformed region keys from rank {} (moving {})", rank, peer, what);
-  ch.peer_inbox = to.import_region(parts[0]);
-  ch.peer_flags = to.import_region(parts[1]);
-  ch.expected_gbps = to.can_reach(ctx_.self, ctx_.peer(peer)).bandwidth_gbps;
-  ch.judged.timeouts = ch.judged.link_timed_bytes = ch.judged.link_timed_ns = 0;  // the new link counts from zero
+  for (const ConnectSpec& s : specs) {
+    Connection& ch = *s.ch;
+    ch.flags_region = s.to->register_memory(L.flags_mem, FlagBlock::bytes(ctx_.size), MemoryKind::Host);
+    ch.inbox_region = s.to->register_memory(ch.inbox, inbox_bytes, inbox_kind);
+    store.set(fmt::format("{}/regions/{}", s.key, rank), pack({ch.inbox_region.key(), ch.flags_region.key(), to_bytes(protocol)}));
+  }
+  // 4. Import the peer's.
+  for (const ConnectSpec& s : specs) {
+    Connection& ch = *s.ch;
+    const int peer = ch.peer;
+    const auto parts = unpack(store.get(fmt::format("{}/regions/{}", s.key, peer), ctx_.options.timeout), "region keys");
+    RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, peer);
+    RINGFENCE_EXPECTS(to_string(parts[2]) == protocol,
+                      "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
+                      "RINGFENCE_SLOTS, RINGFENCE_CHANNELS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and "
+                      "RINGFENCE_TUNER_* must match on every rank",
+                      rank, peer, to_string(parts[2]), protocol);
+    ch.peer_inbox = s.to->import_region(parts[0]);
+    ch.peer_flags = s.to->import_region(parts[1]);
+  }
 }
 
 void* Lanes::allocate(std::size_t bytes) {
@@ -293,20 +302,20 @@ void Lanes::wire(const PlanState& plan) {
       if (r.from == rank) right_rank = r.via;  // ours go through it
       if (r.via == rank && L.relay_duties.count < kMaxRelayDuties) {
         RelayDuty& d = L.relay_duties.duty[L.relay_duties.count++];
-        d.in = &L.channel_to(r.from);
-        d.out = &L.channel_to(r.to);
+        d.in = &L.connection_to(r.from);
+        d.out = &L.connection_to(r.to);
         d.sender_position = plan.position_of(r.from);
         d.base_in = d.in->received;
         d.base_out = d.out->sent;
         d.credited = static_cast<std::uint32_t>(d.base_in);
       }
     }
-    L.left = &L.channel_to(left_rank);
-    L.right = &L.channel_to(right_rank);
+    L.left = &L.connection_to(left_rank);
+    L.right = &L.connection_to(right_rank);
   });
-  position_channel_.assign(n, nullptr);
+  position_connection_.assign(n, nullptr);
   for (std::size_t p = 0; p < n; ++p)
-    if (ring[p] != rank) position_channel_[p] = &lane0_.channel_to(ring[p]);
+    if (ring[p] != rank) position_connection_[p] = &lane0_.connection_to(ring[p]);
 }
 
 void Lanes::local_abort(std::uint32_t value) noexcept {
@@ -318,7 +327,7 @@ void Lanes::abort_peers(std::uint32_t value) noexcept {
 }
 
 std::vector<LinkInfo> Lanes::links() const {
-  std::lock_guard lock(links_mutex_);  // a move may be replacing a link (connect_channel)
+  std::lock_guard lock(links_mutex_);  // a move may be replacing a link (connect_connection)
   return collect_links(ctx_.rank, lane0_, extra_, device_.load(std::memory_order_acquire));
 }
 
@@ -381,13 +390,13 @@ void Lanes::stop_workers() noexcept {
 
 void Lanes::fence_all(FenceReason why) noexcept {
   for_each_and_device([why](LaneState& L) {
-    for (auto& ch : L.channels)
+    for (auto& ch : L.connections)
       if (ch->link) ch->link->fence(why);
   });
 }
 
-void Lanes::drop_channels() noexcept {
-  for_each_and_device([](LaneState& L) { L.channels.clear(); });
+void Lanes::drop_connections() noexcept {
+  for_each_and_device([](LaneState& L) { L.connections.clear(); });
 }
 
 void Lanes::release_memory() noexcept {

@@ -1,13 +1,14 @@
 #pragma once
 // The lanes of a communicator (lane.hpp): choosing a transport per peer, building and connecting
 // lanes (lane 0, the extra lanes of RINGFENCE_CHANNELS, and the heartbeat's and device lane's
-// when their parts ask), replacing one channel's link (`connect_channel`, used at setup and by a
+// when their parts ask), replacing one connection's link (`connect_connection`, used at setup and by a
 // link move alike), the memory the lanes and `alloc()` hand out, wiring the lanes to a plan,
 // and running one split collective's slices on the lane worker threads.
 #include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,7 +44,7 @@ class Lanes {
   ~Lanes() { stop_workers(); }
 
   // ---- setup (may block, allocate, throw) ----
-  /// Makes lane 0's channel to every peer and gives each the first (highest priority) selected
+  /// Makes lane 0's connection to every peer and gives each the first (highest priority) selected
   /// transport that reaches it: both ends evaluate the same list on the same facts, so they
   /// agree. Returns the largest chunk preference of the chosen transports. Throws
   /// `Error(PeerUnreachable)` naming every transport's reason when none reaches a peer.
@@ -51,23 +52,36 @@ class Lanes {
   /// Lanes to build: RINGFENCE_CHANNELS, or (0 = auto) one per core this rank can count on
   /// (online cores over the ranks on this host), at most 4.
   int lane_count() const;
-  /// Gives `L` a channel to every peer of lane 0 over the same transport (the extra lanes', the
+  /// Gives `L` a connection to every peer of lane 0 over the same transport (the extra lanes', the
   /// heartbeat's); `expected`: with the transports' bandwidth figures.
   void follow_lane0(LaneState& L, bool expected) const;
-  /// Connects lane `index` of `L` (its channels name peer and transport): allocates its flags,
-  /// staging slots and scratch (`memory` Device: staging and scratch in device memory from the
-  /// channels' transports, plus one slot after the scratch, returned in `*extra_slot`), listens,
-  /// connects to every peer, registers the flags and the inbox each peer writes into and imports
-  /// theirs, checking that every peer runs the same `protocol`.
-  void connect(LaneState& L, int index, const std::string& protocol, MemoryKind memory = MemoryKind::Host,
-               std::byte** extra_slot = nullptr);
+  /// Connects lane `index` of `L` (its connections name peer and transport): allocates its
+  /// flags, staging slots and scratch (`memory` Device: staging and scratch in device memory from
+  /// the connections' transports, plus one slot after the scratch, returned in `*extra_slot`),
+  /// then connects every connection (`connect_connection`), checking that every peer runs the
+  /// same data-path options (`CommContext::protocol`).
+  void connect(LaneState& L, int index, MemoryKind memory = MemoryKind::Host, std::byte** extra_slot = nullptr);
   /// Connects lane 0 and `count - 1` extra lanes and starts the extra lanes' workers.
-  void build(int count, const std::string& protocol);
-  /// Replaces `ch`'s link (lane `L`) with a new one over `to`, as at setup (store keys under
-  /// `key`), and registers the same flags and staging slots (`inbox_kind` memory) with it: the
-  /// signal words keep their values, the channel its message counters. `what` names the link
-  /// in errors. Throws on a timeout or a refused connection.
-  void connect_channel(LaneState& L, Channel& ch, Transport& to, const std::string& key, MemoryKind inbox_kind, const char* what);
+  void build(int count);
+  /// Connects `ch` of lane `L` over `to`, at setup and for a link move alike: an old link is
+  /// fenced and dropped, the two ends meet in the store under `key` (listen address, then region
+  /// keys and protocol), and the lane's flags and `ch`'s staging slots (`inbox_kind` memory) are
+  /// registered with the new link, so the signal words keep their values and the connection its
+  /// message counters. `what` starts the error ("rank 0: connecting to rank 1 over tcp"). Throws
+  /// on a timeout, a refused connection or different data-path options.
+  void connect_connection(LaneState& L, Connection& ch, Transport& to, const std::string& key, MemoryKind inbox_kind,
+                          const std::string& what);
+  /// One connection to (re)connect: over `to`, meeting the peer under store key `key`; `what`
+  /// starts its errors.
+  struct ConnectSpec {
+    Connection* ch;
+    Transport* to;
+    std::string key;
+    std::string what;
+  };
+  /// `connect_connection` for several connections of `L` at once, in phases that each set
+  /// every store key before reading any (as a collective-only store needs, src/mpi_store.cpp).
+  void connect_connections(LaneState& L, std::span<const ConnectSpec> specs, MemoryKind inbox_kind);
 
   // ---- memory ----
   /// Host memory shared with peers where a transport can (else the heap), freed at teardown.
@@ -85,11 +99,11 @@ class Lanes {
 
   // ---- the plan ----
   /// Wires every host lane to `plan`: left and right neighbours, relay duties, ring position;
-  /// lane 0's per-position channel table. Between collectives only.
+  /// lane 0's per-position connection table. Between collectives only.
   void wire(const PlanState& plan);
-  /// Lane 0's channel per rank and per ring position (null for ourselves).
-  Channel* const* by_rank() const noexcept { return channel_of_.data(); }
-  Channel* const* by_position() const noexcept { return position_channel_.data(); }
+  /// Lane 0's connection per rank and per ring position (null for ourselves).
+  Connection* const* by_rank() const noexcept { return connection_of_.data(); }
+  Connection* const* by_position() const noexcept { return position_connection_.data(); }
 
   // ---- lanes ----
   LaneState& main() noexcept { return lane0_; }
@@ -117,7 +131,7 @@ class Lanes {
   void abort_peers(std::uint32_t value) noexcept;
   /// The link table (`links()`): safe against a move replacing a link. Any thread.
   std::vector<LinkInfo> links() const;
-  /// Guards each channel's `link` and `transport_name` where a move replaces them, against
+  /// Guards each connection's `link` and `transport_name` where a move replaces them, against
   /// `links()` from other threads; the communicator's own thread reads them without it.
   std::mutex& links_mutex() const noexcept { return links_mutex_; }
 
@@ -132,13 +146,13 @@ class Lanes {
   void stop_workers() noexcept;
   /// Fences every link (lanes and device lane) with `why`.
   void fence_all(FenceReason why) noexcept;
-  /// Drops every lane's channels (links, then regions, before the memory they describe).
-  void drop_channels() noexcept;
+  /// Drops every lane's connections (links, then regions, before the memory they describe).
+  void drop_connections() noexcept;
   /// Frees every allocation, newest first.
   void release_memory() noexcept;
 
  private:
-  void finish_connect(PendingLink& pending, Channel& ch, std::chrono::steady_clock::time_point deadline, const std::string& what);
+  void finish_connect(PendingLink& pending, Connection& ch, std::chrono::steady_clock::time_point deadline, const std::string& what);
   void run_job(int l) noexcept;
   void start_workers();
 
@@ -146,8 +160,8 @@ class Lanes {
   LaneState lane0_;
   std::vector<std::unique_ptr<LaneState>> extra_;  // lanes 1.. (RINGFENCE_CHANNELS > 1)
   std::atomic<LaneState*> device_{nullptr};
-  std::vector<Channel*> channel_of_;        // lane 0's, by rank
-  std::vector<Channel*> position_channel_;  // lane 0's, by ring position
+  std::vector<Connection*> connection_of_;        // lane 0's, by rank
+  std::vector<Connection*> position_connection_;  // lane 0's, by ring position
   // Internal memory (flags, inboxes, scratch) and user allocations: pointer -> allocating
   // transport (nullptr = plain heap).
   std::vector<std::pair<void*, Transport*>> allocations_;

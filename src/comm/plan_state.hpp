@@ -26,7 +26,7 @@ class PlanState {
  public:
   /// The home ring (the unfenced plan), installed; `rank` is this rank.
   void start(int rank, std::vector<int> home_ring);
-  /// Installs `plan` (between collectives: every channel is quiescent for this rank).
+  /// Installs `plan` (between collectives: every connection is quiescent for this rank).
   void install(Plan plan);
   /// Replaces the fence list (an agreement's or a shrink's, identical on every rank).
   void set_fenced(std::vector<LinkId> fenced) { fenced_ = std::move(fenced); }

@@ -15,7 +15,7 @@ std::span<const std::byte> RegistrationCache::local_key(void* ptr, std::size_t b
 }
 
 // A group uses at most one key per peer at a time, far below the cache size.
-const RemoteRegion* RegistrationCache::import(std::span<const std::byte> key, Channel& ch, std::size_t min_entries) noexcept {
+const RemoteRegion* RegistrationCache::import(std::span<const std::byte> key, Connection& ch, std::size_t min_entries) noexcept {
   std::lock_guard lock(remote_mutex_);  // lanes resolve their neighbours' keys at once
   for (auto& e : remote_)
     if (std::equal(e.key.begin(), e.key.end(), key.begin(), key.end())) return &e.region;

@@ -19,7 +19,7 @@ class RegistrationCache {
   std::span<const std::byte> local_key(void* ptr, std::size_t bytes, Transport* t);
   /// Imports a peer's key with `ch`'s transport (a hit allocates nothing); null when the
   /// import fails (logged). Lane workers call it at once: thread-safe.
-  const RemoteRegion* import(std::span<const std::byte> key, Channel& ch, std::size_t min_entries) noexcept;
+  const RemoteRegion* import(std::span<const std::byte> key, Connection& ch, std::size_t min_entries) noexcept;
   /// Forgets our registrations (the memory they describe is being freed, or a move changed the
   /// transport).
   void clear_local() noexcept { local_.clear(); }

@@ -54,6 +54,12 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   }
   if (!faults.empty()) ctx.log.warn("fault injection active: {}", options.fault);
   RINGFENCE_EXPECTS(!ctx.transports.empty(), "rank {}: no transports registered", rank);
+  if (options.fallbacks) {
+    ctx.fallbacks = *options.fallbacks;
+  } else {  // what the selected transports declare
+    for (const auto& t : ctx.transports)
+      for (const std::string& to : t->traits().fallbacks) ctx.fallbacks.emplace_back(std::string(t->name()), to);
+  }
 
   detail::EngineConfig& engine = lanes.main().engine;
   engine.rank = rank;
@@ -74,9 +80,9 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
     return;
   }
 
-  // 1. Publish who we are; learn who the others are. A channel goes to every peer (one host,
+  // 1. Publish who we are; learn who the others are. A connection goes to every peer (one host,
   //    small rank counts): re-planning the ring around a fenced link then needs no new
-  //    connections. With two ranks left == right: one channel carries both directions.
+  //    connections. With two ranks left == right: one connection carries both directions.
   ctx.store->set(fmt::format("peer/{}", rank), serialize(ctx.self));
   ctx.peer_info.assign(static_cast<std::size_t>(size), ctx.self);
   for (int p = 0; p < size; ++p) {
@@ -120,7 +126,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
       options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us, options.tuner_gbps,
       ctx.network_only() ? "/network" : "", planned, options.channel_min_bytes, options.check_calls,
       options.effective_heartbeat().count() > 0);
-  lanes.build(planned, ctx.protocol);
+  lanes.build(planned);
   // The heartbeat's own links (one per peer, tiny staging), driven only by its thread.
   if (options.effective_heartbeat().count() > 0) {
     heartbeat = std::make_unique<detail::Heartbeat>(rank, size, options.effective_heartbeat(), options.timeout, ctx.log,
@@ -134,7 +140,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
     beat.engine.slots = 1;
     beat.engine.slot_bytes = 64;
     lanes.follow_lane0(beat, false);
-    lanes.connect(beat, detail::kBeatLane, ctx.protocol);
+    lanes.connect(beat, detail::kBeatLane);
   }
 
   // 4. The home ring: each host's ranks next to each other (hosts in order of their lowest
@@ -198,7 +204,7 @@ Communicator::Impl::~Impl() {
   lanes.fence_all(why);
   regs.clear_remote();
   regs.clear_local();
-  lanes.drop_channels();  // links, then regions, before the memory they describe
+  lanes.drop_connections();  // links, then regions, before the memory they describe
   device.destroy_stream();
   if (heartbeat) heartbeat->close(why);
   lanes.release_memory();

@@ -7,12 +7,12 @@ namespace ringfence::detail {
 
 Transport* DeviceLane::transport(int peer, std::string_view name) const {
   for (const auto& t : ctx_.transports)
-    if ((name.empty() || t->name() == name) && t->writes_device_memory() && t->can_reach(ctx_.self, ctx_.peer(peer)).ok) return t.get();
+    if ((name.empty() || t->name() == name) && t->traits().writes_device_memory && t->can_reach(ctx_.self, ctx_.peer(peer)).ok) return t.get();
   return nullptr;
 }
 
 Transport* DeviceLane::fallback(const std::string& from, int peer) const {
-  for (const auto& [a, b] : ctx_.options.fallbacks)
+  for (const auto& [a, b] : ctx_.fallbacks)
     if (a == from)
       if (Transport* t = transport(peer, b)) return t;
   return nullptr;
@@ -81,8 +81,8 @@ void DeviceLane::build(const char* call, const std::vector<Transport*>& via) {
   L->engine = lanes_.main().engine;
   L->engine.checksum = false;
   L->engine.trailers = false;
-  for (auto& ch : lanes_.main().channels) {  // lane 0's order: the agreement pairs them by index
-    Channel& mine = L->channel_to(ch->peer);
+  for (auto& ch : lanes_.main().connections) {  // lane 0's order: the agreement pairs them by index
+    Connection& mine = L->connection_to(ch->peer);
     Transport* t = via[static_cast<std::size_t>(ch->peer)];
     mine.transport = t;
     mine.transport_name = std::string(t->name());
@@ -90,13 +90,13 @@ void DeviceLane::build(const char* call, const std::vector<Transport*>& via) {
   }
   if (const int err = cuda_.get_device(&ordinal_); err != kCudaSuccess)
     throw CudaError(fmt::format("rank {}: {}: {}", rank, call, cuda_.describe("cudaGetDevice", err)), err);
-  lanes_.connect(*L, kDeviceLane, ctx_.protocol, MemoryKind::Device, &oneshot_input_);
+  lanes_.connect(*L, kDeviceLane, MemoryKind::Device, &oneshot_input_);
   regions_ = DeviceRegions{&cuda_, &kernels_, nullptr};
   if (const int err = cuda_.stream_create(&regions_.stream, kCudaStreamNonBlocking); err != kCudaSuccess)
     throw CudaError(fmt::format("rank {}: {}: {}", rank, call, cuda_.describe("cudaStreamCreateWithFlags", err)), err);
-  channel_of_.assign(static_cast<std::size_t>(ctx_.size), nullptr);
-  for (auto& ch : L->channels) channel_of_[static_cast<std::size_t>(ch->peer)] = ch.get();
-  position_channel_.assign(static_cast<std::size_t>(ctx_.size), nullptr);  // filled per call (run)
+  connection_of_.assign(static_cast<std::size_t>(ctx_.size), nullptr);
+  for (auto& ch : L->connections) connection_of_[static_cast<std::size_t>(ch->peer)] = ch.get();
+  position_connection_.assign(static_cast<std::size_t>(ctx_.size), nullptr);  // filled per call (run)
   lane_ = std::move(L);
   lanes_.attach_device(lane_.get());
 }
@@ -132,29 +132,29 @@ void DeviceLane::enter(const char* call) {
 }
 
 // Tree, direct and one-shot allreduce (c.by_position set) address their peers by ring
-// position: the device lane's channels in the plan's order. One-shot in place first copies the
+// position: the device lane's connections in the plan's order. One-shot in place first copies the
 // input on the device (the executor sends it to every peer while results land in it).
 Status DeviceLane::run(const char* call, const RingCall& c, const Reducer& reducer, Failure& failure) {
   enter(call);
   LaneState& L = *lane_;
   const std::vector<int>& ring = plan_.ring();
   L.engine.position = lanes_.main().engine.position;
-  Channel* left = nullptr;
-  Channel* right = nullptr;
+  Connection* left = nullptr;
+  Connection* right = nullptr;
   const auto n = static_cast<std::size_t>(ctx_.size);
   if (ctx_.size > 1) {
     const auto at = static_cast<std::size_t>(L.engine.position);
-    left = &L.channel_to(ring[(at + n - 1) % n]);
-    right = &L.channel_to(ring[(at + 1) % n]);
+    left = &L.connection_to(ring[(at + n - 1) % n]);
+    right = &L.connection_to(ring[(at + 1) % n]);
   }
   RingCall d = c;
   d.device = &regions_;
   d.check = nullptr;
   if (c.by_position) {
     for (std::size_t p = 0; p < ring.size(); ++p)  // sized when the lane was built (ring: empty on one rank)
-      position_channel_[p] = ring[p] != ctx_.rank ? &L.channel_to(ring[p]) : nullptr;
-    d.by_position = position_channel_.data();
-    d.by_rank = channel_of_.data();
+      position_connection_[p] = ring[p] != ctx_.rank ? &L.connection_to(ring[p]) : nullptr;
+    d.by_position = position_connection_.data();
+    d.by_rank = connection_of_.data();
   }
   if (c.kind == RingCollective::OneShotAllreduce && c.send == c.recv && c.count > 0) {
     const std::size_t bytes = c.count * reducer.elem_size;  // at most one slot (allreduce checked)
@@ -171,7 +171,7 @@ Status DeviceLane::run(const char* call, const RingCall& c, const Reducer& reduc
 
 Status DeviceLane::run_p2p(const char* call, P2POp* ops, std::size_t n, Failure& failure) {
   enter(call);
-  return detail::run_p2p(lane_->engine, lane_->flags, channel_of_.data(), ops, n, P2PDirect{}, failure, &regions_);
+  return detail::run_p2p(lane_->engine, lane_->flags, connection_of_.data(), ops, n, P2PDirect{}, failure, &regions_);
 }
 
 void DeviceLane::destroy_stream() noexcept {

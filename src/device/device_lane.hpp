@@ -13,7 +13,7 @@
 #include "../comm/failure.hpp"
 #include "../comm/lanes.hpp"
 #include "../comm/plan_state.hpp"
-#include "../cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 #include "../device_kernels.hpp"
 
 namespace ringfence::detail {
@@ -66,7 +66,7 @@ class DeviceLane {
   /// device memory and reaches the peer; null = none.
   Transport* fallback(const std::string& from, int peer) const;
 
-  /// Destroys the lane's stream (teardown, after its channels are gone).
+  /// Destroys the lane's stream (teardown, after its connections are gone).
   void destroy_stream() noexcept;
 
  private:
@@ -88,8 +88,8 @@ class DeviceLane {
   DeviceKernels kernels_;
   int ordinal_ = 0;  // the CUDA device current on the thread that built the lane
   DeviceRegions regions_;
-  std::vector<Channel*> channel_of_;        // by rank (null for ourselves)
-  std::vector<Channel*> position_channel_;  // by ring position, for tree/direct/one-shot
+  std::vector<Connection*> connection_of_;        // by rank (null for ourselves)
+  std::vector<Connection*> position_connection_;  // by ring position, for tree/direct/one-shot
   std::byte* oneshot_input_ = nullptr;      // one slot of device memory: an in-place one-shot allreduce's input
   bool active_ = false;
 };

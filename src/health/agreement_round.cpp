@@ -37,13 +37,13 @@ void AgreementRound::observe() {
     ctx_.log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
     emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
   };
-  const auto& channels = lanes_.main().channels;
+  const auto& conns = lanes_.main().connections;
   // One observation per peer, summed over the lanes (each lane has its own link to it).
   observations_.clear();
-  for (auto& ch : channels) observations_.push_back(TransportObservation{LinkId::of(rank, ch->peer)});
-  timed_.assign(channels.size(), {0, 0});
-  // What channel `ch` saw since the last agreement, into `o` and its timed traffic `t`.
-  auto judge = [](Channel& ch, TransportObservation& o, std::pair<std::uint64_t, std::uint64_t>& t) {
+  for (auto& ch : conns) observations_.push_back(TransportObservation{LinkId::of(rank, ch->peer)});
+  timed_.assign(conns.size(), {0, 0});
+  // What connection `ch` saw since the last agreement, into `o` and its timed traffic `t`.
+  auto judge = [](Connection& ch, TransportObservation& o, std::pair<std::uint64_t, std::uint64_t>& t) {
     auto& j = ch.judged;
     const LinkStats& st = ch.link->stats();
     const std::uint64_t timeouts = st.timeouts.load(std::memory_order_relaxed);
@@ -63,15 +63,15 @@ void AgreementRound::observe() {
     return static_cast<double>(t.first) / static_cast<double>(t.second) / expected_gbps;
   };
   lanes_.for_each([&](LaneState& L) {
-    for (std::size_t i = 0; i < L.channels.size(); ++i) judge(*L.channels[i], observations_[i], timed_[i]);
+    for (std::size_t i = 0; i < L.connections.size(); ++i) judge(*L.connections[i], observations_[i], timed_[i]);
   });
-  for (std::size_t i = 0; i < channels.size(); ++i) observations_[i].bandwidth_ratio = ratio(timed_[i], channels[i]->expected_gbps);
+  for (std::size_t i = 0; i < conns.size(); ++i) observations_[i].bandwidth_ratio = ratio(timed_[i], conns[i]->expected_gbps);
   // The device lane's links join their pair's evidence: chunks, timeouts and their own bandwidth
   // (device copies timed with CUDA events, against the device transport's figure); the slower
-  // of the two paths judges the pair. Its channels are in lane 0's order (DeviceLane::build).
+  // of the two paths judges the pair. Its connections are in lane 0's order (DeviceLane::build).
   if (device_.built())
-    for (std::size_t i = 0; i < channels.size(); ++i) {
-      Channel& dch = *device_.lane().channels[i];
+    for (std::size_t i = 0; i < conns.size(); ++i) {
+      Connection& dch = *device_.lane().connections[i];
       std::pair<std::uint64_t, std::uint64_t> t{0, 0};
       auto& o = observations_[i];
       judge(dch, o, t);
@@ -81,12 +81,12 @@ void AgreementRound::observe() {
     if (o.checksum_mismatches > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
   for (const auto& a : monitor_->evaluate(std::chrono::steady_clock::now(), observations_)) {
     if (a.link.b >= ctx_.size) continue;
-    if (a.change && a.change->to == health::LinkState::Suspect)
+    if (a.change && a.change->to == health::PolicyState::Suspect)
       emit(HealthEvent{EventKind::LinkSuspect, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
-    if (a.change && a.change->to == health::LinkState::Healthy)
+    if (a.change && a.change->to == health::PolicyState::Healthy)
       emit(HealthEvent{EventKind::LinkHealthy, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});
     const bool fenced = plan_.is_fenced(a.link.a, a.link.b);
-    if (a.state == health::LinkState::Fenced) {
+    if (a.state == health::PolicyState::Fenced) {
       if (fenced)
         ballot_.vote(a.link, Vote::Fence);  // still serving its cool-down
       else
@@ -107,7 +107,7 @@ Status AgreementRound::run(Failure& failure) {
   // An end whose transport cannot resume a fenced link keeps it fenced.
   for (const LinkId& l : plan_.fenced())
     if (l.a == rank || l.b == rank)
-      if (!lanes_.main().channel_to(l.a == rank ? l.b : l.a).link->can_reopen()) ballot_.vote(l, Vote::Fence);
+      if (!lanes_.main().connection_to(l.a == rank ? l.b : l.a).link->can_reopen()) ballot_.vote(l, Vote::Fence);
 
   LaneState& lane0 = lanes_.main();
   EngineConfig config = lane0.engine;
@@ -166,9 +166,9 @@ void AgreementRound::install(Plan next, std::vector<LinkId> fenced, const std::v
   plan_.set_fenced(std::move(fenced));
   lanes_.for_each([&](LaneState& L) {
     for (const auto& l : added)
-      if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
+      if (l.a == rank || l.b == rank) L.connection_to(l.a == rank ? l.b : l.a).link->fence(FenceReason::HealthPolicy);
     for (const auto& l : readmitted)
-      if (l.a == rank || l.b == rank) L.channel_to(l.a == rank ? l.b : l.a).link->reopen();
+      if (l.a == rank || l.b == rank) L.connection_to(l.a == rank ? l.b : l.a).link->reopen();
   });
   set_plan_(std::move(next));
   plan_.bump_epoch();

@@ -4,7 +4,7 @@
 #include <ringfence/health/nvml_source.hpp>
 #include <string>
 
-#include "../cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 
 namespace ringfence::detail {
 

@@ -5,14 +5,20 @@
 
 namespace ringfence::detail {
 
-void LinkMover::start() {
-  fallback_of_.assign(static_cast<std::size_t>(ctx_.size), -1);
-  for (auto& ch : lanes_.main().channels) fallback_of_[static_cast<std::size_t>(ch->peer)] = fallback_for(*ch);
+// A moved connection is judged against its new transport's figure, its link's own counters from zero.
+void LinkMover::judge_afresh(Connection& ch, Transport& to) const {
+  ch.expected_gbps = to.can_reach(ctx_.self, ctx_.peer(ch.peer)).bandwidth_gbps;
+  ch.judged.timeouts = ch.judged.link_timed_bytes = ch.judged.link_timed_ns = 0;
 }
 
-int LinkMover::fallback_for(const Channel& ch) const {
+void LinkMover::start() {
+  fallback_of_.assign(static_cast<std::size_t>(ctx_.size), -1);
+  for (auto& ch : lanes_.main().connections) fallback_of_[static_cast<std::size_t>(ch->peer)] = fallback_for(*ch);
+}
+
+int LinkMover::fallback_for(const Connection& ch) const {
   if (ctx_.store->collective_only()) return -1;  // a move needs the two ends to use the store alone
-  for (const auto& [from, to] : ctx_.options.fallbacks) {
+  for (const auto& [from, to] : ctx_.fallbacks) {
     if (from != ch.transport_name) continue;
     for (std::size_t t = 0; t < ctx_.transports.size(); ++t)
       if (ctx_.transports[t]->name() == to && ctx_.transports[t].get() != ch.transport &&
@@ -49,14 +55,17 @@ void LinkMover::meet(const std::string& base, int peer, Transport& to, const cha
 void LinkMover::move_link(int peer, Transport& to) {
   const LinkId l = LinkId::of(ctx_.rank, peer);
   const std::string base = fmt::format("move/{}/{}-{}", ctx_.seq, l.a, l.b);
-  meet(base, peer, to, "the link", [&] { lanes_.for_each([&](LaneState& L) { poll_link(L.channel_to(peer)); }); });
+  meet(base, peer, to, "the link", [&] { lanes_.for_each([&](LaneState& L) { poll_link(L.connection_to(peer)); }); });
   regs_.clear_remote();  // cached keys were made for the old transport
   regs_.clear_local();
   int index = 0;
+  const std::string what = fmt::format("rank {}: moving the link to rank {} to {}: connecting", ctx_.rank, peer, to.name());
   lanes_.for_each([&](LaneState& L) {
-    lanes_.connect_channel(L, L.channel_to(peer), to, fmt::format("{}/lane{}", base, index++), MemoryKind::Host, "the link");
+    Connection& ch = L.connection_to(peer);
+    lanes_.connect_connection(L, ch, to, fmt::format("{}/lane{}", base, index++), MemoryKind::Host, what);
+    judge_afresh(ch, to);
   });
-  fallback_of_[static_cast<std::size_t>(peer)] = fallback_for(lanes_.main().channel_to(peer));
+  fallback_of_[static_cast<std::size_t>(peer)] = fallback_for(lanes_.main().connection_to(peer));
 }
 
 // As move_link, for the device lane alone, its staging slots registered anew as device memory.
@@ -64,13 +73,15 @@ void LinkMover::move_link(int peer, Transport& to) {
 // idle: copies landed, signals stored), and the old link is polled until both ends meet.
 void LinkMover::move_device_link(int peer, Transport& to) {
   LaneState& L = device_.lane();
-  Channel& ch = L.channel_to(peer);
+  Connection& ch = L.connection_to(peer);
   const LinkId l = LinkId::of(ctx_.rank, peer);
   const std::string base = fmt::format("move/{}/{}-{}/device", ctx_.seq, l.a, l.b);
   // The new link's streams and events belong to the lane's GPU (this may be any thread).
   device_.make_current(fmt::format("moving the device lane's link to rank {}", peer));
   meet(base, peer, to, "the device lane's link", [&] { poll_link(ch); });
-  lanes_.connect_channel(L, ch, to, base, MemoryKind::Device, "the device lane's link");
+  lanes_.connect_connection(L, ch, to, base, MemoryKind::Device,
+                            fmt::format("rank {}: moving the device lane's link to rank {} to {}: connecting", ctx_.rank, peer, to.name()));
+  judge_afresh(ch, to);
 }
 
 void LinkMover::move_device_links(const std::vector<LinkId>& links, bool home) {
@@ -78,7 +89,7 @@ void LinkMover::move_device_links(const std::vector<LinkId>& links, bool home) {
   for (const LinkId& l : links) {
     if (l.a != ctx_.rank && l.b != ctx_.rank) continue;
     const int peer = l.a == ctx_.rank ? l.b : l.a;
-    Channel& ch = device_.lane().channel_to(peer);
+    Connection& ch = device_.lane().connection_to(peer);
     Transport* to = home ? device_.transport(peer) : device_.fallback(ch.transport_name, peer);
     if (!to || to->name() == ch.transport_name) continue;
     const std::string detail = fmt::format("device lane: {}to {} (was {})", home ? "back " : "", to->name(), ch.transport_name);
@@ -99,7 +110,7 @@ void LinkMover::apply(const std::vector<std::pair<LinkId, int>>& moves, HealthMo
     std::string detail = fmt::format("to {}", to.name());
     if (l.a == ctx_.rank || l.b == ctx_.rank) {
       const int peer = l.a == ctx_.rank ? l.b : l.a;
-      detail += fmt::format(" (was {})", lanes_.main().channel_to(peer).transport_name);
+      detail += fmt::format(" (was {})", lanes_.main().connection_to(peer).transport_name);
       try {
         move_link(peer, to);
       } catch (const Error& e) {

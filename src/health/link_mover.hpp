@@ -41,8 +41,9 @@ class LinkMover {
   // The transport `ch`'s link may move to: the first allowed pair from its transport to another
   // selected one that reaches the peer; -1 = none. Both ends evaluate it; the pair moves only
   // when both name the same transport.
-  int fallback_for(const Channel& ch) const;
+  int fallback_for(const Connection& ch) const;
   void move_link(int peer, Transport& to);
+  void judge_afresh(Connection& ch, Transport& to) const;
   void move_device_link(int peer, Transport& to);
   template <class Drive>
   void meet(const std::string& base, int peer, Transport& to, const char* what, Drive drive);

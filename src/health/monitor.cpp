@@ -161,13 +161,13 @@ std::vector<HealthMonitor::Assessment> HealthMonitor::evaluate(health::TimePoint
       e.timeouts += t.timeouts;
       if (t.bandwidth_ratio) e.bandwidth_ratio = t.bandwidth_ratio;
     }
-    Assessment a{link, health::LinkState::Healthy, {}, policy.observe(e, now)};
+    Assessment a{link, health::PolicyState::Healthy, {}, policy.observe(e, now)};
     a.state = policy.state();
     if (a.change) {
       log_.info("health: link {}-{} {} -> {}", link.a, link.b, to_string(a.change->from), to_string(a.change->to));
       for (const auto& r : a.change->reasons) a.why += (a.why.empty() ? "" : "; ") + r;
     }
-    if (a.state == health::LinkState::Fenced && !a.change) {
+    if (a.state == health::PolicyState::Fenced && !a.change) {
       for (const auto& r : policy.last_verdict().reasons) a.why += (a.why.empty() ? "" : "; ") + r;
       if (a.why.empty()) a.why = "policy: fenced";
     }

@@ -65,7 +65,7 @@ class HealthMonitor {
   /// One judged link's policy state after an evaluation.
   struct Assessment {
     LinkId link;
-    health::LinkState state = health::LinkState::Healthy;
+    health::PolicyState state = health::PolicyState::Healthy;
     std::string why;  ///< the verdict's reasons (fenced links), or the transition's reasons
     std::optional<health::Transition> change;  ///< the state change this observation caused
   };

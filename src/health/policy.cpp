@@ -43,12 +43,12 @@ std::string_view to_string(Severity s) noexcept {
   return "?";
 }
 
-std::string_view to_string(LinkState s) noexcept {
+std::string_view to_string(PolicyState s) noexcept {
   switch (s) {
-    case LinkState::Healthy: return "healthy";
-    case LinkState::Suspect: return "suspect";
-    case LinkState::Fenced: return "fenced";
-    case LinkState::Probation: return "probation";
+    case PolicyState::Healthy: return "healthy";
+    case PolicyState::Suspect: return "suspect";
+    case PolicyState::Fenced: return "fenced";
+    case PolicyState::Probation: return "probation";
   }
   return "?";
 }
@@ -200,11 +200,11 @@ LinkPolicy::LinkPolicy(const HealthThresholds& thresholds, const PolicyTimings& 
 
 LinkHealth LinkPolicy::health() const noexcept {
   switch (state_) {
-    case LinkState::Healthy:
+    case PolicyState::Healthy:
       return last_verdict_.severity == Severity::Unknown ? LinkHealth::Unknown : LinkHealth::Healthy;
-    case LinkState::Suspect: return LinkHealth::Suspect;
-    case LinkState::Fenced: return LinkHealth::Fenced;
-    case LinkState::Probation: return LinkHealth::Probation;
+    case PolicyState::Suspect: return LinkHealth::Suspect;
+    case PolicyState::Fenced: return LinkHealth::Fenced;
+    case PolicyState::Probation: return LinkHealth::Probation;
   }
   return LinkHealth::Unknown;
 }
@@ -250,12 +250,12 @@ Verdict LinkPolicy::judge(const Evidence& e, TimePoint now) {
   return v;
 }
 
-Transition LinkPolicy::move(LinkState to, TimePoint now, std::vector<std::string> reasons) {
+Transition LinkPolicy::move(PolicyState to, TimePoint now, std::vector<std::string> reasons) {
   Transition t{state_, to, now, std::move(reasons)};
   state_ = to;
   entered_ = now;
   clean_since_.reset();
-  if (to == LinkState::Fenced) {
+  if (to == PolicyState::Fenced) {
     // A fence starts a fresh history: a fenced link carries no traffic, and probation must
     // earn its way back on evidence gathered after the fence.
     last_fail_ = now;
@@ -263,7 +263,7 @@ Transition LinkPolicy::move(LinkState to, TimePoint now, std::vector<std::string
     consecutive_timeouts_ = 0;
     slow_since_.reset();
   }
-  if (to == LinkState::Healthy) {
+  if (to == PolicyState::Healthy) {
     failed_probations_ = 0;
     cooldown_ = timings_.fence_cooldown;
   }
@@ -272,11 +272,11 @@ Transition LinkPolicy::move(LinkState to, TimePoint now, std::vector<std::string
 
 std::optional<Transition> LinkPolicy::fence(std::string reason, TimePoint now) {
   last_verdict_ = Verdict{Severity::Fail, {reason}};
-  if (state_ == LinkState::Fenced) {
+  if (state_ == PolicyState::Fenced) {
     last_fail_ = now;
     return std::nullopt;
   }
-  return move(LinkState::Fenced, now, {std::move(reason)});
+  return move(PolicyState::Fenced, now, {std::move(reason)});
 }
 
 std::optional<Transition> LinkPolicy::observe(const Evidence& e, TimePoint now) {
@@ -293,38 +293,38 @@ std::optional<Transition> LinkPolicy::observe(const Evidence& e, TimePoint now) 
   };
 
   switch (state_) {
-    case LinkState::Healthy:
-      if (v.severity == Severity::Fail) return move(LinkState::Fenced, now, v.reasons);
-      if (v.severity == Severity::Warn) return move(LinkState::Suspect, now, v.reasons);
+    case PolicyState::Healthy:
+      if (v.severity == Severity::Fail) return move(PolicyState::Fenced, now, v.reasons);
+      if (v.severity == Severity::Warn) return move(PolicyState::Suspect, now, v.reasons);
       return std::nullopt;
 
-    case LinkState::Suspect: {
-      if (v.severity == Severity::Fail) return move(LinkState::Fenced, now, v.reasons);
+    case PolicyState::Suspect: {
+      if (v.severity == Severity::Fail) return move(PolicyState::Fenced, now, v.reasons);
       if (v.severity == Severity::Warn && timings_.suspect_escalate_after > Duration::zero() &&
           now - entered_ >= timings_.suspect_escalate_after) {
         std::vector<std::string> why = v.reasons;
         why.push_back(fmt::format("suspect for {} ms without clearing", ms(now - entered_)));
-        return move(LinkState::Fenced, now, std::move(why));
+        return move(PolicyState::Fenced, now, std::move(why));
       }
       if (clean_for() >= timings_.suspect_clear_after)
-        return move(LinkState::Healthy, now, {fmt::format("clean for {} ms", ms(timings_.suspect_clear_after))});
+        return move(PolicyState::Healthy, now, {fmt::format("clean for {} ms", ms(timings_.suspect_clear_after))});
       return std::nullopt;
     }
 
-    case LinkState::Fenced:
+    case PolicyState::Fenced:
       if (v.severity == Severity::Fail) {
         last_fail_ = now;  // still failing: the cool-down restarts
         return std::nullopt;
       }
       if (v.severity == Severity::Warn) return std::nullopt;
       if (last_fail_ && now - *last_fail_ >= cooldown_) {
-        auto t = move(LinkState::Probation, now, {fmt::format("cool-down {} ms over", ms(cooldown_))});
+        auto t = move(PolicyState::Probation, now, {fmt::format("cool-down {} ms over", ms(cooldown_))});
         (void)clean_for();  // a Clean observation at entry starts the probation's clean run
         return t;
       }
       return std::nullopt;
 
-    case LinkState::Probation:
+    case PolicyState::Probation:
       if (v.severity == Severity::Fail || v.severity == Severity::Warn) {
         ++failed_probations_;
         const double next = std::chrono::duration<double>(cooldown_).count() * std::max(1.0, timings_.cooldown_backoff);
@@ -332,10 +332,10 @@ std::optional<Transition> LinkPolicy::observe(const Evidence& e, TimePoint now) 
         cooldown_ = duration_cast<Duration>(std::chrono::duration<double>(std::min(next, cap)));
         std::vector<std::string> why = v.reasons;
         why.push_back(fmt::format("probation failed ({}); next cool-down {} ms", failed_probations_, ms(cooldown_)));
-        return move(LinkState::Fenced, now, std::move(why));
+        return move(PolicyState::Fenced, now, std::move(why));
       }
       if (clean_for() >= timings_.probation_duration)
-        return move(LinkState::Healthy, now, {fmt::format("clean for {} ms on probation", ms(timings_.probation_duration))});
+        return move(PolicyState::Healthy, now, {fmt::format("clean for {} ms on probation", ms(timings_.probation_duration))});
       return std::nullopt;
   }
   return std::nullopt;

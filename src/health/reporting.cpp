@@ -46,7 +46,7 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
   std::vector<LinkInfo> out;
   // A link's entry: its peer, transport and state, then `add` sums its counters (and, for the
   // host lanes, the other lanes' links to the same peer).
-  auto entry = [&](const Channel& ch, bool device_lane) {
+  auto entry = [&](const Connection& ch, bool device_lane) {
     LinkInfo info;
     info.rank = rank;
     info.peer = ch.peer;
@@ -55,7 +55,7 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
     if (ch.link) info.state = ch.link->state();
     return info;
   };
-  auto add = [](LinkInfo& info, const Channel& c) {
+  auto add = [](LinkInfo& info, const Connection& c) {
     if (!c.link) return;
     const LinkStats& s = c.link->stats();
     info.channels_used += s.bytes_written.load(std::memory_order_relaxed) > 0;
@@ -67,16 +67,16 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
     info.checksum_errors += c.checksum_errors.load(std::memory_order_relaxed);
     info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
   };
-  for (const auto& ch : lane0.channels) {
+  for (const auto& ch : lane0.connections) {
     LinkInfo info = entry(*ch, false);
     add(info, *ch);
     for (const auto& lane : extra)
-      for (const auto& c : lane->channels)
+      for (const auto& c : lane->connections)
         if (c->peer == ch->peer) add(info, *c);
     out.push_back(std::move(info));
   }
   if (device)
-    for (const auto& ch : device->channels) {
+    for (const auto& ch : device->connections) {
       LinkInfo info = entry(*ch, true);
       add(info, *ch);
       out.push_back(std::move(info));

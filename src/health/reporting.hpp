@@ -39,7 +39,7 @@ class EventSink {
 
 /// One entry per peer of lane 0 with the counters of every host lane's link to it summed, then
 /// one per link of the device lane (when built). The caller holds the mutex that guards the
-/// channels' links against a move.
+/// connections' links against a move.
 std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std::vector<std::unique_ptr<LaneState>>& extra,
                                     const LaneState* device);
 

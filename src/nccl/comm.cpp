@@ -50,7 +50,7 @@ std::shared_ptr<rf::TcpStoreServer> take_hosted(const rf::JobToken& token) {
 // The address other hosts reach this one at: RINGFENCE_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME
 // (same syntax), else the first up non-loopback IPv4 interface, else loopback.
 std::string bootstrap_address(const rf::CommOptions& options) {
-  std::string filter_text = options.tcp.interfaces;
+  std::string filter_text = rf::transports::tcp::Options::from(&options).interfaces;
   if (filter_text.empty())
     if (auto v = rf::Environment::from_process().get("NCCL_SOCKET_IFNAME")) filter_text = *v;
   const auto filter = rf::transports::tcp::parse_interface_filter(filter_text);

@@ -11,9 +11,9 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "../cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 
-// The core's own CUDA declarations (src/cuda_api.hpp, used without CUDA headers) against the
+// The core's own CUDA declarations (include/ringfence/detail/cuda_api.hpp, used without CUDA headers) against the
 // real header: same values, and the same signatures with handles (cudaStream_t, cudaEvent_t)
 // passed as void*.
 namespace ringfence::detail {

@@ -83,7 +83,10 @@ TEST_CASE("cuda_ipc: reachability needs one host and a usable CUDA runtime, and 
   for (std::string_view name : {cuda_ipc::kNvlinkName, cuda_ipc::kPcieName}) {
     Pair p(name, 0, 0, false);
     REQUIRE(p.a->name() == name);
-    REQUIRE(p.a->shares_memory());
+    REQUIRE(p.a->traits().shares_memory);
+    REQUIRE(p.a->traits().writes_device_memory);
+    // nvlink declares pcie as where its links move (the default fallback table); pcie none.
+    REQUIRE(p.a->traits().fallbacks == (name == cuda_ipc::kNvlinkName ? std::vector<std::string>{"pcie"} : std::vector<std::string>{}));
     REQUIRE(p.a->can_reach(p.pa, p.pb).ok);
     const Reachability other = p.a->can_reach(p.pa, PeerInfo{1, "elsewhere", 1});
     REQUIRE_FALSE(other.ok);

@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "cuda_api.hpp"
+#include <ringfence/detail/cuda_api.hpp>
 #include "device_kernels.hpp"
 #include "engine.hpp"
 #include "support/catch.hpp"
@@ -132,8 +132,8 @@ struct Rank {
   void* flags_mem = nullptr;
   void* inbox_mem = nullptr;
   void* scratch_mem = nullptr;
-  std::vector<std::unique_ptr<Channel>> channel;  // by rank; null for ourselves
-  std::vector<Channel*> by_position;              // the ring is 0, 1, ..., n-1
+  std::vector<std::unique_ptr<Connection>> channel;  // by rank; null for ourselves
+  std::vector<Connection*> by_position;              // the ring is 0, 1, ..., n-1
   RelayDuties relays;
   void* stream = nullptr;
 
@@ -178,7 +178,7 @@ std::vector<std::unique_ptr<Rank>> make_ring(std::string_view transport, int n, 
     Rank& R = *ranks[static_cast<std::size_t>(r)];
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      auto ch = std::make_unique<Channel>();
+      auto ch = std::make_unique<Connection>();
       ch->peer = p;
       ch->transport_name = std::string(transport);
       ch->transport = R.transport.get();
@@ -200,8 +200,8 @@ std::vector<std::unique_ptr<Rank>> make_ring(std::string_view transport, int n, 
     Rank& R = *ranks[static_cast<std::size_t>(r)];
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      Channel& mine = *R.channel[static_cast<std::size_t>(p)];
-      const Channel& theirs = *ranks[static_cast<std::size_t>(p)]->channel[static_cast<std::size_t>(r)];
+      Connection& mine = *R.channel[static_cast<std::size_t>(p)];
+      const Connection& theirs = *ranks[static_cast<std::size_t>(p)]->channel[static_cast<std::size_t>(r)];
       mine.peer_inbox = R.transport->import_region(theirs.inbox_region.key());
       mine.peer_flags = R.transport->import_region(theirs.flags_region.key());
     }
@@ -232,8 +232,8 @@ std::vector<Status> run_all(std::vector<std::unique_ptr<Rank>>& ranks, DataType 
         c.by_position = R.by_position.data();
         c.by_rank = R.by_position.data();
       }
-      Channel* left = R.channel[static_cast<std::size_t>((r + n - 1) % n)].get();
-      Channel* right = R.channel[static_cast<std::size_t>((r + 1) % n)].get();
+      Connection* left = R.channel[static_cast<std::size_t>((r + n - 1) % n)].get();
+      Connection* right = R.channel[static_cast<std::size_t>((r + 1) % n)].get();
       status[i] = run_ring(R.config, R.flags, left, right, c, reducer, DirectWrite{}, R.relays, failure[i]);
     });
   for (auto& t : threads) t.join();

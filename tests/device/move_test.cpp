@@ -1,5 +1,5 @@
 // nvlink -> pcie: a pair whose NVLink must be fenced moves to the pcie transport at the fence
-// agreement (CommOptions::fallbacks' default), over the fake CUDA runtime (thread ranks of one
+// agreement (the fallback nvlink declares, TransportTraits::fallbacks: CommOptions::fallbacks is left unset), over the fake CUDA runtime (thread ranks of one
 // process, delayed copies). The plan stays and every result stays bit-identical to the
 // fault-free run; the CPU twin (shm -> tcp) is tests/unit/link_move_test.cpp.
 #include <ringfence/communicator.hpp>
@@ -20,7 +20,6 @@ TEST_CASE("nvlink -> pcie: a corrupting NVLink pair moves to pcie, same plan, bi
   // event) is the one the sender needs next, so moving must restore it or the ring stalls.
   const auto tweak = [](int, CommOptions& o) {
     o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
-    o.fallbacks = {{"nvlink", "pcie"}};
     o.slots = 1;
     o.timeout = std::chrono::seconds(10);
   };

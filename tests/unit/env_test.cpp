@@ -3,6 +3,9 @@
 #include <ringfence/error.hpp>
 #include <ringfence/health/config.hpp>
 #include <ringfence/options.hpp>
+#include <ringfence/transports/ibverbs.hpp>
+#include <ringfence/transports/shm.hpp>
+#include <ringfence/transports/tcp.hpp>
 #include <cstdio>
 
 #include "support/catch.hpp"
@@ -57,14 +60,18 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.transports == std::vector<std::string>{"shm", "tcp"});
   REQUIRE(o.log_level == LogLevel::Debug);
   REQUIRE(o.host_id == "hostA");
-  REQUIRE(o.shm.spin_count == 0);
-  REQUIRE_FALSE(o.shm.cross_memory_attach);
+  // Transport settings travel as text and are parsed by their transport.
+  REQUIRE(o.transport_settings.at("RINGFENCE_SHM_SPIN") == "0");
+  REQUIRE(transports::shm::Options::from(&o).spin_count == 0);
+  REQUIRE_FALSE(transports::shm::Options::from(&o).cross_memory_attach);
+  REQUIRE(o.transport_settings.count("RINGFENCE_TIMEOUT_MS") == 0);  // core options are not copied
   REQUIRE(o.alltoall_direct_user_min_bytes == 1024 * 1024);
   REQUIRE(o.health.thresholds.checksum_storm_count == 5);
   REQUIRE(o.channels == 3);
   REQUIRE(o.channel_min_bytes == 2 * 1024 * 1024);
-  REQUIRE(o.tcp.sockets == 4);
-  REQUIRE(o.tcp.interfaces == "^docker,lo");
+  REQUIRE(transports::tcp::Options::from(&o).sockets == 4);
+  REQUIRE(transports::tcp::Options::from(&o).interfaces == "^docker,lo");
+  REQUIRE(transports::tcp::Options::from(nullptr).sockets == 2);  // no options: the defaults
   REQUIRE(o.health_gpu == 3);
   REQUIRE(o.device_regions == DeviceRegionsMode::Off);
   REQUIRE(o.cuda_kernels == "/opt/rf/libringfence_kernels.so");
@@ -80,26 +87,32 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(CommOptions::from_env(env({}), base).slots == 7);
 }
 
-TEST_CASE("ibverbs variables land in CommOptions::ib", "[env][ibverbs]") {
-  const CommOptions d;
-  REQUIRE(d.ib.hca.empty());
-  REQUIRE(d.ib.gid_index == 0);
-  REQUIRE(d.ib.timeout == 20);
-  REQUIRE(d.ib.retry_count == 7);
+TEST_CASE("ibverbs variables reach the ibverbs transport's options", "[env][ibverbs]") {
+  const CommOptions none;
+  const auto d = transports::ibverbs::Options::from(&none);
+  REQUIRE(d.hca.empty());
+  REQUIRE(d.gid_index == 0);
+  REQUIRE(d.timeout == 20);
+  REQUIRE(d.retry_count == 7);
   const CommOptions o = CommOptions::from_env(env({{"RINGFENCE_IB_HCA", "^=mlx5_2:1,mlx4"},
                                                    {"RINGFENCE_IB_GID_INDEX", "3"},
                                                    {"RINGFENCE_IB_TIMEOUT", "18"},
                                                    {"RINGFENCE_IB_RETRY_CNT", "5"},
                                                    {"RINGFENCE_IB_SL", "2"},
                                                    {"RINGFENCE_IB_TC", "106"}}));
-  REQUIRE(o.ib.hca == "^=mlx5_2:1,mlx4");
-  REQUIRE(o.ib.gid_index == 3);
-  REQUIRE(o.ib.timeout == 18);
-  REQUIRE(o.ib.retry_count == 5);
-  REQUIRE(o.ib.service_level == 2);
-  REQUIRE(o.ib.traffic_class == 106);
-  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}, {"RINGFENCE_IB_HCAS", "mlx5"}})) ==
+  const auto ib = transports::ibverbs::Options::from(&o);
+  REQUIRE(ib.hca == "^=mlx5_2:1,mlx4");
+  REQUIRE(ib.gid_index == 3);
+  REQUIRE(ib.timeout == 18);
+  REQUIRE(ib.retry_count == 5);
+  REQUIRE(ib.service_level == 2);
+  REQUIRE(ib.traffic_class == 106);
+  // A transport's variables are known once the transport declares them (TransportRegistry::add).
+  std::vector<std::string> declared;
+  for (const SettingKey& k : transports::ibverbs::setting_keys()) declared.emplace_back(k.variable);
+  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}, {"RINGFENCE_IB_HCAS", "mlx5"}}), declared) ==
           std::vector<std::string>{"RINGFENCE_IB_HCAS"});
+  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}})) == std::vector<std::string>{"RINGFENCE_IB_HCA"});
 }
 
 TEST_CASE("bad values are errors naming the variable", "[env]") {
@@ -116,7 +129,13 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
-    const std::string msg = error_of([&] { (void)CommOptions::from_env(env({{c.name, c.value}})); });
+    // Core options fail in from_env; a transport's settings when the transport reads them.
+    const std::string msg = error_of([&] {
+      const CommOptions o = CommOptions::from_env(env({{c.name, c.value}}));
+      (void)transports::shm::Options::from(&o);
+      (void)transports::tcp::Options::from(&o);
+      (void)transports::ibverbs::Options::from(&o);
+    });
     REQUIRE_THAT(msg, Catch::Contains(c.name) && Catch::Contains(std::string("'") + c.value + "'"));
   }
 }

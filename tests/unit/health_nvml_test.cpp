@@ -130,14 +130,14 @@ TEST_CASE("a counter storm on the fake NVML fences exactly the stormy link", "[h
     fake.write("count 1\nlinks 2\nd0.l1.crc_flit " + std::to_string(crc) + "\n");
     observe(t0 + s * 1s);
   }
-  REQUIRE(link1.state() == LinkState::Fenced);
+  REQUIRE(link1.state() == PolicyState::Fenced);
   REQUIRE_THAT(link1.last_verdict().reasons.front(), Catch::Contains("nvlink crc"));
-  REQUIRE(link0.state() == LinkState::Healthy);
+  REQUIRE(link0.state() == PolicyState::Healthy);
 
   // A single replay on link 0 is a DCGM fail too.
   fake.write("count 1\nlinks 2\nd0.l1.crc_flit " + std::to_string(crc) + "\nd0.l0.replay 1\n");
   observe(t0 + 14s);
-  REQUIRE(link0.state() == LinkState::Fenced);
+  REQUIRE(link0.state() == PolicyState::Fenced);
 }
 
 TEST_CASE("an uncorrectable ECC error fences the links of its GPU", "[health][nvml][policy]") {
@@ -157,7 +157,7 @@ TEST_CASE("an uncorrectable ECC error fences the links of its GPU", "[health][nv
   fake.write("count 1\nlinks 1\nd0.ecc_uncorrected 1\n");
   const auto t = observe(t0 + 2s);
   REQUIRE(t);
-  REQUIRE(t->to == LinkState::Fenced);
+  REQUIRE(t->to == PolicyState::Fenced);
 }
 
 TEST_CASE("missing or broken NVML is unknown, never healthy", "[health][nvml]") {
@@ -367,7 +367,7 @@ TEST_CASE("an Xid 74 on the fake NVML fences the links of its GPU", "[health][nv
   LinkPolicy link0;
   const auto t = link0.observe(e0, t0 + 1s);
   REQUIRE(t);
-  REQUIRE(t->to == LinkState::Fenced);
+  REQUIRE(t->to == PolicyState::Fenced);
 
   // Xid 42 (PCIe replay) on GPU 1 makes its links suspect only.
   Evidence e1;

@@ -119,22 +119,22 @@ TEST_CASE("Healthy -> Suspect -> Healthy needs a sustained clean run (hysteresis
   REQUIRE(p.health() == LinkHealth::Healthy);
   auto tr = p.observe(warn(), t0 + 1s);
   REQUIRE(tr);
-  REQUIRE(tr->from == LinkState::Healthy);
-  REQUIRE(tr->to == LinkState::Suspect);
+  REQUIRE(tr->from == PolicyState::Healthy);
+  REQUIRE(tr->to == PolicyState::Suspect);
   REQUIRE_FALSE(tr->reasons.empty());
 
   // 20 s clean, then one warning: the clean run starts over.
   REQUIRE_FALSE(feed(p, clean(), t0 + 2s, 20s));
   REQUIRE_FALSE(p.observe(warn(), t0 + 23s));
   REQUIRE_FALSE(feed(p, clean(), t0 + 24s, 20s));
-  REQUIRE(p.state() == LinkState::Suspect);
+  REQUIRE(p.state() == PolicyState::Suspect);
   // Unknown interrupts the run as well: it does not heal.
   REQUIRE_FALSE(p.observe(unknown(), t0 + 45s));
   REQUIRE_FALSE(feed(p, clean(), t0 + 46s, 29s));
-  REQUIRE(p.state() == LinkState::Suspect);
+  REQUIRE(p.state() == PolicyState::Suspect);
   tr = p.observe(clean(), t0 + 76s);  // 30 s of unbroken clean evidence
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Healthy);
+  REQUIRE(tr->to == PolicyState::Healthy);
   REQUIRE(p.health() == LinkHealth::Healthy);
 }
 
@@ -142,42 +142,42 @@ TEST_CASE("Healthy -> Fenced on failure, Suspect -> Fenced on failure", "[health
   LinkPolicy a;
   auto tr = a.observe(fail(), t0);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
   REQUIRE(a.health() == LinkHealth::Fenced);
 
   LinkPolicy b;
   (void)b.observe(warn(), t0);
-  REQUIRE(b.state() == LinkState::Suspect);
+  REQUIRE(b.state() == PolicyState::Suspect);
   tr = b.observe(fail(), t0 + 1s);
   REQUIRE(tr);
-  REQUIRE(tr->from == LinkState::Suspect);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->from == PolicyState::Suspect);
+  REQUIRE(tr->to == PolicyState::Fenced);
 }
 
 TEST_CASE("a fenced link serves its cool-down, then goes on probation, then heals", "[health][policy]") {
   LinkPolicy p;  // cool-down 60 s, probation 60 s
   (void)p.observe(fail(), t0);
-  REQUIRE(p.state() == LinkState::Fenced);
+  REQUIRE(p.state() == PolicyState::Fenced);
   // Clean evidence during the cool-down does not shorten it.
   REQUIRE_FALSE(feed(p, clean(), t0 + 1s, 58s));
-  REQUIRE(p.state() == LinkState::Fenced);
+  REQUIRE(p.state() == PolicyState::Fenced);
   // A failure during the cool-down restarts it.
   REQUIRE_FALSE(p.observe(fail(), t0 + 59s));
   REQUIRE_FALSE(feed(p, clean(), t0 + 60s, 58s));
-  REQUIRE(p.state() == LinkState::Fenced);
+  REQUIRE(p.state() == PolicyState::Fenced);
   // Warnings keep it fenced after the cool-down.
   REQUIRE_FALSE(p.observe(warn(), t0 + 119s));
-  REQUIRE(p.state() == LinkState::Fenced);
+  REQUIRE(p.state() == PolicyState::Fenced);
   auto tr = p.observe(clean(), t0 + 120s);
   REQUIRE(tr);
-  REQUIRE(tr->from == LinkState::Fenced);
-  REQUIRE(tr->to == LinkState::Probation);
+  REQUIRE(tr->from == PolicyState::Fenced);
+  REQUIRE(tr->to == PolicyState::Probation);
   REQUIRE(p.health() == LinkHealth::Probation);
   // Probation: 60 s of unbroken clean evidence.
   REQUIRE_FALSE(feed(p, clean(), t0 + 121s, 58s));
   tr = p.observe(clean(), t0 + 180s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Healthy);
+  REQUIRE(tr->to == PolicyState::Healthy);
 }
 
 TEST_CASE("a failed probation refences with a longer cool-down, capped, healing resets it", "[health][policy]") {
@@ -196,20 +196,20 @@ TEST_CASE("a failed probation refences with a longer cool-down, capped, healing 
     now += cooldown;
     auto tr = p.observe(clean(), now);
     REQUIRE(tr);
-    REQUIRE(tr->to == LinkState::Probation);
+    REQUIRE(tr->to == PolicyState::Probation);
     now += 1s;
     tr = p.observe(warn(), now);  // probation is strict: a warning fails it
     REQUIRE(tr);
-    REQUIRE(tr->from == LinkState::Probation);
-    REQUIRE(tr->to == LinkState::Fenced);
+    REQUIRE(tr->from == PolicyState::Probation);
+    REQUIRE(tr->to == PolicyState::Fenced);
     REQUIRE(p.current_cooldown() == next);
     cooldown = next;
   }
   REQUIRE(p.failed_probations() == 3);
   // Serve the last cool-down and a full probation: healthy, and the back-off is forgotten.
   now += cooldown;
-  REQUIRE(p.observe(clean(), now)->to == LinkState::Probation);
-  REQUIRE(feed(p, clean(), now + 1s, 19s)->to == LinkState::Healthy);
+  REQUIRE(p.observe(clean(), now)->to == PolicyState::Probation);
+  REQUIRE(feed(p, clean(), now + 1s, 19s)->to == PolicyState::Healthy);
   REQUIRE(p.current_cooldown() == 10s);
   REQUIRE(p.failed_probations() == 0);
 }
@@ -221,28 +221,28 @@ TEST_CASE("probation heals only on clean evidence, unknown after the cool-down s
   // A fenced link carries no traffic: unknown evidence must not keep it fenced forever.
   auto tr = p.observe(unknown(), t0 + 60s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Probation);
+  REQUIRE(tr->to == PolicyState::Probation);
   // But unknown never heals it.
   REQUIRE_FALSE(feed(p, unknown(), t0 + 61s, 300s));
-  REQUIRE(p.state() == LinkState::Probation);
+  REQUIRE(p.state() == PolicyState::Probation);
   // Failure on probation: back to fenced.
   tr = p.observe(fail(), t0 + 400s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
 }
 
 TEST_CASE("unknown evidence neither fences nor heals", "[health][policy]") {
   LinkPolicy p;
   REQUIRE_FALSE(feed(p, unknown(), t0, 600s));
-  REQUIRE(p.state() == LinkState::Healthy);
+  REQUIRE(p.state() == PolicyState::Healthy);
   REQUIRE(p.health() == LinkHealth::Unknown);  // all sources unknown: not "healthy"
   (void)p.observe(warn(), t0 + 601s);
   REQUIRE_FALSE(feed(p, unknown(), t0 + 602s, 600s));
-  REQUIRE(p.state() == LinkState::Suspect);
+  REQUIRE(p.state() == PolicyState::Suspect);
   // Known clean evidence on one signal counts even when the others are unknown.
   Evidence partial;
   partial.ib_error_count = 0;
-  REQUIRE(feed(p, partial, t0 + 1300s, 30s)->to == LinkState::Healthy);
+  REQUIRE(feed(p, partial, t0 + 1300s, 30s)->to == PolicyState::Healthy);
   REQUIRE(p.health() == LinkHealth::Healthy);
   REQUIRE_FALSE(p.observe(unknown(), t0 + 1400s));
   REQUIRE(p.health() == LinkHealth::Unknown);  // its sources went dark
@@ -253,18 +253,18 @@ TEST_CASE("checksum mismatches: one is suspect, a storm is a fence", "[health][p
   Evidence one;
   one.checksum_mismatches = 1;
   one.successes = 100;
-  REQUIRE(p.observe(one, t0)->to == LinkState::Suspect);
+  REQUIRE(p.observe(one, t0)->to == PolicyState::Suspect);
   REQUIRE_FALSE(p.observe(one, t0 + 11s));  // 2 within 10 s? no: the first left the window
   REQUIRE_FALSE(p.observe(one, t0 + 15s));  // 2 within 10 s
   auto tr = p.observe(one, t0 + 20s);       // 3 within 10 s (11, 15, 20)
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
   REQUIRE_THAT(tr->reasons.back(), Catch::Contains("checksum storm"));
   // Spread-out mismatches never storm.
   LinkPolicy q;
   for (int i = 0; i < 10; ++i) {
     (void)q.observe(one, t0 + i * 11s);
-    REQUIRE(q.state() == LinkState::Suspect);
+    REQUIRE(q.state() == PolicyState::Suspect);
   }
 }
 
@@ -274,19 +274,19 @@ TEST_CASE("consecutive timeouts fence, a success in between resets the count", "
   timeout.timeouts = 1;
   Evidence ok;
   ok.successes = 5;
-  REQUIRE(p.observe(timeout, t0)->to == LinkState::Suspect);
+  REQUIRE(p.observe(timeout, t0)->to == PolicyState::Suspect);
   REQUIRE_FALSE(p.observe(timeout, t0 + 1s));
   REQUIRE_FALSE(p.observe(ok, t0 + 2s));  // resets the streak
   REQUIRE_FALSE(p.observe(timeout, t0 + 3s));
   REQUIRE_FALSE(p.observe(timeout, t0 + 4s));
-  REQUIRE(p.state() == LinkState::Suspect);
+  REQUIRE(p.state() == PolicyState::Suspect);
   auto tr = p.observe(timeout, t0 + 5s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
   REQUIRE_THAT(tr->reasons.back(), Catch::Contains("3 consecutive timeouts"));
   // The streak does not survive the fence: a quiet probation does not re-fire it.
-  REQUIRE(p.observe(ok, t0 + 65s)->to == LinkState::Probation);
-  REQUIRE(p.state() == LinkState::Probation);
+  REQUIRE(p.observe(ok, t0 + 65s)->to == PolicyState::Probation);
+  REQUIRE(p.state() == PolicyState::Probation);
 }
 
 TEST_CASE("bandwidth below 25% of expectation for the configured time is suspect", "[health][policy]") {
@@ -302,10 +302,10 @@ TEST_CASE("bandwidth below 25% of expectation for the configured time is suspect
   REQUIRE_FALSE(p.observe(idle, t0 + 6s));
   REQUIRE_FALSE(p.observe(fast, t0 + 7s));  // the run breaks
   REQUIRE_FALSE(feed(p, slow, t0 + 8s, 9s));
-  REQUIRE(p.state() == LinkState::Healthy);
+  REQUIRE(p.state() == PolicyState::Healthy);
   auto tr = p.observe(slow, t0 + 18s);  // slow since t0 + 8 s
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Suspect);
+  REQUIRE(tr->to == PolicyState::Suspect);
   REQUIRE_THAT(tr->reasons.back(), Catch::Contains("bandwidth 10%"));
 }
 
@@ -317,12 +317,12 @@ TEST_CASE("optional escalation: a link that stays suspect is fenced", "[health][
   REQUIRE_FALSE(feed(p, warn(), t0 + 1s, 28s));
   auto tr = p.observe(warn(), t0 + 30s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
   REQUIRE_THAT(tr->reasons.back(), Catch::Contains("suspect for 30000 ms"));
   // Off by default.
   LinkPolicy q;
-  REQUIRE(feed(q, warn(), t0, 600s)->to == LinkState::Suspect);
-  REQUIRE(q.state() == LinkState::Suspect);
+  REQUIRE(feed(q, warn(), t0, 600s)->to == PolicyState::Suspect);
+  REQUIRE(q.state() == PolicyState::Suspect);
 }
 
 TEST_CASE("an external fence (agreement) fences and restarts the cool-down", "[health][policy]") {
@@ -330,11 +330,11 @@ TEST_CASE("an external fence (agreement) fences and restarts the cool-down", "[h
   (void)p.observe(clean(), t0);
   auto tr = p.fence("agreed at seq 42", t0 + 1s);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
   REQUIRE_FALSE(p.fence("again", t0 + 50s));  // already fenced: cool-down restarts
   REQUIRE_FALSE(p.observe(clean(), t0 + 100s));
-  REQUIRE(p.observe(clean(), t0 + 110s)->to == LinkState::Probation);
-  REQUIRE(to_string(LinkState::Probation) == "probation");
+  REQUIRE(p.observe(clean(), t0 + 110s)->to == PolicyState::Probation);
+  REQUIRE(to_string(PolicyState::Probation) == "probation");
   REQUIRE(to_string(LinkHealth::Unknown) == "unknown");
   REQUIRE(to_string(Severity::Fail) == "fail");
 }
@@ -343,7 +343,7 @@ TEST_CASE("thresholds come from the options", "[health][policy]") {
   HealthOptions opts;
   opts.thresholds.nvlink_crc_fence_per_s = 1000.0;
   LinkPolicy p(opts);
-  REQUIRE(p.observe(fail(), t0)->to == LinkState::Suspect);  // 150/s: only a warning now
+  REQUIRE(p.observe(fail(), t0)->to == PolicyState::Suspect);  // 150/s: only a warning now
 }
 
 TEST_CASE("Xid events: fatal fences, warn is suspect, 0 disables, unknown is unknown", "[health][policy]") {
@@ -395,5 +395,5 @@ TEST_CASE("Xid events: fatal fences, warn is suspect, 0 disables, unknown is unk
   e.xid_fatal_count = 1;
   const auto tr = p.observe(e, t0);
   REQUIRE(tr);
-  REQUIRE(tr->to == LinkState::Fenced);
+  REQUIRE(tr->to == PolicyState::Fenced);
 }

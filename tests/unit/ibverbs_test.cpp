@@ -327,7 +327,7 @@ TEST_CASE("ibverbs: without an HCA (or library) the transport reaches nobody", "
   CommOptions o;
   Logger log(LogLevel::Error);
   SECTION("missing library") {
-    o.ib.library = "libringfence-no-such-verbs.so.1";
+    o.transport_settings["RINGFENCE_IB_LIBRARY"] = "libringfence-no-such-verbs.so.1";
     auto t = make_transport(TransportContext{PeerInfo{0, "h", 1}, 2, &o, &log});
     REQUIRE(t->name() == "ibverbs");
     const Reachability r = t->can_reach(PeerInfo{0, "h", 1}, PeerInfo{1, "g", 2});
@@ -352,7 +352,7 @@ TEST_CASE("ibverbs: without an HCA (or library) the transport reaches nobody", "
     REQUIRE_FALSE(t->can_reach(PeerInfo{0, "h", 1}, PeerInfo{0, "h", 1}).ok);
   }
   SECTION("a malformed RINGFENCE_IB_HCA fails creation, naming it") {
-    o.ib.hca = "mlx5_0:0";
+    o.transport_settings["RINGFENCE_IB_HCA"] = "mlx5_0:0";
     REQUIRE_THAT(error_of([&] { (void)make_transport(TransportContext{PeerInfo{0, "h", 1}, 2, &o, &log}); }),
                  Catch::Contains("RINGFENCE_IB_HCA"));
   }

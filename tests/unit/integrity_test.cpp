@@ -934,9 +934,9 @@ TEST_CASE("the fault decorator reports the inner transport's properties", "[faul
                                     parse_fault_spec("flip:rate=1e-3,link=0-1"), 0);
   // The tuner and the direct-write paths read these through the decorator.
   CHECK(tcp_t->name() == "tcp");
-  CHECK(tcp_t->cheap_user_writes());
-  CHECK_FALSE(tcp_t->shares_memory());
+  CHECK(tcp_t->traits().cheap_user_writes);
+  CHECK_FALSE(tcp_t->traits().shares_memory);
   CHECK(shm_t->name() == "shm");
-  CHECK_FALSE(shm_t->cheap_user_writes());
-  CHECK(shm_t->shares_memory());
+  CHECK_FALSE(shm_t->traits().cheap_user_writes);
+  CHECK(shm_t->traits().shares_memory);
 }

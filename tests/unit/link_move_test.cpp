@@ -28,7 +28,7 @@ namespace {
 // The scenario's options with shm -> tcp allowed, then `tweak` (which may change that).
 std::function<void(int, CommOptions&)> shm_to_tcp(std::function<void(int, CommOptions&)> tweak) {
   return [tweak](int r, CommOptions& o) {
-    o.fallbacks = {{"shm", "tcp"}};
+    o.fallbacks = FallbackTable{{"shm", "tcp"}};
     if (tweak) tweak(r, o);
   };
 }
@@ -60,7 +60,7 @@ TEST_CASE("a corrupting tcp link moves to shm (sockets closed, segments register
     INFO("ranks " << n);
     const auto tweak = [](int, CommOptions& o) {
       o.transports = {"tcp", "shm"};
-      o.fallbacks = {{"tcp", "shm"}};
+      o.fallbacks = FallbackTable{{"tcp", "shm"}};
       o.timeout = std::chrono::seconds(5);
       o.slots = 1;
     };
@@ -112,7 +112,7 @@ TEST_CASE("a link moves only when both ends allow the same fallback, otherwise i
   // Rank 1 allows no fallback: link 0-1 is fenced and relayed; no rank reports a move.
   const auto [clean, faulty] =
       run_against_clean(4, "flip:rate=1e-4,link=0-1,seed=3,transport=shm", [](int r, CommOptions& o) {
-        if (r == 1) o.fallbacks.clear();
+        if (r == 1) o.fallbacks = FallbackTable{};
       });
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
@@ -145,7 +145,7 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_link_map = "1-2=nvml:0:1";
   o.host_id = "move-storm";
-  o.fallbacks = {{"shm", "tcp"}};
+  o.fallbacks = FallbackTable{{"shm", "tcp"}};
   o.channels = 1;
   o.checksum = checksum;
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
@@ -226,7 +226,7 @@ TEST_CASE("a move that cannot connect fails the communicator on every rank with 
         o.checksum = true;
         o.health_agree_every = 2;
         o.transports = {"shm", "refusing"};
-        o.fallbacks = {{"shm", "refusing"}};
+        o.fallbacks = FallbackTable{{"shm", "refusing"}};
         o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
         o.host_id = "refused-move";
         Communicator comm(store, r, n, registry, o);
@@ -283,10 +283,12 @@ TEST_CASE("on a store every rank must use together (MPI bootstrap) a link is fen
 
 TEST_CASE("RINGFENCE_FALLBACK and the fault rule's transport= field", "[health][move][env]") {
   CommOptions defaults;
-  REQUIRE(defaults.fallbacks == std::vector<std::pair<std::string, std::string>>{{"nvlink", "pcie"}});
+  REQUIRE_FALSE(defaults.fallbacks.has_value());  // unset: what the selected transports declare
   const auto o = CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", "nvlink:pcie,shm:tcp"}}));
-  REQUIRE(o.fallbacks == std::vector<std::pair<std::string, std::string>>{{"nvlink", "pcie"}, {"shm", "tcp"}});
-  REQUIRE(CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", "none"}})).fallbacks.empty());
+  REQUIRE(o.fallbacks == FallbackTable{{"nvlink", "pcie"}, {"shm", "tcp"}});
+  const auto none = CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", "none"}}));
+  REQUIRE(none.fallbacks.has_value());
+  REQUIRE(none.fallbacks->empty());
   for (const char* bad : {"nvlink", "nvlink:", ":pcie", "shm:shm", "nvlink:pcie,tcp"}) {
     INFO(bad);
     REQUIRE_THROWS_WITH(CommOptions::from_env(Environment(std::map<std::string, std::string>{{"RINGFENCE_FALLBACK", bad}})),
@@ -394,7 +396,7 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
   o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
   o.host_id = "move-watched";
   o.transports = {"shm", "tcp"};
-  o.fallbacks = {{"shm", "tcp"}};
+  o.fallbacks = FallbackTable{{"shm", "tcp"}};
   o.channels = 1;
   const std::string error = test::run_ranks(
       n, [&](int) { return o; },

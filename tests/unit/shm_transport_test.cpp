@@ -1,5 +1,6 @@
-// The shm transport against the SPI contract: segment and cross-memory-attach writes, signal
-// ordering and waiting, completion ids, bounds, fencing, malformed keys, dead peers.
+// The shm transport's own behaviour: segment and cross-memory-attach writes, futex wake-ups,
+// its key format, dead peers. The SPI contract shared by every transport (ordering, completion
+// ids, bounds, fencing, malformed keys) is tests/conformance/transport_conformance_test.cpp.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@ struct Pair {
   std::unique_ptr<Transport> a, b;
   std::unique_ptr<Link> a_to_b;
   Pair() {
-    options.shm.spin_count = 10;
+    options.transport_settings["RINGFENCE_SHM_SPIN"] = "10";
     PeerInfo pa{0, "h", static_cast<std::int32_t>(::getpid())}, pb{1, "h", static_cast<std::int32_t>(::getpid())};
     a = transports::shm::make_transport(TransportContext{pa, 2, &options, &log});
     b = transports::shm::make_transport(TransportContext{pb, 2, &options, &log});
@@ -45,7 +46,7 @@ std::vector<Completion> drain(Link& link) {
 
 }  // namespace
 
-TEST_CASE("shm: reachability follows the host id", "[shm][conformance]") {
+TEST_CASE("shm: reachability follows the host id", "[shm]") {
   Pair p;
   REQUIRE(p.a->name() == "shm");
   REQUIRE(p.a->can_reach(PeerInfo{0, "h", 1}, PeerInfo{1, "h", 2}).ok);
@@ -54,33 +55,7 @@ TEST_CASE("shm: reachability follows the host id", "[shm][conformance]") {
   REQUIRE_THAT(r.reason, Catch::Contains("other"));
 }
 
-TEST_CASE("shm: write into a shared segment, then signal, in order with completion ids", "[shm][conformance]") {
-  Pair p;
-  auto* mem = static_cast<std::byte*>(p.b->allocate(4096 + sizeof(SignalFlag), MemoryKind::Host));
-  REQUIRE(mem != nullptr);
-  MemoryRegion region = p.b->register_memory(mem, 4096 + sizeof(SignalFlag), MemoryKind::Host);
-  RemoteRegion remote = p.a->import_region(region.key());
-  REQUIRE(remote.size() == 4096 + sizeof(SignalFlag));
-  std::vector<std::uint8_t> src(1000);
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 7);
-  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &remote, 64, src.size(), 11}).is_ok());
-  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 4096, 5, 12}).is_ok());
-  auto done = drain(*p.a_to_b);
-  REQUIRE(done.size() == 2);
-  REQUIRE(done[0].wr_id == 11);
-  REQUIRE(done[1].wr_id == 12);
-  REQUIRE(done[0].status.is_ok());
-  auto& flag = *reinterpret_cast<SignalFlag*>(mem + 4096);
-  REQUIRE(p.a_to_b->wait(flag, 5, std::chrono::milliseconds(10)).is_ok());
-  REQUIRE(std::memcmp(mem + 64, src.data(), src.size()) == 0);
-  REQUIRE(p.a_to_b->wait(flag, 6, std::chrono::milliseconds(5)).in_progress());  // not reached: bounded wait
-  REQUIRE(p.a_to_b->stats().bytes_written == 1000);
-  REQUIRE_FALSE(p.a->deallocate(mem));  // not a's memory
-  REQUIRE(p.b->deallocate(mem));
-  REQUIRE_FALSE(p.b->deallocate(mem));
-}
-
-TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another thread", "[shm][conformance]") {
+TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another thread", "[shm]") {
   Pair p;
   auto* mem = static_cast<std::byte*>(p.b->allocate(sizeof(SignalFlag), MemoryKind::Host));
   MemoryRegion region = p.b->register_memory(mem, sizeof(SignalFlag), MemoryKind::Host);
@@ -99,13 +74,13 @@ TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another
 }
 
 TEST_CASE("shm: memory in another shm transport's segment registers as a segment: flags work, no CMA needed",
-          "[shm][conformance]") {
+          "[shm]") {
   // A pair that moves from nvlink to pcie registers the flags the nvlink transport's own shm
   // allocated; a communicator's alloc() memory may be registered by another one. With
   // cross-memory attach off, only the segment path can succeed, and only it can hold a flag.
   Pair p;
   CommOptions other_options, no_cma;
-  no_cma.shm.cross_memory_attach = false;
+  no_cma.transport_settings["RINGFENCE_SHM_CMA"] = "0";
   Logger log;
   const PeerInfo rank1{1, "h", static_cast<std::int32_t>(::getpid())};
   auto owner = transports::shm::make_transport(TransportContext{rank1, 2, &other_options, &log});
@@ -128,7 +103,7 @@ TEST_CASE("shm: memory in another shm transport's segment registers as a segment
   REQUIRE(owner->deallocate(mem));
 }
 
-TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach copy", "[shm][conformance][cma]") {
+TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach copy", "[shm][cma]") {
   Pair p;
   std::vector<std::uint32_t> target(1024, 0);
   MemoryRegion region = p.b->register_memory(target.data(), target.size() * 4, MemoryKind::Host);
@@ -143,7 +118,7 @@ TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach co
   REQUIRE(p.a_to_b->signal(SignalOp{&remote, 0, 1, 2}).code() == ErrorCode::InvalidUsage);
 }
 
-TEST_CASE("shm: cross-memory attach works across processes", "[shm][conformance][cma]") {
+TEST_CASE("shm: cross-memory attach works across processes", "[shm][cma]") {
   // The child writes into the parent's plain heap buffer through the parent's region key.
   Pair p;
   std::vector<std::uint64_t> target(4096, 0);
@@ -171,37 +146,7 @@ TEST_CASE("shm: cross-memory attach works across processes", "[shm][conformance]
   for (std::size_t i = 0; i < target.size(); ++i) REQUIRE(target[i] == i * i + 1);
 }
 
-TEST_CASE("shm: out-of-bounds writes and signals are refused, nothing is written", "[shm][conformance]") {
-  Pair p;
-  auto* mem = static_cast<std::byte*>(p.b->allocate(256, MemoryKind::Host));
-  std::memset(mem, 0, 256);
-  MemoryRegion region = p.b->register_memory(mem, 128, MemoryKind::Host);  // half the segment
-  RemoteRegion remote = p.a->import_region(region.key());
-  std::byte src[256];
-  std::memset(src, 0xff, sizeof src);
-  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 100, 29, 1}).code() == ErrorCode::InvalidUsage);
-  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, SIZE_MAX, 2, 1}).code() == ErrorCode::InvalidUsage);
-  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 96, 1, 2}).code() == ErrorCode::InvalidUsage);  // flag would cross the end
-  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 8, 1, 2}).code() == ErrorCode::InvalidUsage);   // misaligned
-  for (int i = 0; i < 256; ++i) REQUIRE(mem[i] == std::byte{0});
-  REQUIRE(p.a_to_b->stats().errors == 4);
-  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 100, 28, 1}).is_ok());  // exactly to the end
-}
-
-TEST_CASE("shm: fence is idempotent and refuses later operations", "[shm][conformance]") {
-  Pair p;
-  auto* mem = static_cast<std::byte*>(p.b->allocate(128, MemoryKind::Host));
-  MemoryRegion region = p.b->register_memory(mem, 128, MemoryKind::Host);
-  RemoteRegion remote = p.a->import_region(region.key());
-  std::byte src[8] = {};
-  p.a_to_b->fence(FenceReason::User);
-  p.a_to_b->fence(FenceReason::User);
-  REQUIRE(p.a_to_b->state() == LinkState::Fenced);
-  REQUIRE(p.a_to_b->write(WriteOp{src, nullptr, &remote, 0, 8, 1}).code() == ErrorCode::Fenced);
-  REQUIRE(p.a_to_b->signal(SignalOp{&remote, 0, 1, 2}).code() == ErrorCode::Fenced);
-}
-
-TEST_CASE("shm: malformed region keys are rejected", "[shm][conformance]") {
+TEST_CASE("shm: malformed region keys are rejected", "[shm]") {
   Pair p;
   REQUIRE_THROWS_AS(p.a->import_region(Bytes(5)), InvalidUsage);
   auto* mem = p.b->allocate(64, MemoryKind::Host);
@@ -217,12 +162,12 @@ TEST_CASE("shm: malformed region keys are rejected", "[shm][conformance]") {
   REQUIRE_THROWS_AS(p.a->import_region(bad), InvalidUsage);
 }
 
-TEST_CASE("shm: waiting on a peer that exited reports PeerUnreachable at once", "[shm][conformance]") {
+TEST_CASE("shm: waiting on a peer that exited reports PeerUnreachable at once", "[shm]") {
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) _exit(0);
   CommOptions options;
-  options.shm.spin_count = 0;
+  options.transport_settings["RINGFENCE_SHM_SPIN"] = "0";
   Logger log;
   PeerInfo self{0, "h", static_cast<std::int32_t>(::getpid())}, peer{1, "h", static_cast<std::int32_t>(child)};
   auto t = transports::shm::make_transport(TransportContext{self, 2, &options, &log});

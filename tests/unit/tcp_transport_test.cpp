@@ -30,11 +30,11 @@ namespace {
 
 CommOptions loopback_options(int sockets) {
   CommOptions o;
-  o.tcp.interfaces = "lo";
-  o.tcp.sockets = sockets;
-  o.tcp.stripe_min_bytes = 4096;
+  o.transport_settings["RINGFENCE_SOCKET_IFNAME"] = "lo";
+  o.transport_settings["RINGFENCE_TCP_SOCKETS"] = std::to_string(sockets);
+  o.transport_settings["RINGFENCE_TCP_STRIPE_MIN_BYTES"] = "4096";
   o.timeout = std::chrono::seconds(5);
-  o.shm.spin_count = 10;
+  o.transport_settings["RINGFENCE_SHM_SPIN"] = "10";
   return o;
 }
 
@@ -47,7 +47,7 @@ struct Pair {
   // `fault`: RINGFENCE_FAULT rules for a's side (empty: none). `buffer_bytes`: the sockets'
   // buffers (0: the default).
   explicit Pair(int sockets = 2, std::string_view fault = {}, int buffer_bytes = 0) : options(loopback_options(sockets)) {
-    if (buffer_bytes > 0) options.tcp.buffer_bytes = buffer_bytes;
+    if (buffer_bytes > 0) options.transport_settings["RINGFENCE_TCP_BUFFER_BYTES"] = std::to_string(buffer_bytes);
     const PeerInfo pa{0, "ha", 1}, pb{1, "hb", 2};
     a = tcp::make_transport(TransportContext{pa, 2, &options, &log});
     if (!fault.empty()) a = make_fault_transport(std::move(a), parse_fault_spec(fault), 0);
@@ -108,7 +108,7 @@ TEST_CASE("tcp: interface filters follow NCCL_SOCKET_IFNAME", "[tcp]") {
   REQUIRE_FALSE(tcp::choose_interface(host, tcp::parse_interface_filter("ib")));
   REQUIRE_THROWS_AS(tcp::parse_interface_filter("eth,,ib"), InvalidUsage);
   CommOptions o = loopback_options(1);
-  o.tcp.interfaces = "no-such-interface";
+  o.transport_settings["RINGFENCE_SOCKET_IFNAME"] = "no-such-interface";
   Logger log;
   auto t = tcp::make_transport(TransportContext{PeerInfo{0, "h", 1}, 2, &o, &log});
   REQUIRE_THROWS_WITH(t->listen(), Catch::Contains("RINGFENCE_SOCKET_IFNAME='no-such-interface'"));
@@ -241,7 +241,7 @@ TEST_CASE("tcp: while a thread waits on one link (reading it itself), other link
   // comes); meanwhile rank 2 writes more than the socket buffers hold into rank 1 and signals:
   // the write must complete and the signal land without rank 1 waiting on that link.
   CommOptions options = loopback_options(2);
-  options.tcp.buffer_bytes = 256 * 1024;
+  options.transport_settings["RINGFENCE_TCP_BUFFER_BYTES"] = "256K";
   Logger log;
   std::unique_ptr<Transport> t[3];
   std::unique_ptr<ListenHandle> l[3];

@@ -3,7 +3,7 @@
 // descriptor (cuMemGetHandleForAddressRange) for ibv_reg_dmabuf_mr, the upstream path that
 // needs no nvidia-peermem module (NVIDIA open kernel modules r515+, Linux 5.12+, rdma-core 34+).
 // The CUDA driver (libcuda.so.1) is dlopen'ed with our own declarations, like the runtime in
-// src/cuda_api.hpp: nothing here needs a CUDA header, and no CUDA type appears. Internal to the
+// include/ringfence/detail/cuda_api.hpp: nothing here needs a CUDA header, and no CUDA type appears. Internal to the
 // transport and its tests.
 #include <cstddef>
 #include <cstdint>

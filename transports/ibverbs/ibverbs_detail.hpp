@@ -7,7 +7,8 @@
 //   - ibv_qp_attr + attribute mask for RESET->INIT, INIT->RTR and RTR->RTS;
 //   - classification of completion statuses and asynchronous events for the health layer;
 //   - the port's signalling rate.
-// The verbs header is included only here and in the transport's .cpp (never under include/).
+// The verbs header is included only here, in ibverbs_device.hpp and in the transport's own files
+// (never under include/).
 #include <infiniband/verbs.h>
 
 #include <array>

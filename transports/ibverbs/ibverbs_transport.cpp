@@ -1,18 +1,20 @@
+// The ibverbs transport (IbTransport): device and port choice, memory registration, listen and
+// connect; the other parts are listed below.
+//
 // The ibverbs transport: RC queue pairs, RDMA WRITE for writes, RDMA WRITE WITH IMM for
 // signals, host memory through ibv_reg_mr. libibverbs is dlopen'ed (README: why), so a process
 // on a machine without rdma-core, or without an HCA, creates this transport normally and it
 // reaches nobody. Pure parts (blobs, queue pair attributes, error classes) are in
-// ibverbs_detail.cpp and unit-tested without hardware; this file needs an HCA to run.
-#include <dlfcn.h>
-#include <endian.h>
+// ibverbs_detail.cpp and unit-tested without hardware; the files below need an HCA to run:
+// ibverbs_device.{hpp,cpp} (libibverbs entry points, device, regions, async events),
+// ibverbs_qp.cpp (queue pairs), ibverbs_link.hpp (the link's data path) and this file.
 #include <fcntl.h>
-#include <sched.h>
-#include <time.h>
+#include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <ringfence/error.hpp>
@@ -23,528 +25,13 @@
 
 #include "dmabuf.hpp"
 #include "ibverbs_detail.hpp"
+#include "ibverbs_device.hpp"
+#include "ibverbs_link.hpp"
 
 namespace ringfence::transports::ibverbs {
 namespace {
 
 using namespace detail;
-using transport_util::bump;
-
-// Send/receive queue depth per link; the completion FIFO and the CQs are sized from it.
-constexpr int kQueueDepth = 256;
-constexpr std::size_t kMaxMessage = std::size_t{1} << 30;  // RC messages are at most 2^31 bytes
-
-// The libibverbs entry points we call, resolved with dlvsym at the IBVERBS_1.1 ABI (as NCCL
-// does). ibv_post_send/ibv_post_recv/ibv_poll_cq are inline in verbs.h (they call through the
-// context's ops table) and need no symbol.
-struct Verbs {
-  void* handle = nullptr;
-  ibv_device** (*get_device_list)(int*) = nullptr;
-  void (*free_device_list)(ibv_device**) = nullptr;
-  const char* (*get_device_name)(ibv_device*) = nullptr;
-  ibv_context* (*open_device)(ibv_device*) = nullptr;
-  int (*close_device)(ibv_context*) = nullptr;
-  int (*query_device)(ibv_context*, ibv_device_attr*) = nullptr;
-  int (*query_port)(ibv_context*, std::uint8_t, ibv_port_attr*) = nullptr;
-  int (*query_gid)(ibv_context*, std::uint8_t, int, ibv_gid*) = nullptr;
-  ibv_pd* (*alloc_pd)(ibv_context*) = nullptr;
-  int (*dealloc_pd)(ibv_pd*) = nullptr;
-  ibv_mr* (*reg_mr)(ibv_pd*, void*, std::size_t, int) = nullptr;
-  int (*dereg_mr)(ibv_mr*) = nullptr;
-  /// ibv_reg_dmabuf_mr (rdma-core 34+): optional, only device memory needs it.
-  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, std::uint64_t, std::size_t, std::uint64_t, int, int) = nullptr;
-  ibv_cq* (*create_cq)(ibv_context*, int, void*, ibv_comp_channel*, int) = nullptr;
-  int (*destroy_cq)(ibv_cq*) = nullptr;
-  ibv_qp* (*create_qp)(ibv_pd*, ibv_qp_init_attr*) = nullptr;
-  int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int) = nullptr;
-  int (*destroy_qp)(ibv_qp*) = nullptr;
-  int (*get_async_event)(ibv_context*, ibv_async_event*) = nullptr;
-  void (*ack_async_event)(ibv_async_event*) = nullptr;
-
-  Verbs() = default;
-  Verbs(const Verbs&) = delete;
-  Verbs& operator=(const Verbs&) = delete;
-  ~Verbs() {
-    if (handle) ::dlclose(handle);
-  }
-};
-
-template <class F>
-bool resolve(void* handle, F& fn, const char* name) {
-  void* p = ::dlvsym(handle, name, "IBVERBS_1.1");
-  if (!p) p = ::dlsym(handle, name);
-  fn = reinterpret_cast<F>(p);
-  return p != nullptr;
-}
-
-// nullptr (and `why`) when the library or one of its symbols is missing.
-std::unique_ptr<Verbs> load_verbs(const std::string& path, std::string& why) {
-  auto v = std::make_unique<Verbs>();
-  v->handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!v->handle) {
-    const char* e = ::dlerror();
-    why = fmt::format("cannot load {} ({})", path, e ? e : "unknown error");
-    return nullptr;
-  }
-  bool ok = true;
-  auto need = [&](auto& fn, const char* name) {
-    if (!resolve(v->handle, fn, name)) {
-      ok = false;
-      why = fmt::format("{} lacks {}", path, name);
-    }
-  };
-  need(v->get_device_list, "ibv_get_device_list");
-  need(v->free_device_list, "ibv_free_device_list");
-  need(v->get_device_name, "ibv_get_device_name");
-  need(v->open_device, "ibv_open_device");
-  need(v->close_device, "ibv_close_device");
-  need(v->query_device, "ibv_query_device");
-  need(v->query_port, "ibv_query_port");
-  need(v->query_gid, "ibv_query_gid");
-  need(v->alloc_pd, "ibv_alloc_pd");
-  need(v->dealloc_pd, "ibv_dealloc_pd");
-  need(v->reg_mr, "ibv_reg_mr");
-  need(v->dereg_mr, "ibv_dereg_mr");
-  need(v->create_cq, "ibv_create_cq");
-  need(v->destroy_cq, "ibv_destroy_cq");
-  need(v->create_qp, "ibv_create_qp");
-  need(v->modify_qp, "ibv_modify_qp");
-  need(v->destroy_qp, "ibv_destroy_qp");
-  need(v->get_async_event, "ibv_get_async_event");
-  need(v->ack_async_event, "ibv_ack_async_event");
-  (void)resolve(v->handle, v->reg_dmabuf_mr, "ibv_reg_dmabuf_mr");  // optional: GPUDirect RDMA only
-  return ok ? std::move(v) : nullptr;
-}
-
-class IbLink;
-
-// The opened device and port, shared by the transport, its listen handles, links and regions
-// (whichever goes last closes the device).
-struct Device {
-  std::unique_ptr<Verbs> verbs;
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  std::string name;
-  int port = 1;
-  ibv_port_attr port_attr{};
-  ibv_gid gid{};
-  double gbps = 0;
-  IbverbsOptions options;
-  const Logger* log = nullptr;
-  int rank = -1;
-
-  // Async events: drained without blocking by whichever link's poll() gets the lock (no
-  // hidden thread); they set these flags, which links read on their own thread.
-  std::mutex links_mu;
-  std::vector<IbLink*> links;
-  std::atomic<bool> port_down{false};
-  std::atomic<bool> device_fatal{false};
-
-  Device() = default;
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  ~Device() {
-    if (pd) verbs->dealloc_pd(pd);
-    if (ctx) verbs->close_device(ctx);
-  }
-  void drain_async_events() noexcept;
-};
-
-// A registration. `addr`/`length` are the registered range as peers address it: the MR's own
-// for host memory; for device memory (dma-buf) the MR covers whole pages around it.
-struct LocalImpl final : MemoryRegion::Impl {
-  std::shared_ptr<Device> dev;
-  ibv_mr* mr = nullptr;
-  std::uintptr_t addr = 0;
-  std::uint64_t length = 0;
-  LocalImpl(std::shared_ptr<Device> d, ibv_mr* m, std::uintptr_t a, std::uint64_t len) : dev(std::move(d)), mr(m), addr(a), length(len) {}
-  ~LocalImpl() override { dev->verbs->dereg_mr(mr); }
-  Bytes key() const override { return serialize(RegionKey{addr, length, mr->rkey}); }
-};
-
-struct RemoteImpl final : RemoteRegion::Impl {
-  RegionKey key;
-  explicit RemoteImpl(RegionKey k) : key(k) {}
-};
-
-// One RC queue pair with its two completion queues (send completions are reported by poll;
-// receive completions only recycle receive WQEs consumed by the peer's signals).
-struct QpSet {
-  std::shared_ptr<Device> dev;
-  ibv_cq* send_cq = nullptr;
-  ibv_cq* recv_cq = nullptr;
-  ibv_qp* qp = nullptr;
-  QpSet() = default;
-  QpSet(QpSet&& o) noexcept { *this = std::move(o); }
-  QpSet& operator=(QpSet&& o) noexcept {
-    std::swap(dev, o.dev);
-    std::swap(send_cq, o.send_cq);
-    std::swap(recv_cq, o.recv_cq);
-    std::swap(qp, o.qp);
-    return *this;
-  }
-  ~QpSet() {
-    if (qp) dev->verbs->destroy_qp(qp);
-    if (send_cq) dev->verbs->destroy_cq(send_cq);
-    if (recv_cq) dev->verbs->destroy_cq(recv_cq);
-  }
-};
-
-QpParams params_of(const Device& d) {
-  QpParams p;
-  p.port = static_cast<std::uint8_t>(d.port);
-  p.timeout = static_cast<std::uint8_t>(d.options.timeout);
-  p.retry_count = static_cast<std::uint8_t>(d.options.retry_count);
-  p.service_level = static_cast<std::uint8_t>(d.options.service_level);
-  p.traffic_class = static_cast<std::uint8_t>(d.options.traffic_class);
-  p.gid_index = static_cast<std::uint8_t>(d.options.gid_index);
-  p.local_mtu = static_cast<std::uint8_t>(d.port_attr.active_mtu);
-  p.local_link_layer = d.port_attr.link_layer;
-  return p;
-}
-
-QpSet make_qp(const std::shared_ptr<Device>& dev, int peer) {
-  QpSet s;
-  s.dev = dev;
-  auto& v = *dev->verbs;
-  s.send_cq = v.create_cq(dev->ctx, kQueueDepth, nullptr, nullptr, 0);
-  s.recv_cq = v.create_cq(dev->ctx, kQueueDepth, nullptr, nullptr, 0);
-  if (!s.send_cq || !s.recv_cq)
-    throw IbvError(fmt::format("rank {}: ibv_create_cq on {} for peer {} failed: {}", dev->rank, dev->name, peer, std::strerror(errno)), errno);
-  ibv_qp_init_attr init{};
-  init.send_cq = s.send_cq;
-  init.recv_cq = s.recv_cq;
-  init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = kQueueDepth;
-  init.cap.max_recv_wr = kQueueDepth;
-  init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
-  init.cap.max_inline_data = 64;  // signals are 4 bytes, sent inline
-  s.qp = v.create_qp(dev->pd, &init);
-  if (!s.qp)
-    throw IbvError(fmt::format("rank {}: ibv_create_qp (RC) on {} for peer {} failed: {}", dev->rank, dev->name, peer, std::strerror(errno)), errno);
-  // The provider writes back what it granted; signals need 4 bytes of inline data.
-  if (init.cap.max_inline_data < sizeof(std::uint32_t))
-    throw IbvError(fmt::format("rank {}: {} grants {} bytes of inline data per send, signals need 4", dev->rank, dev->name,
-                               init.cap.max_inline_data),
-                   0);
-  QpTransition t = init_transition(params_of(*dev));
-  if (const int rc = v.modify_qp(s.qp, &t.attr, t.mask); rc != 0)
-    throw IbvError(fmt::format("rank {}: ibv_modify_qp RESET->INIT for peer {} failed: {}", dev->rank, peer, std::strerror(rc)), rc);
-  return s;
-}
-
-class IbLink final : public Link {
- public:
-  IbLink(std::shared_ptr<Device> dev, QpSet qp, int peer) : dev_(std::move(dev)), qp_(std::move(qp)), peer_(peer) {
-    staging_size_ = dev_->options.staging_bytes;
-    staging_ = std::make_unique<std::byte[]>(staging_size_);
-    staging_mr_ = dev_->verbs->reg_mr(dev_->pd, staging_.get(), staging_size_, IBV_ACCESS_LOCAL_WRITE);
-    if (!staging_mr_)
-      throw IbvError(fmt::format("rank {}: ibv_reg_mr of the {}-byte staging buffer for peer {} failed: {}", dev_->rank,
-                                 staging_size_, peer_, std::strerror(errno)), errno);
-    fifo_.resize(kQueueDepth);
-    for (int i = 0; i < kQueueDepth; ++i)
-      if (post_recv() != 0) {
-        dev_->verbs->dereg_mr(staging_mr_);
-        throw IbvError(fmt::format("rank {}: ibv_post_recv for peer {} failed", dev_->rank, peer_), errno);
-      }
-    std::lock_guard lock(dev_->links_mu);
-    dev_->links.push_back(this);
-  }
-  ~IbLink() override {
-    {
-      std::lock_guard lock(dev_->links_mu);
-      std::erase(dev_->links, this);
-    }
-    fence(FenceReason::Shutdown);
-    // Queue pair and CQs go (QpSet) before the staging buffer they may still reference.
-    qp_ = QpSet{};
-    dev_->verbs->dereg_mr(staging_mr_);
-  }
-
-  Status write(const WriteOp& op) noexcept override {
-    RINGFENCE_TRY(usable());
-    const auto* remote = static_cast<const RemoteImpl*>(op.dst ? op.dst->impl() : nullptr);  // ours (SPI)
-    if (!remote || (!op.src && op.bytes) || op.bytes > kMaxMessage) return Status(ErrorCode::InvalidUsage);
-    // Never post a write outside the imported region: the HCA would fence us with
-    // REM_ACCESS_ERR at best, write a neighbour's memory at worst (a wrong but valid rkey).
-    if (!range_ok(op.dst_offset, op.bytes, remote->key.length)) return Status(ErrorCode::InvalidUsage);
-    if (fifo_full()) return Status(ErrorCode::InProgress);
-    ibv_sge sge{};
-    sge.length = static_cast<std::uint32_t>(op.bytes);
-    std::uint64_t stage_end = stage_head_;
-    const auto* local = op.src_region ? dynamic_cast<const LocalImpl*>(op.src_region->impl()) : nullptr;
-    const auto* src = static_cast<const std::byte*>(op.src);
-    const auto* base = local ? static_cast<const std::byte*>(op.src_region->data()) : nullptr;
-    if (local && src >= base && range_ok(static_cast<std::size_t>(src - base), op.bytes, op.src_region->size())) {
-      sge.addr = reinterpret_cast<std::uintptr_t>(src);
-      sge.lkey = local->mr->lkey;
-    } else if (op.bytes) {
-      // Not registered with us: copy into the bounce ring (freed in completion order, which RC
-      // guarantees is posting order).
-      if (op.bytes > staging_size_) return Status(ErrorCode::InvalidUsage);
-      std::uint64_t at = stage_head_;
-      if (at % staging_size_ + op.bytes > staging_size_) at += staging_size_ - at % staging_size_;  // wrap
-      if (at + op.bytes - stage_tail_ > staging_size_) return Status(ErrorCode::InProgress);
-      std::byte* dst = staging_.get() + at % staging_size_;
-      std::memcpy(dst, src, op.bytes);
-      sge.addr = reinterpret_cast<std::uintptr_t>(dst);
-      sge.lkey = staging_mr_->lkey;
-      stage_end = at + op.bytes;
-    }
-    ibv_send_wr wr{};
-    ibv_send_wr* bad = nullptr;
-    wr.wr_id = op.wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = op.bytes ? 1 : 0;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;  // one completion per operation (SPI)
-    wr.wr.rdma.remote_addr = remote->key.addr + op.dst_offset;
-    wr.wr.rdma.rkey = remote->key.rkey;
-    if (const int rc = ibv_post_send(qp_.qp, &wr, &bad); rc != 0) {
-      bump(stats_.errors, 1);
-      return Status(ErrorCode::Ibv, rc);
-    }
-    stage_head_ = stage_end;
-    push_fifo(op.wr_id, stage_end);
-    bump(stats_.writes, 1);
-    bump(stats_.bytes_written, op.bytes);
-    return Status::ok();
-  }
-
-  Status signal(const SignalOp& op) noexcept override {
-    RINGFENCE_TRY(usable());
-    const auto* remote = static_cast<const RemoteImpl*>(op.dst ? op.dst->impl() : nullptr);  // ours (SPI)
-    if (!remote || op.offset % alignof(std::uint32_t) != 0 || !range_ok(op.offset, sizeof(std::uint32_t), remote->key.length))
-      return Status(ErrorCode::InvalidUsage);
-    if (fifo_full()) return Status(ErrorCode::InProgress);
-    // The value lands in SignalFlag::value (offset 0 of the flag). WRITE_WITH_IMM on RC is
-    // executed after every earlier WRITE of this queue pair; the immediate consumes one
-    // receive WQE at the peer, whose wait() recycles it. Inline: no registered source needed.
-    std::uint32_t value = op.value;
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<std::uintptr_t>(&value);
-    sge.length = sizeof(value);
-    ibv_send_wr wr{};
-    ibv_send_wr* bad = nullptr;
-    wr.wr_id = op.wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    wr.imm_data = htobe32(op.value);
-    wr.wr.rdma.remote_addr = remote->key.addr + op.offset;
-    wr.wr.rdma.rkey = remote->key.rkey;
-    if (const int rc = ibv_post_send(qp_.qp, &wr, &bad); rc != 0) {
-      bump(stats_.errors, 1);
-      return Status(ErrorCode::Ibv, rc);
-    }
-    push_fifo(op.wr_id, stage_head_);
-    bump(stats_.signals, 1);
-    return Status::ok();
-  }
-
-  Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
-    n = 0;
-    if ((++polls_ & 63) == 0) dev_->drain_async_events();
-    apply_async_faults();
-    drain_recv();
-    ibv_wc wc[16];
-    while (n < out.size() && fifo_tail_ != fifo_head_) {
-      const int want = static_cast<int>(std::min<std::size_t>(16, out.size() - n));
-      const int got = ibv_poll_cq(qp_.send_cq, want, wc);
-      if (got < 0) {
-        fail(Status(ErrorCode::Ibv, got), false);
-        break;
-      }
-      if (got == 0) break;
-      for (int i = 0; i < got; ++i) out[n++] = complete(wc[i]);
-    }
-    // A dead device may never flush: after a fence, pending operations complete as Fenced
-    // here rather than never.
-    if (state_.load(std::memory_order_relaxed) == LinkState::Fenced && dev_->device_fatal.load(std::memory_order_relaxed))
-      while (n < out.size() && fifo_tail_ != fifo_head_) {
-        const Pending p = pop_fifo();
-        out[n++] = Completion{p.wr_id, Status(ErrorCode::Fenced)};
-      }
-    return Status::ok();
-  }
-
-  Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    const auto start = std::chrono::steady_clock::now();
-    auto account = [&] {
-      bump(stats_.wait_ns, static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()));
-    };
-    for (unsigned i = 0;; ++i) {
-      drain_recv();
-      // The HCA places RDMA writes of one RC queue pair in order (no relaxed ordering is
-      // requested), so seeing the flag means seeing the writes before it.
-      if (reached(flag.value.load(std::memory_order_acquire), target)) return account(), Status::ok();
-      if ((i & 255) == 255) {
-        if ((i & 4095) == 4095) dev_->drain_async_events();
-        apply_async_faults();
-        if (const Status s = usable(); !s.is_ok()) return account(), s;
-        if (std::chrono::steady_clock::now() - start >= max) return account(), Status(ErrorCode::InProgress);
-        if (i > 16 * 1024) {
-          // Long waits: back off to 20 us sleeps (no completion channel is armed yet).
-          timespec ts{0, 20000};
-          ::nanosleep(&ts, nullptr);
-        } else {
-          ::sched_yield();
-        }
-      }
-      transport_util::cpu_relax();
-    }
-  }
-
-  void fence(FenceReason why) noexcept override {
-    (void)why;
-    if (state_.exchange(LinkState::Fenced) == LinkState::Fenced) return;
-    // ERR flushes every outstanding WR with WR_FLUSH_ERR; poll() reports them as Fenced.
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_ERR;
-    if (qp_.qp) (void)dev_->verbs->modify_qp(qp_.qp, &attr, IBV_QP_STATE);
-  }
-
-  LinkState state() const noexcept override { return state_.load(std::memory_order_relaxed); }
-  int peer() const noexcept override { return peer_; }
-  const LinkStats& stats() const noexcept override { return stats_; }
-
-  // Async-event hooks, called with Device::links_mu held (any thread).
-  bool owns(const ibv_async_event& e) const noexcept {
-    return e.element.qp == qp_.qp || e.element.cq == qp_.send_cq || e.element.cq == qp_.recv_cq;
-  }
-  void mark_fatal() noexcept { async_fatal_.store(true, std::memory_order_relaxed); }
-
- private:
-  struct Pending {
-    std::uint64_t wr_id = 0;
-    std::uint64_t stage_end = 0;
-  };
-
-  Status usable() const noexcept {
-    switch (state_.load(std::memory_order_relaxed)) {
-      case LinkState::Fenced:
-      case LinkState::Closed: return Status(ErrorCode::Fenced);
-      default: break;
-    }
-    if (!sticky_.is_ok()) return sticky_;
-    if (dev_->port_down.load(std::memory_order_relaxed)) return Status(ErrorCode::PeerUnreachable);
-    return Status::ok();
-  }
-
-  void apply_async_faults() noexcept {
-    if (async_fatal_.load(std::memory_order_relaxed) || dev_->device_fatal.load(std::memory_order_relaxed)) {
-      if (state_.load(std::memory_order_relaxed) != LinkState::Fenced) fail(Status(ErrorCode::Ibv), false);
-    }
-  }
-
-  // Records the link's first error; `link_error` = a path error for the health layer (the
-  // queue pair is in ERR, so the link stays unusable but is not fenced by us), else fence.
-  void fail(Status s, bool link_error, bool timeout = false) noexcept {
-    if (sticky_.is_ok()) {
-      sticky_ = s;
-      bump(stats_.errors, 1);
-      if (timeout) bump(stats_.timeouts, 1);
-    }
-    if (link_error) {
-      LinkState up = LinkState::Up;
-      state_.compare_exchange_strong(up, LinkState::Degraded);
-    } else {
-      fence(FenceReason::Error);
-    }
-  }
-
-  Completion complete(const ibv_wc& wc) noexcept {
-    const Pending p = pop_fifo();
-    const std::uint64_t id = wc.wr_id;
-    (void)p;  // RC completes in posting order: p.wr_id == wc.wr_id
-    if (wc.status == IBV_WC_SUCCESS) return Completion{id, Status::ok()};
-    if (state_.load(std::memory_order_relaxed) == LinkState::Fenced && sticky_.is_ok())
-      return Completion{id, Status(ErrorCode::Fenced)};  // flushed by our own fence
-    if (!sticky_.is_ok() && wc.status == IBV_WC_WR_FLUSH_ERR) return Completion{id, sticky_};  // after the first error
-    const WcClass c = classify_wc_status(wc.status);
-    const Status s(c.code, static_cast<std::int32_t>(wc.status));
-    fail(s, c.action == WcAction::LinkError, c.timeout);
-    return Completion{id, s};
-  }
-
-  void drain_recv() noexcept {
-    ibv_wc wc[16];
-    for (;;) {
-      const int got = ibv_poll_cq(qp_.recv_cq, 16, wc);
-      if (got <= 0) return;
-      for (int i = 0; i < got; ++i)
-        if (wc[i].status == IBV_WC_SUCCESS) (void)post_recv();
-    }
-  }
-
-  int post_recv() noexcept {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.num_sge = 0;  // WRITE_WITH_IMM carries no payload into the receive queue
-    return ibv_post_recv(qp_.qp, &wr, &bad);
-  }
-
-  bool fifo_full() const noexcept { return fifo_head_ - fifo_tail_ >= fifo_.size(); }
-  void push_fifo(std::uint64_t wr_id, std::uint64_t stage_end) noexcept {
-    fifo_[fifo_head_++ % fifo_.size()] = Pending{wr_id, stage_end};
-  }
-  Pending pop_fifo() noexcept {
-    const Pending p = fifo_[fifo_tail_++ % fifo_.size()];
-    stage_tail_ = p.stage_end;
-    return p;
-  }
-
-  std::shared_ptr<Device> dev_;
-  QpSet qp_;
-  int peer_;
-  std::unique_ptr<std::byte[]> staging_;
-  std::size_t staging_size_ = 0;
-  ibv_mr* staging_mr_ = nullptr;
-  std::uint64_t stage_head_ = 0, stage_tail_ = 0;  // monotonic byte positions in the ring
-  std::vector<Pending> fifo_;                       // posted, not yet completed (sized once)
-  std::size_t fifo_head_ = 0, fifo_tail_ = 0;
-  unsigned polls_ = 0;
-  Status sticky_;
-  std::atomic<LinkState> state_{LinkState::Up};
-  std::atomic<bool> async_fatal_{false};
-  LinkStats stats_;
-};
-
-void Device::drain_async_events() noexcept {
-  std::unique_lock lock(links_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // another link is draining
-  ibv_async_event e{};
-  while (verbs->get_async_event(ctx, &e) == 0) {  // async_fd is non-blocking: -1 when empty
-    const AsyncClass c = classify_async_event(e.event_type);
-    switch (c.action) {
-      case AsyncAction::Ignore: break;
-      case AsyncAction::Log: log->info("ibverbs {}:{}: async event {}", name, port, c.name); break;
-      case AsyncAction::PortDown:
-        port_down.store(true, std::memory_order_relaxed);
-        log->warn("ibverbs {}:{}: port error: links on this port report peer-unreachable", name, port);
-        break;
-      case AsyncAction::PortUp:
-        port_down.store(false, std::memory_order_relaxed);
-        log->warn("ibverbs {}:{}: port active again", name, port);
-        break;
-      case AsyncAction::FenceQp:
-        for (IbLink* l : links)
-          if (l->owns(e)) {
-            l->mark_fatal();
-            log->warn("ibverbs {}:{}: {} on the link to rank {}: fencing it", name, port, c.name, l->peer());
-          }
-        break;
-      case AsyncAction::FenceDevice:
-        device_fatal.store(true, std::memory_order_relaxed);
-        log->error("ibverbs {}: device fatal error: fencing every link", name);
-        break;
-    }
-    verbs->ack_async_event(&e);  // always last, as NCCL does: the event may refer to objects
-  }
-}
 
 class IbListen final : public ListenHandle {
  public:
@@ -562,7 +49,7 @@ class IbTransport final : public Transport {
  public:
   explicit IbTransport(const TransportContext& context) : self_(context.self), size_(context.size) {
     log_ = context.log ? context.log : &own_log_;
-    const IbverbsOptions options = context.options ? context.options->ib : IbverbsOptions{};
+    const Options options = Options::from(context.options);
     const HcaFilter filter = parse_hca_filter(options.hca);  // throws on a malformed list
     std::string why;
     auto verbs = load_verbs(options.library, why);
@@ -702,7 +189,7 @@ class IbTransport final : public Transport {
   }
 
  private:
-  void open(std::unique_ptr<Verbs> verbs, const IbverbsOptions& options, const HcaFilter& filter) {
+  void open(std::unique_ptr<Verbs> verbs, const Options& options, const HcaFilter& filter) {
     int n = 0;
     ibv_device** list = verbs->get_device_list(&n);
     if (!list || n == 0) {
@@ -781,6 +268,40 @@ class IbTransport final : public Transport {
 };
 
 }  // namespace
+
+namespace {
+constexpr SettingKey kSettings[] = {
+    {"RINGFENCE_IB_HCA", "devices and ports (NCCL_IB_HCA syntax)"},
+    {"RINGFENCE_IB_GID_INDEX", "GID index (0..255)"},
+    {"RINGFENCE_IB_TIMEOUT", "ACK timeout exponent (1..31)"},
+    {"RINGFENCE_IB_RETRY_CNT", "retries (0..7)"},
+    {"RINGFENCE_IB_SL", "service level (0..15)"},
+    {"RINGFENCE_IB_TC", "traffic class (0..255)"},
+    {"RINGFENCE_IB_STAGING_BYTES", "bounce buffer per link for unregistered sources"},
+    {"RINGFENCE_IB_LIBRARY", "libibverbs to dlopen"},
+};
+}  // namespace
+
+std::span<const SettingKey> setting_keys() noexcept { return kSettings; }
+
+Options Options::from(const CommOptions* options) {
+  const SettingsReader r(options);
+  Options o;
+  if (auto v = r.text("RINGFENCE_IB_HCA")) {
+    // Kept as text, parsed when the transport is created; an empty list is refused here.
+    RINGFENCE_EXPECTS(!v->empty(), "environment variable RINGFENCE_IB_HCA='' is invalid: expected a device list such as "
+                                   "mlx5_0:1,mlx5_1 or ^mlx5_2");
+    o.hca = *v;
+  }
+  o.gid_index = static_cast<int>(r.integer("RINGFENCE_IB_GID_INDEX", o.gid_index, 0, 255));
+  o.timeout = static_cast<int>(r.integer("RINGFENCE_IB_TIMEOUT", o.timeout, 1, 31));
+  o.retry_count = static_cast<int>(r.integer("RINGFENCE_IB_RETRY_CNT", o.retry_count, 0, 7));
+  o.service_level = static_cast<int>(r.integer("RINGFENCE_IB_SL", o.service_level, 0, 15));
+  o.traffic_class = static_cast<int>(r.integer("RINGFENCE_IB_TC", o.traffic_class, 0, 255));
+  o.staging_bytes = r.bytes("RINGFENCE_IB_STAGING_BYTES", o.staging_bytes);
+  o.library = r.text("RINGFENCE_IB_LIBRARY").value_or(o.library);
+  return o;
+}
 
 std::unique_ptr<Transport> make_transport(const TransportContext& context) { return std::make_unique<IbTransport>(context); }
 

@@ -115,7 +115,7 @@ struct Remote final : RemoteRegion::Impl {
 // ---- Link ------------------------------------------------------------------------------------
 class ShmLink final : public Link {
  public:
-  ShmLink(int peer, pid_t peer_pid, int pidfd, const ShmOptions& options)
+  ShmLink(int peer, pid_t peer_pid, int pidfd, const Options& options)
       : peer_(peer), peer_pid_(peer_pid), pidfd_(pidfd), options_(options), self_(peer_pid == ::getpid()) {}
   ~ShmLink() override {
     if (pidfd_ >= 0) ::close(pidfd_);
@@ -218,7 +218,7 @@ class ShmLink final : public Link {
   int peer_;
   pid_t peer_pid_;
   int pidfd_;
-  ShmOptions options_;
+  Options options_;
   bool self_;
   std::atomic<LinkState> state_{LinkState::Up};  // read by links() from other threads
   LinkStats stats_;
@@ -238,7 +238,7 @@ class ShmListen final : public ListenHandle {
 class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(const TransportContext& ctx)
-      : self_(ctx.self), options_(ctx.options ? ctx.options->shm : ShmOptions{}), log_(ctx.log) {
+      : self_(ctx.self), options_(Options::from(ctx.options)), log_(ctx.log) {
     std::random_device rd;
     nonce_ = fmt::format("{:08x}", static_cast<std::uint32_t>(rd()));
     remove_stale_segments();
@@ -251,7 +251,10 @@ class ShmTransport final : public Transport {
     }
   }
 
-  bool shares_memory() const noexcept override { return true; }
+  const TransportTraits& traits() const noexcept override {
+    static const TransportTraits kTraits{.shares_memory = true};
+    return kTraits;
+  }
   std::string_view name() const noexcept override { return kName; }
 
   // Cross-memory attach needs ptrace-attach rights over the peer (Yama ptrace_scope >= 1,
@@ -450,7 +453,7 @@ class ShmTransport final : public Transport {
   }
 
   PeerInfo self_;
-  ShmOptions options_;
+  Options options_;
   const Logger* log_;
   std::string nonce_;
   std::string cma_unusable_;  // why cross-memory attach cannot be used here (empty: it can)
@@ -461,6 +464,23 @@ class ShmTransport final : public Transport {
 };
 
 }  // namespace
+
+namespace {
+constexpr SettingKey kSettings[] = {
+    {"RINGFENCE_SHM_SPIN", "flag polls before a waiter sleeps on a futex (>= 0)"},
+    {"RINGFENCE_SHM_CMA", "0/1: cross-memory attach into unregistered buffers"},
+};
+}  // namespace
+
+std::span<const SettingKey> setting_keys() noexcept { return kSettings; }
+
+Options Options::from(const CommOptions* options) {
+  const SettingsReader r(options);
+  Options o;
+  o.spin_count = static_cast<int>(r.integer("RINGFENCE_SHM_SPIN", o.spin_count, 0, 1ll << 30));
+  o.cross_memory_attach = r.boolean("RINGFENCE_SHM_CMA", o.cross_memory_attach);
+  return o;
+}
 
 std::unique_ptr<Transport> make_transport(const TransportContext& context) { return std::make_unique<ShmTransport>(context); }
 

@@ -24,7 +24,7 @@ namespace ringfence::transports::tcp::frame {
 inline constexpr std::uint32_t kFrameMagic = 0x31544652;  // "RFT1"
 inline constexpr std::uint32_t kHelloMagic = 0x48544652;  // "RFTH"
 inline constexpr std::size_t kMaxSockets = 8;
-// A signal's target (SignalFlag; tcp_transport.cpp checks that these match).
+// A signal's target (SignalFlag; tcp_link.hpp checks that these match).
 inline constexpr std::size_t kFlagBytes = 64;
 inline constexpr std::size_t kFlagAlign = 64;
 

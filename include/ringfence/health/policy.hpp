@@ -132,7 +132,7 @@ void add_pcie_evidence(Evidence& e, const CounterBank& bank, const std::string& 
 double pcie_replay_budget_per_minute(double lane_gts, int width, double ber) noexcept;
 
 /// The states of a link.
-enum class LinkState : std::uint8_t {
+enum class PolicyState : std::uint8_t {
   Healthy,    ///< carrying traffic, nothing wrong seen
   Suspect,    ///< carrying traffic, a warning seen; watched, escalates on failure
   Fenced,     ///< not to be used; waits out its cool-down
@@ -140,7 +140,7 @@ enum class LinkState : std::uint8_t {
 };
 
 /// "healthy", "suspect", "fenced", "probation". Thread-safe.
-std::string_view to_string(LinkState s) noexcept;
+std::string_view to_string(PolicyState s) noexcept;
 
 /// What a link reports to users: its state, or Unknown when it is nominally Healthy but
 /// nothing about it has ever been known (all sources unknown).
@@ -151,8 +151,8 @@ std::string_view to_string(LinkHealth h) noexcept;
 
 /// One state change. Value type.
 struct Transition {
-  LinkState from = LinkState::Healthy;  ///< state before
-  LinkState to = LinkState::Healthy;    ///< state after
+  PolicyState from = PolicyState::Healthy;  ///< state before
+  PolicyState to = PolicyState::Healthy;    ///< state after
   TimePoint time{};                     ///< when (the observation's time)
   /// Why: the rules that fired, or "clean for 30000 ms", "cool-down 60000 ms over", ...
   std::vector<std::string> reasons;
@@ -187,7 +187,7 @@ class LinkPolicy {
   std::optional<Transition> fence(std::string reason, TimePoint now);
 
   /// The current state.
-  LinkState state() const noexcept { return state_; }
+  PolicyState state() const noexcept { return state_; }
   /// The reported health (see `LinkHealth`).
   LinkHealth health() const noexcept;
   /// The verdict of the last observation, including history rules.
@@ -199,11 +199,11 @@ class LinkPolicy {
 
  private:
   Verdict judge(const Evidence& e, TimePoint now);
-  Transition move(LinkState to, TimePoint now, std::vector<std::string> reasons);
+  Transition move(PolicyState to, TimePoint now, std::vector<std::string> reasons);
 
   HealthThresholds thresholds_;
   PolicyTimings timings_;
-  LinkState state_ = LinkState::Healthy;
+  PolicyState state_ = PolicyState::Healthy;
   Verdict last_verdict_;
   TimePoint entered_{};                        // when the current state was entered
   std::optional<TimePoint> clean_since_;       // start of the current unbroken clean run

@@ -6,7 +6,7 @@
 ///   writes into them are one `memcpy`. Any other host pointer is registered for cross-memory
 ///   attach: writes into it are one `process_vm_writev` (single copy, no staging).
 /// - Signals: a release store on a `SignalFlag` in a mapped segment, then a futex wake only when
-///   the owner sleeps. Waiters spin `ShmOptions::spin_count` polls, then sleep on the futex, so
+///   the owner sleeps. Waiters spin `Options::spin_count` (RINGFENCE_SHM_SPIN) polls, then sleep on the futex, so
 ///   more ranks than cores do not starve each other.
 /// - Liveness: each link holds a pidfd of the peer; a wait on a dead peer returns
 ///   `PeerUnreachable` at once instead of running into the timeout.
@@ -14,12 +14,32 @@
 
 #include <memory>
 #include <ringfence/transport.hpp>
+#include <ringfence/transport_settings.hpp>
+#include <span>
 #include <string_view>
 
 namespace ringfence::transports::shm {
 
 /// Registry name of this transport.
 inline constexpr std::string_view kName = "shm";
+
+/// This transport's settings, read from `CommOptions::transport_settings` (its variables:
+/// `setting_keys()`).
+struct Options {
+  /// Flag polls before a waiter sleeps on a futex (0 = sleep at once). Spinning wins latency
+  /// when ranks <= cores; sleeping keeps 4 ranks on 2 cores from starving each other.
+  /// RINGFENCE_SHM_SPIN (>= 0).
+  int spin_count = 2000;
+  /// Use cross-memory attach (process_vm_writev) to write straight into a peer's unregistered
+  /// buffer; when false such regions are rejected. RINGFENCE_SHM_CMA (0/1).
+  bool cross_memory_attach = true;
+  /// The settings of `options` (null: the defaults). Throws `InvalidUsage` naming a variable
+  /// with a bad value.
+  static Options from(const CommOptions* options);
+};
+
+/// The variables this transport reads (register them with the transport: `TransportRegistry::add`).
+std::span<const SettingKey> setting_keys() noexcept;
 
 /// Creates the shared-memory transport for one communicator. Also removes stale segments left
 /// in /dev/shm by ringfence processes that no longer exist.

@@ -2,13 +2,13 @@
 /// \file transports/tcp.hpp
 /// TCP transport for ranks on different hosts (target `ringfence::transport_tcp`).
 ///
-/// - Connections: the lower rank of a pair dials `TcpOptions::sockets` sockets to the higher
+/// - Connections: the lower rank of a pair dials `Options::sockets` sockets to the higher
 ///   rank's listening socket (non-blocking connect, retried until the communicator's deadline);
 ///   every connection opens with a hello carrying a per-listener secret that travelled through
 ///   the (token-protected) bootstrap store, so connections from outside the job are refused and
-///   logged. `TCP_NODELAY`, socket buffers of `TcpOptions::buffer_bytes`.
+///   logged. `TCP_NODELAY`, socket buffers of `Options::buffer_bytes`.
 /// - Writes: a frame header {region, offset, length} and the payload, sent in the caller's
-///   thread; writes of at least 2 x `TcpOptions::stripe_min_bytes` are cut into one part per socket. On the
+///   thread; writes of at least 2 x `Options::stripe_min_bytes` are cut into one part per socket. On the
 ///   receiving side, a thread waiting on the link reads its sockets itself; otherwise the
 ///   transport's progress thread (epoll over every socket) does. Either places each payload
 ///   straight at its offset in the registered region, after checking region, offset and length
@@ -19,7 +19,7 @@
 ///   signal is ordered after every earlier write on the link, across sockets.
 /// - Liveness: a closed or reset connection marks the link broken; waits on it return
 ///   `PeerUnreachable` within one wait slice.
-/// Interface selection: `TcpOptions::interfaces` (RINGFENCE_SOCKET_IFNAME), NCCL_SOCKET_IFNAME
+/// Interface selection: `Options::interfaces` (RINGFENCE_SOCKET_IFNAME), NCCL_SOCKET_IFNAME
 /// syntax: comma-separated name prefixes, `^` in front excludes them, `=` in front matches
 /// names exactly. Default: the first up IPv4 interface that is not loopback, else loopback.
 /// See transports/tcp/README.md.
@@ -27,6 +27,8 @@
 #include <memory>
 #include <optional>
 #include <ringfence/transport.hpp>
+#include <ringfence/transport_settings.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +37,35 @@ namespace ringfence::transports::tcp {
 
 /// Registry name of this transport.
 inline constexpr std::string_view kName = "tcp";
+
+/// This transport's settings, read from `CommOptions::transport_settings` (its variables:
+/// `setting_keys()`).
+struct Options {
+  /// Sockets per link; writes of at least 2 x `stripe_min_bytes` are striped across them.
+  /// RINGFENCE_TCP_SOCKETS (1..8).
+  int sockets = 2;
+  /// Smallest part of a striped write. RINGFENCE_TCP_STRIPE_MIN_BYTES.
+  std::size_t stripe_min_bytes = 128 * 1024;
+  /// Pipeline chunk the tcp transport asks for (`Reachability::min_chunk_bytes`), used instead of
+  /// `CommOptions::chunk_bytes` when larger as soon as a link of the communicator is tcp: every
+  /// chunk costs a signal round on the socket. Measured on loopback, 2 ranks, allreduce busbw,
+  /// three alternating runs, once a waiting thread kept its link's sockets between waits
+  /// (bench/README.md "tcp"): 512 KiB gave 3.2-3.5 GB/s at 4 MiB, 2.9-3.4 at 16 MiB and 2.7-3.6
+  /// at 64 MiB, against 1.7-2.0, 1.75-1.9 and 1.45-2.0 with 1 MiB; 256 KiB fell between them;
+  /// at 1 MiB all were within noise. RINGFENCE_TCP_CHUNK_BYTES.
+  std::size_t chunk_bytes = 512 * 1024;
+  /// SO_SNDBUF / SO_RCVBUF of every socket (the kernel may cap it). RINGFENCE_TCP_BUFFER_BYTES.
+  std::size_t buffer_bytes = 4 * 1024 * 1024;
+  /// Interfaces to listen on, NCCL_SOCKET_IFNAME syntax ("eth", "^docker,lo", "=eth0"); empty =
+  /// the first up non-loopback IPv4 interface, else loopback. RINGFENCE_SOCKET_IFNAME.
+  std::string interfaces;
+  /// The settings of `options` (null: the defaults). Throws `InvalidUsage` naming a variable
+  /// with a bad value.
+  static Options from(const CommOptions* options);
+};
+
+/// The variables this transport reads (register them with the transport: `TransportRegistry::add`).
+std::span<const SettingKey> setting_keys() noexcept;
 
 /// Creates the TCP transport for one communicator.
 std::unique_ptr<Transport> make_transport(const TransportContext& context);

@@ -3,7 +3,9 @@
 // links no CUDA library and includes no CUDA header: the declarations below are our own, like
 // the NVML source's; src/nccl/cuda_runtime.cpp, built against the installed cuda_runtime_api.h
 // where one exists, checks the constants and signatures at compile time). Loaded per user (a
-// DeviceStager), never unloaded.
+// DeviceStager), never unloaded. Under include/ringfence/detail/ (internal, not API, may change
+// freely) because the CUDA IPC transports share these declarations with the core and a
+// transport must not reach into the core's private src/.
 #include <cstddef>
 #include <string>
 

@@ -1,0 +1,333 @@
+#pragma once
+// RingRunner: the step executor behind run_ring and run_p2p (engine.hpp). It runs one schedule
+// (schedule.hpp) over the call's connections: flow control by staging slots and credits, chunk
+// integrity with re-sends, relays around fenced links, direct writes, call fingerprints and
+// device regions. Its definitions are split by concern: the data path's waits and chunk
+// transfers (ring_runner_flow.cpp), re-sends and relays (ring_runner_integrity.cpp),
+// mailboxes and fingerprints (ring_runner_mail.cpp), point-to-point groups
+// (ring_runner_p2p.cpp); the schedule loop is here because it is a template over the schedule.
+// Nothing here allocates or throws.
+//
+// The ring executor: runs `RingAllreduceSchedule` steps over two connections.
+//
+// Flow control per directed link (sender S -> receiver R), message m (0-based):
+//   S waits until credit[R] >= m + 1 - slots (R consumed message m - slots, so slot m % slots is
+//   free), writes the chunk into R's inbox slot m % slots, then signals data[S] = m + 1 at R.
+//   R waits until data[S] >= m + 1, consumes the slot, then signals credit[R] = m + 1 at S.
+// `signal` is ordered after the preceding `write` on the same link (SPI guarantee), so R never
+// reads a slot before its bytes have landed. Counters never reset, so nothing needs clearing
+// between collectives.
+//
+// Integrity (config.checksum): S also writes a trailer {crc32c, bytes, m} after the slot. R
+// verifies before consuming; on a mismatch it bumps nack[R] at S and waits for retry[S]. The
+// chunk to re-send is the one R is blocked on: number credit[R] (R consumed 0..m-1), so no
+// payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside
+// every wait (so no cycle of waiting ranks can form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
+// overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
+// call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <ringfence/crc32c.hpp>
+#include <span>
+#include <thread>
+
+#include <ringfence/detail/cuda_api.hpp>
+#include "device_kernels.hpp"
+#include "engine.hpp"
+
+namespace ringfence::detail {
+
+inline void cpu_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class RingRunner {
+ public:
+  RingRunner(const EngineConfig& c, FlagBlock flags, Connection* left, Connection* right, const Reducer& reducer,
+             const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept
+      : c_(c),
+        flags_(flags),
+        left_(left),
+        right_(right),
+        reducer_(reducer),
+        direct_(direct),
+        relays_(relays),
+        failure_(failure) {}
+
+  // Tree mode: steps name peers by ring position; every connection may carry re-send requests.
+  void use_positions(Connection* const* by_position, Connection* const* by_rank) noexcept {
+    by_position_ = by_position;
+    nack_all_ = by_rank;
+  }
+
+  // Device regions for this call (see DeviceRegions in engine.hpp); null: host memory.
+  void use_device(const DeviceRegions* device) noexcept { dev_ = device; }
+
+  // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
+  // relayed sender's schedule (to know how many of its chunks this call carries).
+  template <class Make>
+  Status run(Make make, const void* send, void* recv) noexcept {
+    if (dev_ && (c_.checksum || c_.trailers || relays_.count > 0 || direct_.enabled))
+      return fail(Status(ErrorCode::InvalidUsage), self_connection_,
+                  "device regions without checksums, trailers, relays or direct writes (they read chunks on the host)", 0);
+    const std::size_t elem = reducer_.elem_size;
+    const auto* in = static_cast<const std::byte*>(send);
+    auto* out = static_cast<std::byte*>(recv);
+    // The schedule works on ring positions; flags and links on ranks.
+    auto schedule = make(c_.position);
+    RINGFENCE_TRY(start_relays(make));
+    if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
+    const RemoteRegion* peer_out = nullptr;
+    bool peer_out_known = false;
+    const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
+    Step step;
+    while (schedule.next(step)) {
+      const std::size_t off = step.offset * elem, oo = step.out_offset * elem, bytes = step.count * elem;
+      // Ring schedules talk to the left and right connections (which may be relays); tree
+      // schedules name their peers by ring position.
+      Connection* const rx_p = by_position_ && step.peer >= 0 ? by_position_[step.peer] : left_;
+      Connection* const tx_p =
+          by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
+      if (step.kind == StepKind::CopyInput) {
+        if (in + off != out + oo) RINGFENCE_TRY(copy(out + oo, in + off, bytes));
+        continue;
+      }
+      if (step.kind == StepKind::ReduceInputAcc) {
+        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, false));
+        continue;
+      }
+      if (step.kind == StepKind::ReduceInputAccLast) {
+        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, true));
+        continue;
+      }
+      Connection& rx = *rx_p;  // every remaining step talks to a peer
+      Connection& tx = *tx_p;
+      switch (step.kind) {
+        case StepKind::CopyInput:
+        case StepKind::ReduceInputAcc:
+        case StepKind::ReduceInputAccLast: break;  // handled above
+        case StepKind::SendInput: RINGFENCE_TRY(send_chunk(tx, in + off, bytes)); break;
+        case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(tx, out + oo, bytes)); break;
+        case StepKind::SendFinal:
+          if (direct_.enabled) {
+            if (!peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
+            peer_out_known = true;
+            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes, peer_out, oo));  // peer_out null: staging
+          } else {
+            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes));
+          }
+          break;
+        case StepKind::RecvReduceSend: {
+          // Consume first, then send: a rank blocked on sending must not hold its inbox slot,
+          // or a ring of full one-slot links would deadlock. The partial result waits in a
+          // scratch slot tied to the outgoing message number m: slot m % (slots + 1) last held
+          // message m - slots - 1, accepted before m - 1 could be sent, so a re-send of any
+          // unaccepted message still finds its bytes.
+          const std::byte* slot = nullptr;
+          RINGFENCE_TRY(wait_chunk(rx, slot, nullptr, bytes));
+          std::byte* tmp = c_.scratch + static_cast<std::size_t>(tx.sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
+          RINGFENCE_TRY(combine(tmp, slot, in + off, step.count, false));
+          RINGFENCE_TRY(release_chunk(rx));
+          RINGFENCE_TRY(send_chunk(tx, tmp, bytes));
+          break;
+        }
+        case StepKind::RecvReduce:
+        case StepKind::RecvReduceLast:
+        case StepKind::RecvReduceAcc:
+        case StepKind::RecvReduceAccLast:
+        case StepKind::RecvCopy: {
+          const bool landed_in_output = step.kind == StepKind::RecvCopy && own_out_direct;
+          const std::byte* slot = nullptr;
+          RINGFENCE_TRY(wait_chunk(rx, slot, landed_in_output ? out + oo : nullptr, bytes));
+          switch (step.kind) {
+            case StepKind::RecvCopy:
+              if (!landed_in_output) RINGFENCE_TRY(copy(out + oo, slot, bytes));
+              break;
+            case StepKind::RecvReduce: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, false)); break;
+            case StepKind::RecvReduceLast: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, true)); break;
+            case StepKind::RecvReduceAcc: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, false)); break;
+            default: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, true)); break;
+          }
+          RINGFENCE_TRY(release_chunk(rx));
+          break;
+        }
+      }
+    }
+    return finish_call();
+  }
+
+  Status run_p2p(Connection* const* connection_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept;
+
+  Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept;
+
+  Status settle_call(CallCheck& check, bool block, bool always_ack) noexcept;
+
+  Status verify_call(bool block) noexcept;
+
+  // Leaves this call's fingerprint check to the executor (see RingCall::check).
+  void check_with(CallCheck* check) noexcept { check_ = check; }
+
+ private:
+  // Relay duties: how many chunks each relayed sender sends in this call (its schedule's
+  // sends), and the counter bases for passing credits back. Every earlier message on both
+  // connections was consumed and credited before this call (earlier calls end only then; a
+  // point-to-point call may have left sends to the receiver unaccepted: wait for them).
+  template <class Make>
+  Status start_relays(Make& make) noexcept {
+    for (int i = 0; i < relays_.count; ++i) {
+      RelayDuty& d = relays_.duty[i];
+      auto theirs = make(d.sender_position);
+      std::uint64_t sends = 0;
+      for (Step st; theirs.next(st);) sends += static_cast<std::uint64_t>(sends_of(st.kind));
+      relay_target_[i] = d.in->received + sends;
+      RINGFENCE_TRY(wait_flag(*d.out, flags_.credit[d.out->peer], static_cast<std::uint32_t>(d.out->sent),
+                              "acceptance of earlier chunks before relaying", d.out->sent));
+      d.base_in = d.in->received;
+      d.base_out = d.out->sent;
+      d.credited = static_cast<std::uint32_t>(d.base_in);
+    }
+    return Status::ok();
+  }
+
+  Status finish_call() noexcept;
+
+  // ---- device regions (DeviceRegions in engine.hpp) ----
+
+  // `dst = src` over `bytes`: on the executor's stream for device regions, else at once.
+  Status copy(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+    if (!dev_) {
+      copy_bytes(dst, src, bytes);
+      return Status::ok();
+    }
+    const int err = dev_->cuda->memcpy_async(dst, src, bytes, kCudaMemcpyDefault, dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "enqueueing a device copy (cudaMemcpyAsync)", 0);
+    dev_pending_ = true;
+    return Status::ok();
+  }
+
+  // `dst = a op b` over `count` elements (`last`: the final step, which divides for avg).
+  Status combine(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
+    if (!dev_) {
+      (last ? reducer_.finish : reducer_.combine)(dst, a, b, count, c_.size);
+      return Status::ok();
+    }
+    const int err = dev_->kernels->launch(reducer_.type, reducer_.op, last, c_.size, dst, a, b, count, dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "launching a device reduction", 0);
+    dev_pending_ = true;
+    return Status::ok();
+  }
+
+  // Waits until every copy and reduction enqueued so far has run (before their destinations
+  // are sent or their sources handed back). The stream holds only our own work, which depends
+  // on nothing but the GPU, so this wait is bounded.
+  Status settle_device() noexcept {
+    if (!dev_ || !dev_pending_) return Status::ok();
+    const int err = dev_->cuda->stream_synchronize(dev_->stream);
+    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "device copies and reductions (cudaStreamSynchronize)", 0);
+    dev_pending_ = false;
+    return Status::ok();
+  }
+
+  // Calls `f(connection)` for every connection this call may talk to.
+  template <class F>
+  void for_each_call_connection(F&& f) noexcept {
+    if (nack_all_ && !by_position_) {  // point-to-point: every peer's connection
+      for (int r = 0; r < c_.size; ++r)
+        if (Connection* ch = nack_all_[r]) f(*ch);
+    } else if (by_position_) {
+      for (int p = 0; p < c_.size; ++p)
+        if (Connection* ch = by_position_[p]) f(*ch);
+    } else if (c_.size > 1) {
+      f(*right_);
+      if (left_ != right_) f(*left_);
+    }
+  }
+
+  Status pump_links() noexcept;
+
+  Status finish_device_call() noexcept;
+
+  Status await_all_delivery() noexcept;
+
+  Status await_acceptance(Connection& ch) noexcept;
+  Status await_all_acceptance() noexcept;
+
+  // A peer failed and told everyone (abort word): fail now with its error class, naming it.
+  Status check_abort(const char* what, std::uint64_t message) noexcept {
+    const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire);
+    if (RINGFENCE_UNLIKELY(a != 0)) {
+      failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1, what, message};
+      failure_.aborted_by_peer = true;
+      failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
+      return failure_.status;
+    }
+    return Status::ok();
+  }
+
+  Status fail(Status s, const Connection& ch, const char* what, std::uint64_t message) noexcept {
+    failure_ = Failure{s, ch.peer, what, message};
+    if (ch.peer >= 0) failure_.transport = &ch.transport_name;
+    return s;
+  }
+
+  Status wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept;
+
+  Status drain(Connection& ch, const char* what) noexcept;
+
+  Status publish_output_key() noexcept;
+
+  Status post_mail(Connection& ch, std::uint32_t* header, std::size_t box, std::size_t flag, std::span<const std::byte> key,
+                   std::uint32_t number, const char* what) noexcept;
+
+  static bool read_mail(const std::byte* box, std::uint32_t number, std::span<const std::byte>& key) noexcept;
+
+  Status fetch_peer_output(const RemoteRegion*& region) noexcept;
+
+  Status publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
+
+  Status fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
+
+  Status put_chunk(Connection& ch, std::uint64_t m) noexcept;
+
+  Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
+                    std::size_t dst_offset = 0) noexcept;
+
+  Status service_all_nacks() noexcept;
+
+  Status service_relays() noexcept;
+
+  std::uint32_t sender_credit(const RelayDuty& d) const noexcept;
+
+  Status service_nacks(Connection& ch) noexcept;
+
+  Status wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept;
+
+  Status request_resend(Connection& ch, std::uint64_t m) noexcept;
+
+  Status release_chunk(Connection& ch) noexcept;
+
+  const EngineConfig& c_;
+  FlagBlock flags_;
+  Connection* left_;
+  Connection* right_;
+  const Reducer& reducer_;
+  const DirectWrite& direct_;
+  RelayDuties& relays_;
+  Failure& failure_;
+  std::uint64_t relay_target_[kMaxRelayDuties] = {};
+  Connection* const* nack_all_ = nullptr;  // point-to-point mode: connection per rank (null for ourselves)
+  Connection* const* by_position_ = nullptr;  // tree mode: connection per ring position (null for ourselves)
+  Connection self_connection_;                // names ourselves in failures
+  CallCheck* check_ = nullptr;          // this call's fingerprint check, when left to us
+  bool settling_ = false;               // settle_call() is waiting
+  const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)
+  bool dev_pending_ = false;            // device work enqueued and not yet synchronized
+};
+
+}  // namespace ringfence::detail

@@ -1,0 +1,228 @@
+// RingRunner, the data path: waits on flags, chunk writes and receipts, the end of a call.
+#include "ring_runner.hpp"
+
+namespace ringfence::detail {
+
+Status RingRunner::finish_call() noexcept {
+  RINGFENCE_TRY(verify_call(true));  // a call that received nothing (a broadcast root) compares here
+  if (dev_) return finish_device_call();
+  // With checksums a chunk is only done once the receiver accepted it: stay to re-send. A
+  // ring sends to its right neighbour only.
+  if (c_.checksum && by_position_) RINGFENCE_TRY(await_all_acceptance());
+  else if (c_.checksum && c_.size > 1) RINGFENCE_TRY(await_acceptance(*right_));
+  // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
+  // sender got its credits back.
+  if (relays_.count > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+    for (;;) {
+      RINGFENCE_TRY(service_relays());
+      RelayDuty* pending = nullptr;
+      for (int i = 0; i < relays_.count && !pending; ++i) {
+        RelayDuty& d = relays_.duty[i];
+        const std::uint32_t accepted = flags_.credit[d.out->peer].value.load(std::memory_order_acquire);
+        if (d.in->received < relay_target_[i] || !reached(accepted, static_cast<std::uint32_t>(d.out->sent)) ||
+            d.credited != sender_credit(d))
+          pending = &d;
+      }
+      if (!pending) break;
+      RINGFENCE_TRY(check_abort("relaying (the peer failed and aborted the collective)", pending->in->received));
+      if (std::chrono::steady_clock::now() >= deadline)
+        return fail(Status(ErrorCode::Timeout), *pending->in, "chunks to relay", pending->in->received);
+      if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
+      const Status st = pending->in->link->wait(flags_.data[pending->in->peer],
+                                                static_cast<std::uint32_t>(pending->in->received + 1),
+                                                std::chrono::microseconds(20));
+      if (st.is_error()) return fail(st, *pending->in, "chunks to relay", pending->in->received);
+    }
+  }
+  return Status::ok();
+}
+
+// Polls every link of the call: a device transport stores a signal that waits behind its
+// copies only from a poll or wait on that link, and a peer may be waiting for it.
+Status RingRunner::pump_links() noexcept {
+  Status st = Status::ok();
+  for_each_call_connection([&](Connection& ch) {
+    if (st.is_ok()) st = drain(ch, "completing device copies and their signals");
+  });
+  return st;
+}
+
+// End of a device-region call: our output is written, and every link of the call finished
+// what it was given (our copies landed in the peers' slots, the signals behind them are
+// stored), so nothing of the call waits for a poll of a link that may not come. The peers
+// need not have consumed the chunks yet (as on the host lanes): a send that fits the slots
+// ends before its receive runs.
+Status RingRunner::finish_device_call() noexcept {
+  RINGFENCE_TRY(settle_device());
+  return await_all_delivery();
+}
+
+// Pumps every link of the call until each is idle (Link::idle), in 20 us slices, bounded by
+// the timeout; an abort of a peer ends it.
+Status RingRunner::await_all_delivery() noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+  for (;;) {
+    RINGFENCE_TRY(pump_links());
+    Connection* busy = nullptr;
+    for_each_call_connection([&](Connection& ch) {
+      if (!busy && ch.link && !ch.link->idle()) busy = &ch;
+    });
+    if (!busy) return Status::ok();
+    const std::uint64_t last = busy->sent > 0 ? busy->sent - 1 : 0;
+    RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", last));
+    if (std::chrono::steady_clock::now() >= deadline)
+      return fail(Status(ErrorCode::Timeout), *busy, "delivery of the last chunks (device copies and the signals behind them)", last);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Waits until `ch`'s peer accepted (consumed; with checksums, verified) every chunk we sent it.
+Status RingRunner::await_acceptance(Connection& ch) noexcept {
+  if (ch.sent == 0) return Status::ok();
+  return wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(ch.sent), "acceptance of the last chunks", ch.sent - 1);
+}
+
+// The same on every connection of the call.
+Status RingRunner::await_all_acceptance() noexcept {
+  Status st = Status::ok();
+  for_each_call_connection([&](Connection& ch) {
+    if (st.is_ok()) st = await_acceptance(ch);
+  });
+  return st;
+}
+
+// Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
+// communicator timeout. Services re-send requests from the right neighbour meanwhile.
+Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
+  // A short spin first: a small message's answer usually arrives within a microsecond, and
+  // reading the clock for the deadline would cost as much as the wait.
+  for (int i = 0; i < 64; ++i) {
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    cpu_pause();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
+  for (;;) {
+    RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
+    RINGFENCE_TRY(verify_call(false));  // a disagreement may be why nothing comes
+    if (c_.checksum) RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
+    if (relays_.count > 0) {
+      RINGFENCE_TRY(service_relays());
+      if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    }
+    if (dev_) RINGFENCE_TRY(pump_links());
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
+    // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK (1 ms) or an
+    // abort (50 ms) is handled promptly.
+    const auto slice = std::min<std::chrono::nanoseconds>(
+        deadline - now, relays_.count > 0 || dev_ ? std::chrono::nanoseconds(20000)
+                        : c_.checksum     ? std::chrono::nanoseconds(1000000)
+                                          : std::chrono::nanoseconds(50000000));
+    const Status s = ch.link->wait(flag, target, slice);
+    if (s.is_ok()) return s;
+    if (s.is_error()) {
+      // A peer that failed first aborts us and may then exit: its abort explains the
+      // failure better than its absence does.
+      RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
+      return fail(s, ch, what, message);
+    }
+  }
+}
+
+Status RingRunner::drain(Connection& ch, const char* what) noexcept {
+  Completion done[8];
+  for (;;) {
+    std::size_t n = 0;
+    const Status s = ch.link->poll(done, n);
+    if (!s.is_ok()) return fail(s, ch, what, ch.sent);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!done[i].status.is_ok()) return fail(done[i].status, ch, what, done[i].wr_id);
+    if (n < std::size(done)) return Status::ok();
+  }
+}
+
+// Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
+Status RingRunner::put_chunk(Connection& ch, std::uint64_t m) noexcept {
+  const Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+  const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+  WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
+                    : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
+  // Bandwidth evidence for the health layer, unless the link times its writes itself (they
+  // only enqueue: a device copy).
+  const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
+  const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  Status s = ch.link->write(w);
+  if (s.in_progress()) {  // completion queue full: drain and retry once
+    RINGFENCE_TRY(drain(ch, "draining completions"));
+    s = ch.link->write(w);
+  }
+  if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
+  if (timed) {
+    ch.timed_ns += static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
+    ch.timed_bytes += c.bytes;
+  }
+  if (c_.checksum || c_.trailers) {
+    ChunkTrailer& t = ch.trailers[m % kSentLog];
+    const std::uint32_t crc = c.has_crc ? c.crc : c_.checksum ? crc32c(c.src, c.bytes) : 0;
+    t = ChunkTrailer{crc, static_cast<std::uint32_t>(c.bytes), m};
+    s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
+    if (!s.is_ok()) return fail(s, ch, "writing a chunk trailer", m);
+  }
+  return Status::ok();
+}
+
+// `dst == nullptr`: into the peer's staging slot for message m; otherwise into `dst` at
+// `dst_offset` (direct write of a final value; the slot of message m holds only the trailer).
+Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst,
+                  std::size_t dst_offset) noexcept {
+  RINGFENCE_TRY(settle_device());  // `src` may be a device copy's or reduction's destination
+  const std::uint64_t m = ch.sent;
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  if (m >= slots)
+    RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
+                            "a free staging slot (credit)", m));
+  ch.sent_log[m % kSentLog] = Connection::SentChunk{src, bytes, dst, dst_offset, m};
+  RINGFENCE_TRY(put_chunk(ch, m));
+  const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
+                                            static_cast<std::uint32_t>(m + 1), m});
+  if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
+  ch.sent = m + 1;
+  return drain(ch, "completing a chunk");
+}
+
+// Waits for message m from `ch` and, in checksum mode, verifies it (asking for re-sends until
+// it arrives intact). `landed` is where the data went when written directly (else the slot).
+Status RingRunner::wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept {
+  const std::uint64_t m = ch.received;
+  RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
+  // No chunk is used before the sender's call is known to be ours. From the checked rank the
+  // fingerprint came before the data on the same link, so this does not wait.
+  RINGFENCE_TRY(verify_call(true));
+  slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+  if (!c_.checksum) return Status::ok();
+  const std::byte* data = landed ? landed : slot;
+  for (int attempt = 1;; ++attempt) {
+    ChunkTrailer t;
+    std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+    if (t.message == m && t.bytes == bytes && t.crc == crc32c(data, bytes)) return Status::ok();
+    ++ch.checksum_errors;
+    if (attempt >= c_.max_attempts)
+      return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
+    RINGFENCE_TRY(request_resend(ch, m));
+    // One re-send answers each NACK, so the sender's re-send count reaches our NACK count.
+    RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m));
+  }
+}
+
+Status RingRunner::release_chunk(Connection& ch) noexcept {
+  RINGFENCE_TRY(settle_device());  // a device copy or reduction may still read the slot
+  const std::uint64_t m = ch.received;
+  SignalOp sig{&ch.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
+  const Status s = ch.link->signal(sig);
+  if (!s.is_ok()) return fail(s, ch, "returning a credit", m);
+  ch.received = m + 1;
+  return drain(ch, "completing a credit");
+}
+
+}  // namespace ringfence::detail

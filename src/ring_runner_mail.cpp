@@ -1,0 +1,146 @@
+// RingRunner, the traffic beside the chunks: mailboxes (output and receive-buffer keys for direct writes)
+// and call fingerprints.
+#include "ring_runner.hpp"
+
+namespace ringfence::detail {
+
+// See post_fingerprint() in engine.hpp.
+Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept {
+  const auto number = static_cast<std::uint32_t>(mine.sequence);
+  const std::size_t slot = mine.sequence % kCallSlots;
+  for (std::size_t i = 0; i < n_to; ++i) {
+    Connection& ch = *to[i];
+    // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
+    // must have been read before it is overwritten.
+    if (const std::uint64_t previous = ch.call_fp[slot].sequence; previous != 0)
+      RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], static_cast<std::uint32_t>(previous),
+                              "the reading of an earlier call fingerprint", 0));
+    ch.call_fp[slot] = mine;
+    Status s = ch.link->write(WriteOp{&ch.call_fp[slot], nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
+                                      sizeof(CallFingerprint), 0});
+    if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0});
+    if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
+    RINGFENCE_TRY(drain(ch, "sending the call fingerprint"));
+  }
+  return Status::ok();
+}
+
+// Reads the checked neighbour's fingerprint of this call into `check` (waiting for it when
+// `block`; else only if it is there) and acknowledges it when its number is a multiple of
+// kCallAckEvery or `always_ack`, freeing its slot and every one before it.
+Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack) noexcept {
+  Connection& from = *check.from;
+  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
+  if (!read_fingerprint(flags_, check)) {
+    if (!block) return Status::ok();
+    settling_ = true;  // the wait below must not try to settle the same check again
+    const Status waited = wait_flag(from, flags_.call[from.peer], number,
+                                    "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+    settling_ = false;
+    RINGFENCE_TRY(waited);
+    read_fingerprint(flags_, check);
+  }
+  if (!always_ack && number % kCallAckEvery != 0) return Status::ok();
+  const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
+  if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
+  return drain(from, "acknowledging the call fingerprint");
+}
+
+// The executor's side of a check left to it: settle it (see settle_call) and fail the call
+// when the ranks disagree. Called before the first received chunk is used, by waits that
+// find the fingerprint there, and at the end of the call.
+Status RingRunner::verify_call(bool block) noexcept {
+  if (!check_ || check_->settled || settling_) return Status::ok();
+  RINGFENCE_TRY(settle_call(*check_, block, false));
+  if (check_->disagree())
+    return fail(Status(ErrorCode::InvalidUsage), *check_->from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
+  return Status::ok();
+}
+
+// Writes our output's key (empty = "use my staging slots") into the left neighbour's mailbox
+// for this call, then signals it. Safe to overwrite: the left neighbour read the previous key
+// before its first final-value write of the previous call, which we consumed before
+// returning from that call.
+Status RingRunner::publish_output_key() noexcept {
+  return post_mail(*left_, left_->mail_header, FlagBlock::mailbox_offset(c_.size, c_.rank),
+                   FlagBlock::mail_offset(c_.size, c_.rank), direct_.own_key, direct_.call, "publishing the output key");
+}
+
+// A mailbox message: header {length, crc32c(key, seeded with its number), number}, then the
+// key, written into the peer's mailbox at `box`, then its number signalled at `flag`. A key
+// damaged in flight must be refused, never used as an address to write into, and the number
+// keeps a key that never arrived (a lossy link) from being mistaken for a later one.
+// `header` must outlive the asynchronous writes (it lives in the connection).
+Status RingRunner::post_mail(Connection& ch, std::uint32_t* header, std::size_t box, std::size_t flag, std::span<const std::byte> key,
+                 std::uint32_t number, const char* what) noexcept {
+  if (key.size() + kMailHeader > kMailboxBytes) return fail(Status(ErrorCode::InvalidUsage), ch, what, 0);
+  header[0] = static_cast<std::uint32_t>(key.size());
+  header[1] = crc32c(key.data(), key.size(), number);
+  header[2] = number;
+  Status s = ch.link->write(WriteOp{header, nullptr, &ch.peer_flags, box, kMailHeader, 0});
+  if (s.is_ok() && !key.empty()) s = ch.link->write(WriteOp{key.data(), nullptr, &ch.peer_flags, box + kMailHeader, key.size(), 0});
+  if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, flag, number, 0});
+  if (!s.is_ok()) return fail(s, ch, what, 0);
+  return drain(ch, what);
+}
+
+// Reads the mailbox message numbered `number` at `box`: false when it is damaged or another
+// number's; else `key` views it (empty = "use my staging slots").
+bool RingRunner::read_mail(const std::byte* box, std::uint32_t number, std::span<const std::byte>& key) noexcept {
+  std::uint32_t header[3] = {};
+  std::memcpy(header, box, kMailHeader);
+  const std::uint32_t len = header[0];
+  if (len + kMailHeader > kMailboxBytes || header[2] != number || crc32c(box + kMailHeader, len, number) != header[1]) return false;
+  key = std::span<const std::byte>(box + kMailHeader, len);
+  return true;
+}
+
+// Waits for the right neighbour's output key of this call and resolves it to a region
+// (nullptr when the neighbour asked for staging).
+Status RingRunner::fetch_peer_output(const RemoteRegion*& region) noexcept {
+  Connection& ch = *right_;
+  RINGFENCE_TRY(wait_flag(ch, flags_.mail[ch.peer], direct_.call, "the peer's output-buffer key", 0));
+  std::span<const std::byte> key;
+  if (!read_mail(flags_.mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes, direct_.call, key))
+    return fail(Status(ErrorCode::Transient), ch, "an intact output-buffer key for this call (it arrived corrupted or not at all)", 0);
+  region = nullptr;
+  if (key.empty()) return Status::ok();
+  region = direct_.resolve(direct_.ctx, key);
+  if (!region) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's output buffer", 0);
+  return Status::ok();
+}
+
+// Direct point-to-point, receiver side: publishes the key of `op`'s buffer (empty = "use my
+// staging slots") into the sender's p2p mailbox for us, then signals its p2p_mail word. Safe
+// to overwrite: our previous direct receive from this peer is complete, so the sender read
+// that key before writing its data.
+Status RingRunner::publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept {
+  const std::span<const std::byte> key = d.key_of(d, op.buf, op.bytes, ch);
+  const std::uint32_t number = ch.p2p_keys_published + 1;
+  RINGFENCE_TRY(post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
+                          FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number,
+                          "publishing a receive-buffer key"));
+  ch.p2p_keys_published = number;
+  op.landed = !key.empty();
+  return Status::ok();
+}
+
+// Direct point-to-point, sender side: reads the receiver's key for our next direct send
+// (its p2p_mail word reached it) and imports it (nullptr = write into its staging slots).
+Status RingRunner::fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept {
+  const std::uint32_t number = ch.p2p_keys_used + 1;
+  std::span<const std::byte> key;
+  if (!read_mail(flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes, number, key))
+    return fail(Status(ErrorCode::Transient), ch, "an intact receive-buffer key (it arrived corrupted)", ch.sent);
+  op.dst = nullptr;
+  if (!key.empty()) {
+    op.dst = d.resolve(d.ctx, key, ch);
+    if (!op.dst) return fail(Status(ErrorCode::InvalidUsage), ch, "importing the peer's receive buffer", ch.sent);
+    if (op.dst->size() < op.bytes)
+      return fail(Status(ErrorCode::InvalidUsage), ch, "a receive buffer as large as the send (the counts differ)", ch.sent);
+  }
+  ch.p2p_keys_used = number;
+  return Status::ok();
+}
+
+}  // namespace ringfence::detail

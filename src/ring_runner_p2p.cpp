@@ -1,0 +1,134 @@
+// RingRunner, point-to-point groups (send/recv, alltoall): every op in slot-sized chunks, side by
+// side, in list order per peer and direction.
+#include "ring_runner.hpp"
+
+namespace ringfence::detail {
+
+// Grouped point-to-point transfers (send/recv, alltoall): every op moves its bytes in
+// slot-sized chunks over its peer's connection. Ops to the same peer in the same direction run
+// one after the other in list order (so both ends agree on the message sequence); everything
+// else progresses side by side without blocking, so no order of calls across ranks can
+// deadlock. `connection_of[r]` is the connection to rank r.
+Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept {
+  nack_all_ = connection_of;
+  if (dev_ && (c_.checksum || c_.trailers || direct.enabled))
+    return fail(Status(ErrorCode::InvalidUsage), self_connection_,
+                "device regions without checksums, trailers or direct transfers (they read chunks on the host)", 0);
+  // Sends to ourselves pair with receives from ourselves, k-th with k-th. The copy is done by
+  // the send op, piece by piece whenever the transfers to peers cannot move (so it overlaps
+  // the waits on them); the receive counts as done (the call ends only when the send is).
+  for (std::size_t i = 0, j = 0; i < n; ++i) {
+    if (!ops[i].send || ops[i].peer != c_.rank) continue;
+    while (j < n && (ops[j].send || ops[j].peer != c_.rank)) ++j;
+    if (j == n || ops[j].bytes != ops[i].bytes)
+      return fail(Status(ErrorCode::InvalidUsage), self_connection_, "a matching receive from ourselves", 0);
+    ops[i].local_dst = ops[j].buf;
+    if (ops[j].buf == ops[i].buf || c_.size == 1) {  // alone: nothing to overlap with
+      if (ops[j].buf != ops[i].buf) RINGFENCE_TRY(copy(ops[j].buf, ops[i].buf, ops[i].bytes));
+      ops[i].done = ops[i].bytes;
+    }
+    ops[j].done = ops[j].bytes;
+    ++j;
+  }
+  if (c_.size == 1) return settle_device();  // only transfers to ourselves (no connections exist)
+  // Both ends decide by size alone, so they agree on which transfers go direct.
+  for (std::size_t i = 0; i < n; ++i)
+    ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes;
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  auto last_progress = std::chrono::steady_clock::now();
+  for (int idle = 0;;) {
+    bool progress = false, pending = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      P2POp& op = ops[i];
+      if (op.done >= op.bytes) continue;
+      pending = true;
+      if (op.local_dst) continue;  // to ourselves: copied below when nothing else moves
+      bool behind = false;  // an earlier op to the same peer and direction is unfinished
+      for (std::size_t k = 0; k < i && !behind; ++k)
+        behind = ops[k].send == op.send && ops[k].peer == op.peer && ops[k].done < ops[k].bytes;
+      if (behind) continue;
+      Connection& ch = *connection_of[op.peer];
+      const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+      if (op.direct && !op.keyed) {
+        if (op.send) {
+          if (!reached(flags_.p2p_mail[ch.peer].value.load(std::memory_order_acquire), ch.p2p_keys_used + 1)) continue;
+          RINGFENCE_TRY(fetch_p2p_key(ch, op, direct));
+        } else {
+          RINGFENCE_TRY(publish_p2p_key(ch, op, direct));
+        }
+        op.keyed = true;
+        progress = true;
+      }
+      if (op.send) {
+        if (ch.sent >= slots && !reached(flags_.credit[ch.peer].value.load(std::memory_order_acquire),
+                                         static_cast<std::uint32_t>(ch.sent + 1 - slots)))
+          continue;
+        RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len, op.dst, op.done));  // dst null: staging
+      } else {
+        if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
+          continue;
+        const std::byte* slot = nullptr;
+        RINGFENCE_TRY(wait_chunk(ch, slot, op.landed ? op.buf + op.done : nullptr, len));
+        if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, slot, len));
+        RINGFENCE_TRY(release_chunk(ch));
+      }
+      op.done += len;
+      progress = true;
+    }
+    if (!pending) break;
+    if (!progress)
+      for (std::size_t i = 0; i < n && !progress; ++i) {
+        P2POp& op = ops[i];
+        if (!op.local_dst || op.done >= op.bytes) continue;
+        const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+        RINGFENCE_TRY(copy(op.local_dst + op.done, op.buf + op.done, len));
+        op.done += len;
+        progress = true;
+      }
+    const auto now = std::chrono::steady_clock::now();
+    if (progress) {
+      last_progress = now;
+      idle = 0;
+      continue;
+    }
+    RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
+    if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
+    if (dev_) RINGFENCE_TRY(pump_links());
+    if (now - last_progress >= c_.timeout) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (ops[i].done < ops[i].bytes) {
+          Connection& ch = *connection_of[ops[i].peer];
+          return fail(Status(ErrorCode::Timeout), ch, ops[i].send ? "a free staging slot (credit) for a send" : "data for a receive",
+                      ops[i].send ? ch.sent : ch.received);
+        }
+    }
+    // Nothing to do: wait on the flag the first runnable op needs (the link spins briefly,
+    // then sleeps on a futex its peer wakes), in short slices so that any other op that
+    // becomes ready, a re-send request or an abort is seen soon.
+    ++idle;
+    for (std::size_t i = 0; i < n; ++i) {
+      const P2POp& op = ops[i];
+      if (op.done >= op.bytes || op.local_dst) continue;
+      Connection& ch = *connection_of[op.peer];
+      const bool needs_key = op.send && op.direct && !op.keyed;
+      SignalFlag& flag = needs_key ? flags_.p2p_mail[ch.peer] : op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
+      const std::uint64_t target = needs_key ? ch.p2p_keys_used + 1
+                                   : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
+                                             : ch.received + 1;
+      const Status st = ch.link->wait(flag, static_cast<std::uint32_t>(target),
+                                      std::chrono::microseconds(20));
+      if (st.is_error()) {
+        RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
+        return fail(st, ch, op.send ? "a free staging slot (credit) for a send" : "data for a receive",
+                    op.send ? ch.sent : ch.received);
+      }
+      break;
+    }
+  }
+  if (dev_) return finish_device_call();
+  // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
+  if (c_.checksum) return await_all_acceptance();
+  return Status::ok();
+}
+
+}  // namespace ringfence::detail
