@@ -51,15 +51,16 @@ struct Pair {
   Logger log;
   PeerInfo info_a{0, "conformance-host", static_cast<std::int32_t>(::getpid())};
   PeerInfo info_b{1, "conformance-host", static_cast<std::int32_t>(::getpid())};
-  std::unique_ptr<Transport> a, b;
-  std::unique_ptr<ListenHandle> la, lb;
-  std::unique_ptr<Link> a_to_b, b_to_a;
-  // Memory for transports without an allocator; 64-aligned like every staging area and flag
-  // block the engine hands a transport (a SignalFlag must sit on its own cache line).
+  // Memory for transports without an allocator, 64-aligned like every staging area and flag
+  // block the engine hands a transport (a SignalFlag sits on its own cache line). Declared
+  // before the transports and links so that it outlives them: a late frame may still land.
   struct AlignedFree {
     void operator()(std::byte* p) const noexcept { std::free(p); }
   };
   std::vector<std::unique_ptr<std::byte, AlignedFree>> heap;
+  std::unique_ptr<Transport> a, b;
+  std::unique_ptr<ListenHandle> la, lb;
+  std::unique_ptr<Link> a_to_b, b_to_a;
 
   explicit Pair(std::string k) : kind(std::move(k)) {
     options.transport_settings["RINGFENCE_SHM_SPIN"] = "10";
