@@ -6,9 +6,9 @@
 namespace ringfence::detail {
 
 std::optional<std::size_t> checked_bytes(std::size_t count, DataType type, std::size_t blocks) noexcept {
-  const std::size_t elem = size_of(type);
-  if (elem == 0 || blocks == 0) return elem == 0 ? std::nullopt : std::optional<std::size_t>(0);
-  if (count > static_cast<std::size_t>(PTRDIFF_MAX) / elem / blocks) return std::nullopt;
+  const std::size_t elem = size_of(type);  // 0 for an invalid type
+  if (elem == 0) return std::nullopt;
+  if (blocks > 0 && count > static_cast<std::size_t>(PTRDIFF_MAX) / elem / blocks) return std::nullopt;
   return count * elem * blocks;
 }
 

@@ -38,8 +38,6 @@ class CallChecker {
 
   /// Starts a collective: forgets the previous call's check.
   void reset() noexcept { check_ = CallCheck{}; }
-  /// Whether this rank checks anyone's fingerprint (a plan with a neighbour).
-  bool active() const noexcept { return from_ != nullptr; }
   /// Posts `mine` (numbered `seq`) to the ranks that check it, over lane 0.
   Status post(LaneState& lane0, CallFingerprint mine, std::uint64_t seq, Failure& failure) noexcept;
   /// Compares now, before the call moves data (for calls that cannot leave it to the executor);

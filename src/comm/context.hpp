@@ -38,12 +38,6 @@ struct CommContext {
       if (t->traits().shares_memory) return false;
     return true;
   }
-  /// Index of `t` in `transports` (its size when absent).
-  std::size_t index_of(const Transport* t) const noexcept {
-    std::size_t i = 0;
-    while (i < transports.size() && transports[i].get() != t) ++i;
-    return i;
-  }
 };
 
 }  // namespace ringfence::detail

@@ -5,7 +5,6 @@
 namespace ringfence::detail {
 
 void Dispatch::start(TunerModel tuner, std::size_t oneshot_bytes, const Heartbeat* heartbeat) {
-  checks_ = ArgChecks(p_.ctx.rank, p_.ctx.size);
   tuner_ = tuner;
   oneshot_copy_.resize(oneshot_bytes);
   heartbeat_ = heartbeat;

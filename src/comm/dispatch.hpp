@@ -43,12 +43,13 @@ struct DispatchParts {
 
 class Dispatch {
  public:
-  explicit Dispatch(DispatchParts parts) noexcept : p_(parts), checks_(0, 1) {}
+  explicit Dispatch(DispatchParts parts) noexcept : p_(parts) {}
 
-  /// At setup: the argument checks' rank and size, the tuner's model, the one-shot copy's size
-  /// (one slot), and the heartbeat (null when off).
+  /// At setup: the tuner's model, the one-shot copy's size (one slot), and the heartbeat (null
+  /// when off).
   void start(TunerModel tuner, std::size_t oneshot_bytes, const Heartbeat* heartbeat);
-  const ArgChecks& checks() const noexcept { return checks_; }
+  /// The argument checks for this communicator's rank and size.
+  ArgChecks checks() const noexcept { return ArgChecks(p_.ctx.rank, p_.ctx.size); }
 
   // ---- collectives: checks on the caller's thread, then run now or queue (async) ----
   Work allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op,
@@ -137,7 +138,6 @@ class Dispatch {
   static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept;
 
   DispatchParts p_;
-  ArgChecks checks_;
   const Heartbeat* heartbeat_ = nullptr;
   TunerModel tuner_;
   std::function<void()> next_gate_;            // a stream-ordered call's input gate

@@ -10,7 +10,7 @@ namespace ringfence::detail {
 Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CallKind kind) {
   const char* call = kind == CallKind::Barrier ? "barrier" : "allreduce";
   check_usable(call);
-  const std::size_t bytes = checks_.allreduce(call, send, recv, count, type, op).in;
+  const std::size_t bytes = checks().allreduce(call, send, recv, count, type, op).in;
   return issue(async, call, [this, call, send, recv, count, bytes, type, op, kind] {
     const CommContext& ctx = p_.ctx;
     const Reducer reducer = host_reducer(type, op);
@@ -49,7 +49,7 @@ Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t c
 Work Dispatch::reduce_scatter(bool async, const void* send, void* recv, std::size_t recvcount, DataType type, ReduceOp op) {
   const char* call = "reduce_scatter";
   check_usable(call);
-  checks_.reduce_scatter(call, send, recv, recvcount, type, op);
+  checks().reduce_scatter(call, send, recv, recvcount, type, op);
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::ReduceScatter, recvcount, type, static_cast<int>(op)));
     RingCall c{RingCollective::ReduceScatter, send, recv, recvcount, 0};
@@ -61,7 +61,7 @@ Work Dispatch::reduce_scatter(bool async, const void* send, void* recv, std::siz
 Work Dispatch::allgather(bool async, const void* send, void* recv, std::size_t sendcount, DataType type) {
   const char* call = "allgather";
   check_usable(call);
-  const std::size_t send_bytes = checks_.allgather(call, send, recv, sendcount, type).in;
+  const std::size_t send_bytes = checks().allgather(call, send, recv, sendcount, type).in;
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Allgather, sendcount, type));
     // Moves bytes only: chunking in bytes keeps the schedule independent of the type.
@@ -74,7 +74,7 @@ Work Dispatch::allgather(bool async, const void* send, void* recv, std::size_t s
 Work Dispatch::broadcast(bool async, const void* send, void* recv, std::size_t count, DataType type, int root) {
   const char* call = "broadcast";
   check_usable(call);
-  const std::size_t bytes = checks_.broadcast(call, send, recv, count, type, root).out;
+  const std::size_t bytes = checks().broadcast(call, send, recv, count, type, root).out;
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Broadcast, count, type, -1, root));
     run_ring_call(call, RingCall{RingCollective::Broadcast, send, recv, bytes, p_.plan.position_of(root)},
@@ -85,7 +85,7 @@ Work Dispatch::broadcast(bool async, const void* send, void* recv, std::size_t c
 Work Dispatch::reduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, int root) {
   const char* call = "reduce";
   check_usable(call);
-  checks_.reduce(call, send, recv, count, type, op, root);
+  checks().reduce(call, send, recv, count, type, op, root);
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Reduce, count, type, static_cast<int>(op), root));
     run_ring_call(call, RingCall{RingCollective::Reduce, send, recv, count, p_.plan.position_of(root)}, host_reducer(type, op));
@@ -95,7 +95,7 @@ Work Dispatch::reduce(bool async, const void* send, void* recv, std::size_t coun
 Work Dispatch::alltoall(bool async, const void* send, void* recv, std::size_t count, DataType type) {
   const char* call = "alltoall";
   check_usable(call);
-  const std::size_t bytes = checks_.alltoall(call, send, recv, count, type).in;
+  const std::size_t bytes = checks().alltoall(call, send, recv, count, type).in;
   const std::size_t block = bytes / static_cast<std::size_t>(p_.ctx.size);
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Alltoall, count, type));

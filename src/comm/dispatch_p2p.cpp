@@ -11,7 +11,7 @@ void Dispatch::send_recv(const char* call, bool is_send, const void* buf, std::s
                          bool stream_ops_pending) {
   const int rank = p_.ctx.rank;
   check_usable(call);
-  const std::size_t bytes = checks_.p2p(call, buf, count, type, peer);
+  const std::size_t bytes = checks().p2p(call, buf, count, type, peer);
   if (bytes == 0) return;
   RINGFENCE_EXPECTS(peer != rank || group_depth_ > 0,
                     "rank {}: {}: a transfer to or from ourselves needs its match in the same group_start()/group_end()", rank, call);

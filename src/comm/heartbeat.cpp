@@ -8,9 +8,9 @@ namespace ringfence::detail {
 Heartbeat::Heartbeat(int rank, int size, std::chrono::milliseconds period, std::chrono::milliseconds timeout, const Logger& log,
                      OnLost on_lost)
     : rank_(rank), size_(size), period_(period), timeout_(timeout), log_(log), on_lost_(std::move(on_lost)) {
+  // Value-initialised: every rank's time 0 (start() sets it), nobody left.
   seen_ns_ = std::make_unique<std::atomic<std::int64_t>[]>(static_cast<std::size_t>(size));
   left_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) seen_ns_[static_cast<std::size_t>(r)].store(0), left_[static_cast<std::size_t>(r)].store(false);
 }
 
 std::int64_t Heartbeat::now_ns() noexcept {

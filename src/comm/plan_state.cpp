@@ -11,12 +11,6 @@ std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<
   return std::nullopt;
 }
 
-void PlanState::start(int rank, std::vector<int> home_ring) {
-  rank_ = rank;
-  home_ring_ = home_ring;
-  install(Plan{std::move(home_ring), {}});
-}
-
 void PlanState::install(Plan plan) {
   ring_ = std::move(plan.ring);
   relays_ = std::move(plan.relays);

@@ -24,8 +24,11 @@ std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<
 
 class PlanState {
  public:
-  /// The home ring (the unfenced plan), installed; `rank` is this rank.
-  void start(int rank, std::vector<int> home_ring);
+  /// This rank and the home ring (the unfenced plan, which the caller installs).
+  void start(int rank, std::vector<int> home_ring) {
+    rank_ = rank;
+    home_ring_ = std::move(home_ring);
+  }
   /// Installs `plan` (between collectives: every connection is quiescent for this rank).
   void install(Plan plan);
   /// Replaces the fence list (an agreement's or a shrink's, identical on every rank).

@@ -167,7 +167,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
     tuner.gbps = std::min(tuner.gbps, kInterHostGbps);
   }
   plan.start(rank, home);
-  set_plan(detail::Plan{std::move(home), {}});
+  set_plan(detail::Plan{std::move(home), {}});  // installs the home ring
   dispatch.start(tuner, engine.slot_bytes, heartbeat.get());
 
   // 5. Everyone is wired: the store is no longer needed by this communicator's data path.

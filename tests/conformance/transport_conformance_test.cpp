@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/completions.hpp"
 
 using namespace ringfence;
 
@@ -118,6 +119,24 @@ struct Pair {
   }
   MemoryKind data_kind() const { return is_device(kind) ? MemoryKind::Device : MemoryKind::Host; }
 
+  // What the write cases use: `src_bytes` of a's data memory (registered), `dst_bytes` of b's
+  // data memory and a 4 KiB flag block of b (host memory, `flag_bytes` of it registered), both
+  // imported by a. Zeroed.
+  struct Buffers {
+    std::byte *src, *dst, *flags;
+    MemoryRegion src_reg, dst_reg, flag_reg;
+    RemoteRegion rdst, rflags;
+  };
+  Buffers buffers(std::size_t src_bytes, std::size_t dst_bytes, std::size_t flag_bytes) {
+    Buffers x{memory(*a, src_bytes, data_kind()), memory(*b, dst_bytes, data_kind()), memory(*b, 4096, MemoryKind::Host), {}, {}, {}, {}, {}};
+    x.src_reg = a->register_memory(x.src, src_bytes, data_kind());
+    x.dst_reg = b->register_memory(x.dst, dst_bytes, data_kind());
+    x.flag_reg = b->register_memory(x.flags, flag_bytes, MemoryKind::Host);
+    x.rdst = a->import_region(x.dst_reg.key());
+    x.rflags = a->import_region(x.flag_reg.key());
+    return x;
+  }
+
   // Waits until `flag` (written by a over a_to_b) reaches `target`, bounded by 10 s: the
   // receiver waits on its link while the sender's link is polled, since a transport may deliver
   // only through its sender's progress (nvlink and pcie store a signal behind their copies).
@@ -134,19 +153,6 @@ struct Pair {
     return false;
   }
 };
-
-// Every completion of `link` until `want` arrived (bounded).
-std::vector<Completion> completions(Link& link, std::size_t want) {
-  std::vector<Completion> got;
-  for (int i = 0; got.size() < want && i < 100000; ++i) {
-    Completion c[8];
-    std::size_t n = 0;
-    REQUIRE(link.poll(c, n).is_ok());
-    got.insert(got.end(), c, c + n);
-    if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  return got;
-}
 
 }  // namespace
 
@@ -168,15 +174,8 @@ TEST_CASE("conformance: a signal is seen only after the writes before it, and co
   INFO("transport " << kind);
   Pair p(kind);
   const std::size_t bytes = 300 * 1024 + 77;  // several chunks, stripes and bounce slots, odd tail
-  std::byte* src = p.memory(*p.a, bytes, p.data_kind());
-  std::byte* dst = p.memory(*p.b, bytes + 128, p.data_kind());
-  std::byte* flags = p.memory(*p.b, 4096, MemoryKind::Host);
+  auto [src, dst, flags, src_reg, dst_reg, flag_reg, rdst, rflags] = p.buffers(bytes, bytes + 128, 4096);
   for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<std::byte>(i * 29 + 3);
-  MemoryRegion src_reg = p.a->register_memory(src, bytes, p.data_kind());
-  MemoryRegion dst_reg = p.b->register_memory(dst, bytes + 128, p.data_kind());
-  MemoryRegion flag_reg = p.b->register_memory(flags, 4096, MemoryKind::Host);
-  RemoteRegion rdst = p.a->import_region(dst_reg.key());
-  RemoteRegion rflags = p.a->import_region(flag_reg.key());
   REQUIRE(rdst.size() == bytes + 128);
 
   REQUIRE(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, 64, bytes, 7}).is_ok());
@@ -199,7 +198,7 @@ TEST_CASE("conformance: a signal is seen only after the writes before it, and co
   CHECK(std::memcmp(dst, src, 16) == 0);
   CHECK(std::all_of(dst + 16, dst + 64, [](std::byte b) { return b == std::byte{0}; }));
   CHECK(std::all_of(dst + 64 + bytes, dst + bytes + 128, [](std::byte b) { return b == std::byte{0}; }));
-  const auto rest = completions(*p.a_to_b, 3 - done.size());
+  const auto rest = test::collect_completions(*p.a_to_b, 3 - done.size());
   done.insert(done.end(), rest.begin(), rest.end());
   REQUIRE(done.size() == 3);
   CHECK(done[0].wr_id == 7);
@@ -230,15 +229,8 @@ TEST_CASE("conformance: out-of-bounds and misaligned operations are refused, cou
   const std::string kind = GENERATE(from_range(kTransports));
   INFO("transport " << kind);
   Pair p(kind);
-  std::byte* src = p.memory(*p.a, 4096, p.data_kind());
-  std::byte* dst = p.memory(*p.b, 1024, p.data_kind());
-  std::byte* flags = p.memory(*p.b, 4096, MemoryKind::Host);
+  auto [src, dst, flags, src_reg, dst_reg, flag_reg, rdst, rflags] = p.buffers(4096, 1024, 128);
   std::memset(src, 0x5a, 4096);
-  MemoryRegion src_reg = p.a->register_memory(src, 4096, p.data_kind());
-  MemoryRegion dst_reg = p.b->register_memory(dst, 1024, p.data_kind());
-  MemoryRegion flag_reg = p.b->register_memory(flags, 128, MemoryKind::Host);
-  RemoteRegion rdst = p.a->import_region(dst_reg.key());
-  RemoteRegion rflags = p.a->import_region(flag_reg.key());
   CHECK(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, 1000, 100, 1}).code() == ErrorCode::InvalidUsage);       // past the end
   CHECK(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, SIZE_MAX - 8, 16, 2}).code() == ErrorCode::InvalidUsage);  // wraps
   CHECK(p.a_to_b->signal(SignalOp{&rflags, 96, 1, 3}).code() == ErrorCode::InvalidUsage);  // the flag would cross the end
@@ -258,17 +250,10 @@ TEST_CASE("conformance: fence is idempotent and later operations fail as Fenced"
   const std::string kind = GENERATE(from_range(kTransports));
   INFO("transport " << kind);
   Pair p(kind);
-  std::byte* src = p.memory(*p.a, 256, p.data_kind());
-  std::byte* dst = p.memory(*p.b, 256, p.data_kind());
-  MemoryRegion src_reg = p.a->register_memory(src, 256, p.data_kind());
-  MemoryRegion dst_reg = p.b->register_memory(dst, 256, p.data_kind());
-  RemoteRegion rdst = p.a->import_region(dst_reg.key());
+  auto [src, dst, flags, src_reg, dst_reg, flag_reg, rdst, rflags] = p.buffers(256, 256, 128);
   p.a_to_b->fence(FenceReason::User);
   p.a_to_b->fence(FenceReason::User);  // idempotent
   CHECK(p.a_to_b->state() == LinkState::Fenced);
-  std::byte* flags = p.memory(*p.b, 4096, MemoryKind::Host);
-  MemoryRegion flag_reg = p.b->register_memory(flags, 128, MemoryKind::Host);
-  RemoteRegion rflags = p.a->import_region(flag_reg.key());
   CHECK(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, 0, 64, 1}).code() == ErrorCode::Fenced);
   CHECK(p.a_to_b->signal(SignalOp{&rflags, 0, 1, 2}).code() == ErrorCode::Fenced);
 }

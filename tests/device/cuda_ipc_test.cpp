@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/completions.hpp"
 #include "support/scoped_env.hpp"
 
 extern "C" {
@@ -59,17 +60,7 @@ struct Pair {
   std::unique_ptr<PendingLink> connect_again() { return a->connect(*la, pb, lb->address()); }
 };
 
-std::vector<Completion> drain_all(Link& link, std::size_t want) {
-  std::vector<Completion> got;
-  for (int spins = 0; got.size() < want && spins < 100000; ++spins) {
-    Completion c[8];
-    std::size_t n = 0;
-    REQUIRE(link.poll(c, n).is_ok());
-    got.insert(got.end(), c, c + n);
-    if (n == 0) ::usleep(100);
-  }
-  return got;
-}
+using test::collect_completions;
 
 std::vector<std::uint8_t> read_device(const void* p, std::size_t n) {
   std::vector<std::uint8_t> out(n);
@@ -168,7 +159,7 @@ TEST_CASE("cuda_ipc: a signal is stored only after the writes before it landed, 
     const auto got = read_device(dst, bytes + 64);
     REQUIRE(std::memcmp(got.data() + 64, pattern.data(), bytes) == 0);
     REQUIRE(std::all_of(got.begin(), got.begin() + 64, [](std::uint8_t b) { return b == 0; }));
-    const auto done = drain_all(*p.a_to_b, 2);
+    const auto done = collect_completions(*p.a_to_b, 2);
     REQUIRE(done.size() == 2);
     REQUIRE(done[0].wr_id == 7);
     REQUIRE(done[1].wr_id == 8);
@@ -179,7 +170,7 @@ TEST_CASE("cuda_ipc: a signal is stored only after the writes before it landed, 
     // this link (a rank whose next wait is on another link must not hold back a credit).
     REQUIRE(p.a_to_b->signal(SignalOp{&rflags, 192, 5, 9}).is_ok());
     REQUIRE(reinterpret_cast<SignalFlag*>(flags + 192)->value.load() == 5);
-    REQUIRE(drain_all(*p.a_to_b, 1).at(0).wr_id == 9);
+    REQUIRE(collect_completions(*p.a_to_b, 1).at(0).wr_id == 9);
     REQUIRE(p.a_to_b->stats().signals == 2);
     fake_cuda_set_copy_delay_us(500);
     REQUIRE(p.b->deallocate(dst));
@@ -203,7 +194,7 @@ TEST_CASE("cuda_ipc: copies of at least kTimedCopyBytes are timed with CUDA even
     REQUIRE(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, 0, small, 1}).is_ok());
     REQUIRE(p.a_to_b->write(WriteOp{src, &src_reg, &rdst, big, big, 2}).is_ok());
     REQUIRE(p.a_to_b->stats().timed_bytes == 0);  // nothing landed yet: nothing timed
-    REQUIRE(drain_all(*p.a_to_b, 2).size() == 2);
+    REQUIRE(collect_completions(*p.a_to_b, 2).size() == 2);
     // Only the large copy counts, with at least its 2 ms; the small one neither adds bytes nor time.
     REQUIRE(p.a_to_b->stats().timed_bytes == big);
     REQUIRE(p.a_to_b->stats().timed_ns >= 2'000'000);
@@ -257,7 +248,7 @@ TEST_CASE("cuda_ipc: fence completes pending operations with Fenced and refuses 
     p.a_to_b->fence(FenceReason::User);
     p.a_to_b->fence(FenceReason::User);  // idempotent
     REQUIRE(p.a_to_b->state() == LinkState::Fenced);
-    const auto done = drain_all(*p.a_to_b, 2);
+    const auto done = collect_completions(*p.a_to_b, 2);
     REQUIRE(done.size() == 2);
     REQUIRE(done[0].status.code() == ErrorCode::Fenced);
     REQUIRE(done[1].status.code() == ErrorCode::Fenced);
@@ -306,7 +297,7 @@ TEST_CASE("cuda_ipc: device memory is shared by allocation: interior pointers of
     RemoteRegion rinner = p.a->import_region(inner.key());
     REQUIRE(rinner.size() == 5000);
     REQUIRE(p.a_to_b->write(WriteOp{ones.data(), nullptr, &rinner, 4900, 100, 1}).is_ok());
-    REQUIRE(drain_all(*p.a_to_b, 1).size() == 1);
+    REQUIRE(collect_completions(*p.a_to_b, 1).size() == 1);
     const auto got = read_device(dst, 8192);
     REQUIRE(got[5899] == 0);
     REQUIRE(got[5900] == 0xab);
@@ -340,7 +331,7 @@ TEST_CASE("nvlink: GPUs without peer access are refused at connect, pcie connect
     MemoryRegion reg = pc.b->register_memory(dst, pattern.size(), MemoryKind::Device);
     RemoteRegion r = pc.a->import_region(reg.key());
     REQUIRE(pc.a_to_b->write(WriteOp{src, nullptr, &r, 0, pattern.size(), 1}).is_ok());
-    const auto done = drain_all(*pc.a_to_b, 1);
+    const auto done = collect_completions(*pc.a_to_b, 1);
     REQUIRE(done.size() == 1);
     REQUIRE(done[0].status.is_ok());
     REQUIRE(read_device(dst, pattern.size()) == pattern);

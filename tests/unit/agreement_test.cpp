@@ -37,6 +37,7 @@ PlanState plan_with(int n, const std::vector<LinkId>& fenced = {}) {
   std::vector<int> home(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) home[static_cast<std::size_t>(i)] = i;
   p.start(0, home);
+  p.install(detail::Plan{home, {}});
   if (!fenced.empty()) {
     auto next = detail::plan_around(home, fenced, n);
     REQUIRE(next.has_value());

@@ -30,6 +30,7 @@ TEST_CASE("arg checks: checked_bytes refuses overflow and invalid types", "[arg_
   CHECK(detail::checked_bytes(3, DataType::Float32) == 12u);
   CHECK(detail::checked_bytes(3, DataType::Float64, 4) == 96u);
   CHECK(detail::checked_bytes(0, DataType::Int8) == 0u);
+  CHECK(detail::checked_bytes(5, DataType::Int32, 0) == 0u);  // no blocks: nothing to move
   CHECK_FALSE(detail::checked_bytes(std::numeric_limits<std::size_t>::max() / 2, DataType::Float32).has_value());
   CHECK_FALSE(detail::checked_bytes(static_cast<std::size_t>(PTRDIFF_MAX) / 8 + 1, DataType::Float64).has_value());
   CHECK_FALSE(detail::checked_bytes(1, static_cast<DataType>(99)).has_value());
