@@ -290,12 +290,25 @@ JobToken UniqueId::token() const noexcept {
 }
 
 UniqueId get_unique_id(const std::string& host) {
-  // The port is free now but not reserved; rank 0 binds it again with SO_REUSEADDR. A race with
-  // another process taking it in between is possible, which is why ringfence-run hosts its
-  // own store instead.
+  // The port is free now but not reserved; rank 0 binds it again with SO_REUSEADDR. It is taken
+  // from below Linux's default ephemeral range (32768-60999), as the launcher-derived ports are:
+  // there no outgoing connection of another process is handed it in between (a port 0 bind
+  // lands in the ephemeral range, which any connect() may take). Only when none of a few tries
+  // binds does it fall back to a kernel-chosen port. ringfence-run hosts its own store instead.
+  const JobToken token = random_token();
+  std::uint32_t pick = 0;
+  std::memcpy(&pick, token.data(), sizeof pick);
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const auto port = static_cast<std::uint16_t>(20000 + (pick + static_cast<std::uint32_t>(attempt) * 7919u) % 12000u);
+    try {
+      Fd fd = bind_socket(host, port, 0);
+      return UniqueId::make(host, port, token);
+    } catch (const SystemError& e) {
+      if (e.native() != EADDRINUSE) throw;
+    }
+  }
   Fd fd = bind_socket(host, 0, 0);
-  const std::uint16_t port = bound_port(fd.get(), host);
-  return UniqueId::make(host, port, random_token());
+  return UniqueId::make(host, bound_port(fd.get(), host), token);
 }
 
 JobToken random_token() {
