@@ -4,12 +4,22 @@
 //
 //   build/bin/reduce_kernels_bench --benchmark_filter='float32|memcpy'
 //
+// and the CRC32C implementations (bytes read), each of them forced:
+//
+//   build/bin/reduce_kernels_bench --benchmark_filter='crc32c'
+//
+// The engine's checked passes (checksum mode: a copy or reduction with its CRCs) next to the
+// plain ones: --benchmark_filter='checked'.
+//
 // Sizes: 256 KiB (one pipeline chunk, cache-resident, what the engine reduces at a time) and
 // 64 MiB (DRAM bound).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <ringfence/crc32c.hpp>
 #include <ringfence/reduce_ops.hpp>
+
+#include "../src/checked_ops.hpp"
 #include <string>
 #include <vector>
 
@@ -42,9 +52,63 @@ void memcpy_baseline(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(2 * bytes));
 }
 
+void crc(benchmark::State& state, rf::Crc32cImpl impl) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  std::vector<std::byte> src(bytes, std::byte{7});
+  for (auto _ : state) benchmark::DoNotOptimize(rf::crc32c_with(impl, src.data(), bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
+// The engine's checked passes (checksum mode) next to the plain ones, over a buffer walked in
+// pipeline chunks: "plain" is the reduction alone, "checked" the fused reduction with the
+// CRCs of its input and result (what a receiver does with checksums on).
+void checked_combine(benchmark::State& state, bool checked) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  constexpr std::size_t kChunk = 256 << 10;
+  std::vector<std::byte> a(bytes), b(bytes), out(bytes);
+  const rf::Reducer k = rf::host_reducer(rf::DataType::Float32, rf::ReduceOp::Sum);
+  std::uint32_t ca = 0, cd = 0;
+  for (auto _ : state) {
+    for (std::size_t at = 0; at < bytes; at += kChunk) {
+      if (checked)
+        rf::detail::combine_with_crc(k.combine, out.data() + at, a.data() + at, b.data() + at, kChunk / 4, 4, 2, &ca, &cd);
+      else
+        k.combine(out.data() + at, a.data() + at, b.data() + at, kChunk / 4, 2);
+    }
+    benchmark::DoNotOptimize(ca + cd);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(3 * bytes));
+}
+
+void checked_copy(benchmark::State& state, bool checked) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  constexpr std::size_t kChunk = 256 << 10;
+  std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes);
+  std::uint32_t c = 0;
+  for (auto _ : state) {
+    for (std::size_t at = 0; at < bytes; at += kChunk) {
+      if (checked) c ^= rf::detail::copy_with_crc(dst.data() + at, src.data() + at, kChunk);
+      else rf::copy_bytes(dst.data() + at, src.data() + at, kChunk);
+    }
+    benchmark::DoNotOptimize(c);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(2 * bytes));
+}
+
 const int kRegistered = [] {
   constexpr std::int64_t kChunk = 256 << 10, kLarge = 64 << 20;
   benchmark::RegisterBenchmark("memcpy", memcpy_baseline)->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("crc32c/table", [](benchmark::State& s) { crc(s, rf::Crc32cImpl::Table); })->Arg(kChunk);
+  benchmark::RegisterBenchmark("crc32c/sse4.2-3way", [](benchmark::State& s) { crc(s, rf::Crc32cImpl::Sse42); })
+      ->Arg(16 << 10)->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("crc32c/avx512-vpclmulqdq", [](benchmark::State& s) { crc(s, rf::Crc32cImpl::Fold); })
+      ->Arg(16 << 10)->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("checked/combine/plain", [](benchmark::State& s) { checked_combine(s, false); })->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("checked/combine/fused", [](benchmark::State& s) { checked_combine(s, true); })->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("checked/copy/plain", [](benchmark::State& s) { checked_copy(s, false); })->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("checked/copy/fused", [](benchmark::State& s) { checked_copy(s, true); })->Arg(kChunk)->Arg(kLarge);
   for (int t = 0; t < rf::kNumDataTypes; ++t)
     for (int o = 0; o < rf::kNumReduceOps; ++o) {
       const auto type = static_cast<rf::DataType>(t);

@@ -17,8 +17,8 @@
 #      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact; the NCCL shim's
 #      API test on device buffers with streams, on device regions, 2 ranks (what frameworks run);
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
-#   4. all_reduce_perf -m device for 2 and 4 ranks, on device regions and host-staged
-#      (RINGFENCE_DEVICE_REGIONS=off), next to the device-to-device and pinned
+#   4. all_reduce_perf -m device for 2 and 4 ranks, on device regions (checksums off) and with
+#      the defaults (checksums on, host-staged), next to the device-to-device and pinned
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
 #      nccl) on the same GPUs when there are at least 2.
 # Testing the script itself without a GPU (CTest device_check_script_fake_cuda): DEVICE_CHECK_CUDART
@@ -131,7 +131,7 @@ status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $
 for n in 2 4; do
   timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
   status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
-  RINGFENCE_DEVICE_REGIONS=on timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" --device-transports \
+  RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" --device-transports \
     >"$out/gpu_device_regions_${n}ranks.log" 2>&1
   status "the same on device regions (engine on device memory, nvlink/pcie), $n ranks, exact" $? "$out/gpu_device_regions_${n}ranks.log"
 done
@@ -139,7 +139,7 @@ done
 # (nccl_api_test --device-buffers, which also runs the host-buffer API checks). It loads the
 # runtime by soname, so a DEVICE_CHECK_CUDART fake is put first on the loader's path.
 if [ -x "$bin/nccl_api_test" ]; then
-  LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on \
+  LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off \
     timeout 180 "$bin/ringfence-run" -n 2 --timeout 170 "$bin/nccl_api_test" --device-buffers >"$out/gpu_nccl_shim_device_regions.log" 2>&1
   rc=$?
   grep -q "rank 0: [0-9]* checks passed, 0 failed" "$out/gpu_nccl_shim_device_regions.log" || [ $rc -ne 0 ] || rc=1
@@ -186,13 +186,15 @@ fi
 timeout 60 "$bin/device_memcpy_bw" "${DEVICE_CHECK_COPY_MIB:-256}" 20 ${RINGFENCE_CUDART:+"$RINGFENCE_CUDART"} >"$out/memcpy_bw.txt" 2>&1
 status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
 for n in 2 4; do
-  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 -n 10 -w 2 \
-    >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
+  # Device regions verify no checksums yet (docs/device.md): they run with checksums off.
+  RINGFENCE_CHECKSUM=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 \
+    -n 10 -w 2 >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
   status "all_reduce_perf -m device, $n ranks ($(grep -ao 'device path: [a-z -]*' "$out/all_reduce_perf_${n}ranks.txt" | head -1))" $? \
     "$out/all_reduce_perf_${n}ranks.txt"
-  RINGFENCE_DEVICE_REGIONS=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" \
+  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" \
     -f 4 -n 10 -w 2 >"$out/all_reduce_perf_staged_${n}ranks.txt" 2>&1
-  status "all_reduce_perf -m device, $n ranks, host-staged" $? "$out/all_reduce_perf_staged_${n}ranks.txt"
+  status "all_reduce_perf -m device, $n ranks, the defaults (checksums on: host-staged, every chunk checked)" $? \
+    "$out/all_reduce_perf_staged_${n}ranks.txt"
 done
 if [ "$gpus" -ge 2 ]; then
   nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)

@@ -1,122 +1,169 @@
-// CRC32C. Compiled with -march=${RINGFENCE_ARCH} (x86-64-v3 by default), so __SSE4_2__ selects
-// the crc32 instruction: 8 bytes per instruction, ~3 cycles latency; with three independent
-// streams it would go faster still, but one stream already runs at several GB/s, above the
-// rate one core reduces at.
+// CRC32C, chosen once at run time by CPUID (docs/health.md "What checksums cost"):
+//  - AVX-512 + VPCLMULQDQ: carry-less-multiply folding of 256 bytes per step (four 512-bit
+//    accumulators), finished with two `crc32` instructions; tens of bytes per cycle, so a
+//    chunk's CRC costs a small fraction of the copy or reduction that touches it.
+//  - SSE4.2: the `crc32` instruction over three independent streams (one instruction per
+//    cycle instead of one per three, its latency), merged by table-driven shifts.
+//  - a table, everywhere else.
+// The vector paths are compiled with target attributes, not the build's -march, so a portable
+// build still uses them where the CPU has them.
 #include <array>
 #include <cstring>
 #include <ringfence/crc32c.hpp>
 
-#if defined(__SSE4_2__)
-#include <nmmintrin.h>
-#endif
+#include "crc32c_fold.hpp"
+
 
 namespace ringfence {
 namespace {
+
+constexpr std::uint32_t kPoly = 0x82F63B78u;  // reflected 0x1EDC6F41
 
 constexpr std::array<std::uint32_t, 256> make_table() {
   std::array<std::uint32_t, 256> t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ kPoly : c >> 1;
     t[i] = c;
   }
   return t;
 }
-[[maybe_unused]] constexpr auto kTable = make_table();
+constexpr auto kTable = make_table();
 
-// GF(2) helpers (zlib's crc32_combine method) to move a raw CRC register past n zero bytes.
-std::uint32_t gf2_times(const std::uint32_t* mat, std::uint32_t vec) noexcept {
-  std::uint32_t sum = 0;
-  for (; vec; vec >>= 1, ++mat)
-    if (vec & 1) sum ^= *mat;
-  return sum;
-}
-void gf2_square(std::uint32_t* square, const std::uint32_t* mat) noexcept {
-  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
-}
-// `crc` advanced over `len` zero bytes (raw register, no pre/post inversion).
-std::uint32_t shift_zeros(std::uint32_t crc, std::size_t len) noexcept {
-  std::uint32_t even[32], odd[32];
-  odd[0] = 0x82F63B78u;  // one zero bit
-  for (int n = 1; n < 32; ++n) odd[n] = 1u << (n - 1);
-  gf2_square(even, odd);  // two zero bits
-  gf2_square(odd, even);  // four zero bits
-  while (len) {
-    gf2_square(even, odd);  // first pass: one zero byte
-    if (len & 1) crc = gf2_times(even, crc);
-    len >>= 1;
-    if (!len) break;
-    gf2_square(odd, even);
-    if (len & 1) crc = gf2_times(odd, crc);
-    len >>= 1;
-  }
-  return crc;
+std::uint32_t crc_table(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
+  while (bytes--) c = kTable[(c ^ *p++) & 0xffu] ^ (c >> 8);
+  return c;
 }
 
-// A linear operator "advance past n zero bytes" as 32 columns: applying it costs ~32 xors.
-struct ZerosOp {
-  std::uint32_t column[32];
-  explicit ZerosOp(std::size_t len) noexcept {
-    for (int i = 0; i < 32; ++i) column[i] = shift_zeros(1u << i, len);
+// Moving a raw CRC register past `len` zero bytes is linear over GF(2): as four tables of 256
+// entries (one per byte of the register) it costs four lookups. Built at first use from the
+// operator's 32 columns.
+struct ZeroShift {
+  std::uint32_t t[4][256];
+  explicit ZeroShift(std::size_t len) noexcept {
+    std::uint32_t column[32];
+    for (int i = 0; i < 32; ++i) {
+      std::uint32_t c = 1u << i;
+      for (std::size_t n = 0; n < len; ++n) c = kTable[c & 0xffu] ^ (c >> 8);
+      column[i] = c;
+    }
+    for (int k = 0; k < 4; ++k)
+      for (std::uint32_t b = 0; b < 256; ++b) {
+        std::uint32_t v = 0;
+        for (int i = 0; i < 8; ++i)
+          if (b & (1u << i)) v ^= column[8 * k + i];
+        t[k][b] = v;
+      }
   }
-  std::uint32_t operator()(std::uint32_t v) const noexcept { return gf2_times(column, v); }
+  std::uint32_t operator()(std::uint32_t c) const noexcept {
+    return t[0][c & 0xffu] ^ t[1][(c >> 8) & 0xffu] ^ t[2][(c >> 16) & 0xffu] ^ t[3][c >> 24];
+  }
 };
 
-}  // namespace
+#if defined(RINGFENCE_CRC_X86)
 
-std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint32_t c = ~crc;
-#if defined(__SSE4_2__)
-  // Three independent streams over consecutive blocks hide the instruction's 3-cycle latency
-  // (one crc32 per cycle instead of one per three), then the partial registers are merged by
-  // shifting them past the blocks that follow. The operators are built once, never changed.
-  constexpr std::size_t kBlock = 2048;
-  static const ZerosOp shift_one(kBlock), shift_two(2 * kBlock);
-  while (bytes >= 3 * kBlock) {
+constexpr std::size_t kStreamBlock = 1024;  // bytes per stream and round (3 KiB a round)
+
+__attribute__((target("sse4.2"))) std::uint32_t crc_sse42(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
+  // Three independent streams over consecutive blocks hide the instruction's 3-cycle latency,
+  // then the partial registers are merged by shifting them past the blocks that follow.
+  static const ZeroShift shift_one(kStreamBlock), shift_two(2 * kStreamBlock);
+  while (bytes >= 3 * kStreamBlock) {
     std::uint64_t c0 = c, c1 = 0, c2 = 0;
-    for (std::size_t i = 0; i < kBlock; i += 8) {
+    for (std::size_t i = 0; i < kStreamBlock; i += 8) {
       std::uint64_t v0, v1, v2;
       std::memcpy(&v0, p + i, 8);
-      std::memcpy(&v1, p + kBlock + i, 8);
-      std::memcpy(&v2, p + 2 * kBlock + i, 8);
+      std::memcpy(&v1, p + kStreamBlock + i, 8);
+      std::memcpy(&v2, p + 2 * kStreamBlock + i, 8);
       c0 = _mm_crc32_u64(c0, v0);
       c1 = _mm_crc32_u64(c1, v1);
       c2 = _mm_crc32_u64(c2, v2);
     }
     c = shift_two(static_cast<std::uint32_t>(c0)) ^ shift_one(static_cast<std::uint32_t>(c1)) ^ static_cast<std::uint32_t>(c2);
-    p += 3 * kBlock;
-    bytes -= 3 * kBlock;
+    p += 3 * kStreamBlock;
+    bytes -= 3 * kStreamBlock;
   }
   std::uint64_t c64 = c;
-  while (bytes >= 8) {
+  for (; bytes >= 8; p += 8, bytes -= 8) {
     std::uint64_t v;
     std::memcpy(&v, p, 8);
     c64 = _mm_crc32_u64(c64, v);
-    p += 8;
-    bytes -= 8;
   }
   c = static_cast<std::uint32_t>(c64);
   while (bytes--) c = _mm_crc32_u8(c, *p++);
-#else
-  while (bytes--) c = kTable[(c ^ *p++) & 0xffu] ^ (c >> 8);
+  return c;
+}
+
+RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
+  if (bytes < detail::crcfold::kStreamBytes) return crc_sse42(c, p, bytes);
+  detail::crcfold::Stream s = detail::crcfold::start(p, c);
+  for (p += detail::crcfold::kStreamBytes, bytes -= detail::crcfold::kStreamBytes; bytes >= detail::crcfold::kStreamBytes;
+       p += detail::crcfold::kStreamBytes, bytes -= detail::crcfold::kStreamBytes)
+    detail::crcfold::step(s, p);
+  return detail::crcfold::finish(s, p, bytes);
+}
+
+}  // namespace
+
+namespace detail::crcfold {
+bool available() noexcept {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul") &&
+         __builtin_cpu_supports("sse4.2");
+}
+}  // namespace detail::crcfold
+
+namespace {
+bool has_fold() noexcept { return detail::crcfold::available(); }
+
+#endif  // RINGFENCE_CRC_X86
+
+using CrcFn = std::uint32_t (*)(std::uint32_t, const unsigned char*, std::size_t) noexcept;
+
+struct Implementation {
+  CrcFn fn;
+  const char* name;
+};
+
+Implementation pick() noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  __builtin_cpu_init();
+  if (has_fold()) return {&crc_fold, "avx512-vpclmulqdq"};
+  if (__builtin_cpu_supports("sse4.2")) return {&crc_sse42, "sse4.2-3way"};
 #endif
-  return ~c;
+  return {&crc_table, "table"};
+}
+
+// Chosen once (thread-safe static initialisation), never changed.
+const Implementation& chosen() noexcept {
+  static const Implementation impl = pick();
+  return impl;
+}
+
+}  // namespace
+
+std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
+  return ~chosen().fn(~crc, static_cast<const unsigned char*>(data), bytes);
 }
 
 std::uint32_t crc32c_portable(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  std::uint32_t c = ~crc;
-  while (bytes--) c = kTable[(c ^ *p++) & 0xffu] ^ (c >> 8);
-  return ~c;
+  return ~crc_table(~crc, static_cast<const unsigned char*>(data), bytes);
 }
 
-bool crc32c_is_hardware() noexcept {
-#if defined(__SSE4_2__)
-  return true;
+std::uint32_t crc32c_with(Crc32cImpl impl, const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(RINGFENCE_CRC_X86)
+  __builtin_cpu_init();
+  if (impl == Crc32cImpl::Fold && has_fold()) return ~crc_fold(~crc, p, bytes);
+  if (impl != Crc32cImpl::Table && __builtin_cpu_supports("sse4.2")) return ~crc_sse42(~crc, p, bytes);
 #else
-  return false;
+  (void)impl;
 #endif
+  return ~crc_table(~crc, p, bytes);
 }
+
+bool crc32c_is_hardware() noexcept { return chosen().fn != &crc_table; }
+
+const char* crc32c_implementation() noexcept { return chosen().name; }
 
 }  // namespace ringfence

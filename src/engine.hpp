@@ -13,6 +13,8 @@
 #include <string>
 #include <ringfence/transport.hpp>
 
+#include "write_speeds.hpp"
+
 namespace ringfence::detail {
 
 /// Bytes of one mailbox: header {u32 key length, u32 crc32c of the key, u32 call}, then the key.
@@ -164,6 +166,10 @@ struct Connection {
   /// Declared after the regions, so it is destroyed before them: a frame the peer sent just
   /// before it closed must not find its region gone (tcp: "a signal into an unknown region").
   std::unique_ptr<Link> link;
+  /// Lane 0: `slots` x `slot_bytes` where a point-to-point call that returns before the peer
+  /// accepted its last chunks (checksum mode) leaves copies of them, so a re-send never reads a
+  /// user buffer the caller may already have reused (RingRunner::retain_unaccepted).
+  std::byte* retained = nullptr;
   std::uint64_t sent = 0;       ///< messages written to the peer
   std::uint64_t received = 0;   ///< messages consumed from the peer
   // Integrity (checksum mode). As a sender: what we wrote (for re-sends), NACKs seen, re-sends
@@ -174,7 +180,7 @@ struct Connection {
     const RemoteRegion* dst = nullptr;
     std::size_t dst_offset = 0;
     std::uint64_t message = ~0ull;
-    bool has_crc = false;  ///< relayed chunk: keep the original sender's CRC (end to end)
+    bool has_crc = false;  ///< `crc` holds the chunk's CRC (computed when it was first sent; a relayed chunk keeps its original sender's, end to end)
     std::uint32_t crc = 0;
   };
   SentChunk sent_log[kSentLog];
@@ -196,6 +202,9 @@ struct Connection {
   // when the connection gets a new link).
   double expected_gbps = 0.0;
   std::uint64_t timed_bytes = 0, timed_ns = 0;
+  /// The same timed writes, one by one, for the median speed the agreement compares across the
+  /// job's links (cleared by each agreement).
+  WriteSpeeds speeds;
   struct Judged {
     std::uint64_t checksum_errors = 0, sent = 0, received = 0, timed_bytes = 0, timed_ns = 0, timeouts = 0;
     std::uint64_t link_timed_bytes = 0, link_timed_ns = 0;
@@ -254,6 +263,10 @@ struct EngineConfig {
   std::chrono::nanoseconds timeout{};
   /// `slots + 1` x `slot_bytes` of scratch for partial results that are sent on, not kept.
   std::byte* scratch = nullptr;
+  /// Lane 0: the connection to every rank (null for ourselves). With checksums every wait also
+  /// serves their re-send requests: a point-to-point call may have returned before its chunks
+  /// were accepted, and the receiver may find one damaged in any later call of ours.
+  Connection* const* retained_peers = nullptr;
 };
 
 struct CallCheck;

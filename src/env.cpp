@@ -105,7 +105,8 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_HOST_ID",
     "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
     "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
-    "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_FALLBACK",
+    "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_HEALTH",
+    "RINGFENCE_HEALTH_AGREE_BYTES", "RINGFENCE_HEALTH_SLOW_FACTOR", "RINGFENCE_FALLBACK",
     "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
     "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
     "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
@@ -193,6 +194,13 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.host_id = *v;
   }
   if (auto v = env.get("RINGFENCE_CHECKSUM")) o.checksum = parse_bool("RINGFENCE_CHECKSUM", *v);
+  if (auto v = env.get("RINGFENCE_HEALTH")) o.health_enabled = parse_bool("RINGFENCE_HEALTH", *v);
+  if (auto v = env.get("RINGFENCE_HEALTH_AGREE_BYTES")) o.health_agree_bytes = parse_bytes(*v, "RINGFENCE_HEALTH_AGREE_BYTES");
+  if (auto v = env.get("RINGFENCE_HEALTH_SLOW_FACTOR")) {
+    const double f = parse_positive_double("RINGFENCE_HEALTH_SLOW_FACTOR", *v);
+    if (f < 1.5 || f > 1000) bad_value("RINGFENCE_HEALTH_SLOW_FACTOR", *v, "a factor between 1.5 and 1000");
+    o.health_slow_factor = f;
+  }
   if (auto v = env.get("RINGFENCE_CHECK_CALLS")) o.check_calls = parse_bool("RINGFENCE_CHECK_CALLS", *v);
   if (auto v = env.get("RINGFENCE_HEARTBEAT_MS"))
     o.heartbeat_interval = *v == "off" ? std::chrono::milliseconds(0)

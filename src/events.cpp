@@ -17,12 +17,14 @@ std::string_view to_string(EventKind kind) noexcept {
     case EventKind::LinkSuspect: return "link_suspect";
     case EventKind::LinkHealthy: return "link_healthy";
     case EventKind::LinkMoved: return "link_moved";
+    case EventKind::LinkSlow: return "link_slow";
+    case EventKind::Straggler: return "straggler";
   }
   return "unknown";
 }
 
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
-  for (int i = 0; i <= static_cast<int>(EventKind::LinkMoved); ++i)
+  for (int i = 0; i <= static_cast<int>(EventKind::Straggler); ++i)
     if (to_string(static_cast<EventKind>(i)) == name) return static_cast<EventKind>(i);
   return std::nullopt;
 }

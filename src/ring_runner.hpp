@@ -34,6 +34,7 @@
 #include <thread>
 
 #include <ringfence/detail/cuda_api.hpp>
+#include "checked_ops.hpp"
 #include "device_kernels.hpp"
 #include "engine.hpp"
 
@@ -95,15 +96,11 @@ class RingRunner {
       Connection* const tx_p =
           by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
       if (step.kind == StepKind::CopyInput) {
-        if (in + off != out + oo) RINGFENCE_TRY(copy(out + oo, in + off, bytes));
+        if (in + off != out + oo) RINGFENCE_TRY(produce(out + oo, in + off, nullptr, step.count, false));
         continue;
       }
-      if (step.kind == StepKind::ReduceInputAcc) {
-        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, false));
-        continue;
-      }
-      if (step.kind == StepKind::ReduceInputAccLast) {
-        RINGFENCE_TRY(combine(out + oo, in + off, out + oo, step.count, true));
+      if (step.kind == StepKind::ReduceInputAcc || step.kind == StepKind::ReduceInputAccLast) {
+        RINGFENCE_TRY(produce(out + oo, in + off, out + oo, step.count, step.kind == StepKind::ReduceInputAccLast));
         continue;
       }
       Connection& rx = *rx_p;  // every remaining step talks to a peer
@@ -129,34 +126,26 @@ class RingRunner {
           // scratch slot tied to the outgoing message number m: slot m % (slots + 1) last held
           // message m - slots - 1, accepted before m - 1 could be sent, so a re-send of any
           // unaccepted message still finds its bytes.
-          const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(rx, slot, nullptr, bytes));
           std::byte* tmp = c_.scratch + static_cast<std::size_t>(tx.sent % static_cast<std::uint64_t>(c_.slots + 1)) * c_.slot_bytes;
-          RINGFENCE_TRY(combine(tmp, slot, in + off, step.count, false));
-          RINGFENCE_TRY(release_chunk(rx));
+          RINGFENCE_TRY(consume(rx, tmp, in + off, step.count, false));
           RINGFENCE_TRY(send_chunk(tx, tmp, bytes));
           break;
         }
-        case StepKind::RecvReduce:
-        case StepKind::RecvReduceLast:
-        case StepKind::RecvReduceAcc:
-        case StepKind::RecvReduceAccLast:
-        case StepKind::RecvCopy: {
-          const bool landed_in_output = step.kind == StepKind::RecvCopy && own_out_direct;
-          const std::byte* slot = nullptr;
-          RINGFENCE_TRY(wait_chunk(rx, slot, landed_in_output ? out + oo : nullptr, bytes));
-          switch (step.kind) {
-            case StepKind::RecvCopy:
-              if (!landed_in_output) RINGFENCE_TRY(copy(out + oo, slot, bytes));
-              break;
-            case StepKind::RecvReduce: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, false)); break;
-            case StepKind::RecvReduceLast: RINGFENCE_TRY(combine(out + oo, slot, in + off, step.count, true)); break;
-            case StepKind::RecvReduceAcc: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, false)); break;
-            default: RINGFENCE_TRY(combine(out + oo, slot, out + oo, step.count, true)); break;
+        case StepKind::RecvCopy:
+          if (own_out_direct) {  // the chunk landed in our output: nothing to copy
+            const std::byte* slot = nullptr;
+            std::uint32_t crc = 0;
+            RINGFENCE_TRY(wait_chunk(rx, slot, out + oo, bytes, &crc));
+            known_ = KnownCrc{out + oo, bytes, crc};
+            RINGFENCE_TRY(release_chunk(rx));
+          } else {
+            RINGFENCE_TRY(consume(rx, out + oo, nullptr, step.count, false));
           }
-          RINGFENCE_TRY(release_chunk(rx));
           break;
-        }
+        case StepKind::RecvReduce: RINGFENCE_TRY(consume(rx, out + oo, in + off, step.count, false)); break;
+        case StepKind::RecvReduceLast: RINGFENCE_TRY(consume(rx, out + oo, in + off, step.count, true)); break;
+        case StepKind::RecvReduceAcc: RINGFENCE_TRY(consume(rx, out + oo, out + oo, step.count, false)); break;
+        case StepKind::RecvReduceAccLast: RINGFENCE_TRY(consume(rx, out + oo, out + oo, step.count, true)); break;
       }
     }
     return finish_call();
@@ -222,6 +211,33 @@ class RingRunner {
     dev_pending_ = true;
     return Status::ok();
   }
+
+  // ---- checked copies and reductions (checksum mode; checked_ops.hpp) ----
+
+  // `dst = a op b` (b null: `dst = a`) from local operands; with checksums the result's CRC is
+  // kept for sending it (known_).
+  Status produce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
+    const std::size_t bytes = count * reducer_.elem_size;
+    if (!c_.checksum || dev_) {
+      known_ = KnownCrc{};
+      return b ? combine(dst, a, b, count, last) : copy(dst, a, bytes);
+    }
+    std::uint32_t crc = 0;
+    if (b) combine_with_crc(last ? reducer_.finish : reducer_.combine, dst, a, b, count, reducer_.elem_size, c_.size, nullptr, &crc);
+    else crc = copy_with_crc(dst, a, bytes);
+    known_ = KnownCrc{dst, bytes, crc};
+    return Status::ok();
+  }
+
+  Status consume(Connection& rx, std::byte* dst, const std::byte* b, std::size_t count, bool last) noexcept;
+
+  // The CRC of bytes this call just produced at `at` (a fused pass computed it), so sending
+  // them needs no pass of its own. Every step that writes a range replaces it.
+  struct KnownCrc {
+    const std::byte* at = nullptr;
+    std::size_t bytes = 0;
+    std::uint32_t crc = 0;
+  };
 
   // Waits until every copy and reduction enqueued so far has run (before their destinations
   // are sent or their sources handed back). The stream holds only our own work, which depends
@@ -300,13 +316,28 @@ class RingRunner {
 
   Status service_all_nacks() noexcept;
 
+  void retain_unaccepted(Connection* const* connection_of) noexcept;
+
+  Status service_retained() noexcept;
+
   Status service_relays() noexcept;
 
   std::uint32_t sender_credit(const RelayDuty& d) const noexcept;
 
   Status service_nacks(Connection& ch) noexcept;
 
-  Status wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept;
+  Status await_chunk(Connection& ch, const std::byte*& slot) noexcept;
+
+  Status wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes,
+                    std::uint32_t* crc = nullptr) noexcept;
+
+  bool intact(const Connection& ch, const std::byte* slot, std::size_t bytes, std::uint32_t crc) const noexcept {
+    ChunkTrailer t;
+    std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+    return t.message == ch.received && t.bytes == bytes && t.crc == crc;
+  }
+
+  Status redeliver(Connection& ch, int attempt) noexcept;
 
   Status request_resend(Connection& ch, std::uint64_t m) noexcept;
 
@@ -328,6 +359,7 @@ class RingRunner {
   bool settling_ = false;               // settle_call() is waiting
   const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)
   bool dev_pending_ = false;            // device work enqueued and not yet synchronized
+  KnownCrc known_;                      // checksum mode: the CRC of the range written last
 };
 
 }  // namespace ringfence::detail

@@ -105,7 +105,10 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
   for (;;) {
     RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
     RINGFENCE_TRY(verify_call(false));  // a disagreement may be why nothing comes
-    if (c_.checksum) RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
+    if (c_.checksum) {
+      RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
+      if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
+    }
     if (relays_.count > 0) {
       RINGFENCE_TRY(service_relays());
       if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
@@ -144,10 +147,13 @@ Status RingRunner::drain(Connection& ch, const char* what) noexcept {
 
 // Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
 Status RingRunner::put_chunk(Connection& ch, std::uint64_t m) noexcept {
-  const Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+  Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
   WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
                     : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
+  // A chunk without a known CRC: the link may compute it in the pass that copies it.
+  WriteCrc crc_of_write;
+  if (c_.checksum && !c.has_crc) w.crc = &crc_of_write;
   // Bandwidth evidence for the health layer, unless the link times its writes itself (they
   // only enqueue: a device copy).
   const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
@@ -159,13 +165,18 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m) noexcept {
   }
   if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
   if (timed) {
-    ch.timed_ns += static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
+    const auto ns = static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
+    ch.timed_ns += ns;
     ch.timed_bytes += c.bytes;
+    ch.speeds.add(c.bytes, ns);
+  }
+  if (c_.checksum && !c.has_crc) {  // kept for re-sends (the source stays as it was)
+    c.crc = crc_of_write.done ? crc_of_write.value : crc32c(c.src, c.bytes);
+    c.has_crc = true;
   }
   if (c_.checksum || c_.trailers) {
     ChunkTrailer& t = ch.trailers[m % kSentLog];
-    const std::uint32_t crc = c.has_crc ? c.crc : c_.checksum ? crc32c(c.src, c.bytes) : 0;
-    t = ChunkTrailer{crc, static_cast<std::uint32_t>(c.bytes), m};
+    t = ChunkTrailer{c.has_crc ? c.crc : 0, static_cast<std::uint32_t>(c.bytes), m};
     s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
     if (!s.is_ok()) return fail(s, ch, "writing a chunk trailer", m);
   }
@@ -182,7 +193,12 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   if (m >= slots)
     RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
                             "a free staging slot (credit)", m));
-  ch.sent_log[m % kSentLog] = Connection::SentChunk{src, bytes, dst, dst_offset, m};
+  Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+  c = Connection::SentChunk{src, bytes, dst, dst_offset, m};
+  if (c_.checksum && known_.at == src && known_.bytes == bytes) {  // the pass that produced it computed it
+    c.has_crc = true;
+    c.crc = known_.crc;
+  }
   RINGFENCE_TRY(put_chunk(ch, m));
   const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
                                             static_cast<std::uint32_t>(m + 1), m});
@@ -191,27 +207,71 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   return drain(ch, "completing a chunk");
 }
 
-// Waits for message m from `ch` and, in checksum mode, verifies it (asking for re-sends until
-// it arrives intact). `landed` is where the data went when written directly (else the slot).
-Status RingRunner::wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes) noexcept {
+// Waits for the next message from `ch`; `slot` is its staging slot.
+Status RingRunner::await_chunk(Connection& ch, const std::byte*& slot) noexcept {
   const std::uint64_t m = ch.received;
   RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
   // No chunk is used before the sender's call is known to be ours. From the checked rank the
   // fingerprint came before the data on the same link, so this does not wait.
   RINGFENCE_TRY(verify_call(true));
   slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+  return Status::ok();
+}
+
+// Delivery `attempt` of the chunk `ch` is on failed its check: count it and ask for it again
+// (one re-send answers each NACK, so the sender's re-send count reaches our NACK count).
+Status RingRunner::redeliver(Connection& ch, int attempt) noexcept {
+  const std::uint64_t m = ch.received;
+  ++ch.checksum_errors;
+  if (attempt >= c_.max_attempts) return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
+  RINGFENCE_TRY(request_resend(ch, m));
+  return wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m);
+}
+
+// Waits for message m from `ch` and, in checksum mode, verifies it before it is used (asking
+// for re-sends until it arrives intact); `*crc` gets its CRC. `landed` is where the data went
+// when written directly (else the slot).
+Status RingRunner::wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes,
+                              std::uint32_t* crc) noexcept {
+  RINGFENCE_TRY(await_chunk(ch, slot));
   if (!c_.checksum) return Status::ok();
   const std::byte* data = landed ? landed : slot;
   for (int attempt = 1;; ++attempt) {
-    ChunkTrailer t;
-    std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
-    if (t.message == m && t.bytes == bytes && t.crc == crc32c(data, bytes)) return Status::ok();
-    ++ch.checksum_errors;
-    if (attempt >= c_.max_attempts)
-      return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
-    RINGFENCE_TRY(request_resend(ch, m));
-    // One re-send answers each NACK, so the sender's re-send count reaches our NACK count.
-    RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m));
+    const std::uint32_t c = crc32c(data, bytes);
+    if (intact(ch, slot, bytes, c)) {
+      if (crc) *crc = c;
+      return Status::ok();
+    }
+    RINGFENCE_TRY(redeliver(ch, attempt));
+  }
+}
+
+// Receives the next chunk from `ch` and consumes it: `dst = chunk op b` (the reducer's combine,
+// or finish when `last`), or `dst = chunk` when `b` is null; then hands the slot back. With
+// checksums the pass that consumes the chunk also verifies it (checked_ops.hpp): a damaged
+// delivery only wrote `dst`, which the re-sent chunk's pass writes again. Where `dst` overlaps
+// `b` (in place) that would lose `b`, so the chunk is verified first. Either way the result's
+// CRC is kept for sending it on.
+Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, std::size_t count, bool last) noexcept {
+  const std::size_t elem = reducer_.elem_size, bytes = count * elem;
+  const std::byte* slot = nullptr;
+  const bool in_place = b && dst < b + bytes && b < dst + bytes;
+  if (!c_.checksum || dev_ || in_place) {
+    RINGFENCE_TRY(wait_chunk(ch, slot, nullptr, bytes));
+    RINGFENCE_TRY(produce(dst, slot, b, count, last));
+    return release_chunk(ch);
+  }
+  RINGFENCE_TRY(await_chunk(ch, slot));
+  const CombineFn fn = last ? reducer_.finish : reducer_.combine;
+  for (int attempt = 1;; ++attempt) {
+    std::uint32_t crc_in = 0, crc_out = 0;
+    if (b) combine_with_crc(fn, dst, slot, b, count, elem, c_.size, &crc_in, &crc_out);
+    else crc_in = crc_out = copy_with_crc(dst, slot, bytes);
+    if (intact(ch, slot, bytes, crc_in)) {
+      known_ = KnownCrc{dst, bytes, crc_out};
+      return release_chunk(ch);
+    }
+    RINGFENCE_TRY(redeliver(ch, attempt));
   }
 }
 

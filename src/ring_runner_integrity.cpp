@@ -11,6 +11,17 @@ Status RingRunner::service_all_nacks() noexcept {
   return Status::ok();
 }
 
+// Re-send requests for chunks an earlier point-to-point call left unaccepted (retained copies):
+// served from every wait of lane 0, whatever the call.
+Status RingRunner::service_retained() noexcept {
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = c_.retained_peers[r];
+    if (ch && ch != right_ && flags_.nack[ch->peer].value.load(std::memory_order_acquire) != ch->nacks_seen)
+      RINGFENCE_TRY(service_nacks(*ch));
+  }
+  return Status::ok();
+}
+
 // Forwards relayed chunks that arrived and fit, answers the receiver's NACKs, and passes the
 // receiver's credits back to the sender (a relay slot is free only once the receiver accepted
 // the copy, so a re-send can always be served from it). Never blocks.

@@ -126,9 +126,32 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     }
   }
   if (dev_) return finish_device_call();
-  // With checksums a chunk is only done once the receiver accepted it: stay to re-send.
-  if (c_.checksum) return await_all_acceptance();
+  // With checksums a chunk is only done once the receiver accepted it; the receiver may not
+  // take it before its own next call (a send outside a group, then a receive, on every rank),
+  // so the unaccepted chunks are copied aside and the call returns, as it does without checksums.
+  if (c_.checksum) retain_unaccepted(connection_of);
   return Status::ok();
+}
+
+// Every chunk a peer has not accepted yet gets a copy in its connection's retained area (slot
+// m % slots: at most `slots` are unaccepted, message m + slots waits for m's credit), and the
+// sent log points there, so a re-send asked for in any later call sends the same bytes
+// whatever the caller did to its buffer since.
+void RingRunner::retain_unaccepted(Connection* const* connection_of) noexcept {
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = connection_of[r];
+    if (!ch || !ch->retained) continue;
+    const std::uint32_t accepted = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
+    const std::uint64_t first = ch->sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch->sent) - accepted);
+    for (std::uint64_t m = first; m < ch->sent; ++m) {
+      Connection::SentChunk& c = ch->sent_log[m % kSentLog];
+      std::byte* copy_at = ch->retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
+      if (c.src == copy_at || c.dst) continue;  // kept already; direct writes do not happen with checksums
+      copy_bytes(copy_at, c.src, c.bytes);
+      c.src = copy_at;
+    }
+  }
 }
 
 }  // namespace ringfence::detail

@@ -20,9 +20,12 @@
 /// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4; ≥ 2 for network-only links on a host not oversubscribed) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
-/// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | off |
+/// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | on |
+/// | RINGFENCE_HEALTH | on/off: fence agreements (checksum errors, counters, slow links, stragglers) | on |
+/// | RINGFENCE_HEALTH_AGREE_BYTES | an agreement also runs after this many collective bytes (0 = by count only) | 32M |
+/// | RINGFENCE_HEALTH_SLOW_FACTOR | a link this many times slower than its transport's median link (twice in a row) is fenced | 3 |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
-/// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (checksum mode or link map; 0 = never) | 2 |
+/// | RINGFENCE_HEALTH_AGREE_EVERY | at most this many collectives between fence agreements (0 = never) | 64 |
 /// | RINGFENCE_FALLBACK | `from:to` transport pairs a link that must be fenced moves along instead (docs/health.md), or `none` | what the selected transports declare |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer within the checksum storm window (10 s) that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |

@@ -25,10 +25,12 @@ enum class EventKind : std::uint8_t {
   LinkSuspect,     ///< this rank's policy made link a-b suspect (still in use, watched); `detail` = the rules that fired
   LinkHealthy,     ///< this rank's policy cleared link a-b (suspicion or probation over); `detail` = why
   LinkMoved,       ///< every rank agreed: link a-b, which had to be fenced, moved to another transport; `detail` = "from -> to"
+  LinkSlow,        ///< link a-b's writes were persistently far slower than the job's median link on its transport; `detail` = measured vs median GB/s; it is fenced (or moved) by the same agreement
+  Straggler,       ///< rank `count` is slow (two or more of its links to different peers slow at once): reported, no link fenced; `detail` = its links' speeds vs the median
 };
 
 /// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan", "digest_mismatch",
-/// "link_readmitted", "link_suspect", "link_healthy", "link_moved".
+/// "link_readmitted", "link_suspect", "link_healthy", "link_moved", "link_slow", "straggler".
 std::string_view to_string(EventKind kind) noexcept;
 /// Inverse of `to_string(EventKind)`.
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;

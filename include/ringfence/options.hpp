@@ -124,14 +124,29 @@ struct CommOptions {
   /// when it is created and refuses a bad value with `InvalidUsage` naming the variable.
   TransportSettings transport_settings;
   /// End-to-end integrity: every chunk carries a CRC32C that the receiver verifies; a corrupted
-  /// chunk is re-sent (and counted against the link), so it never reaches a result. Must match
-  /// on every rank. Env: RINGFENCE_CHECKSUM=on|off.
-  bool checksum = false;
-  /// With checksums on: every this many collectives the ranks agree on which links to fence
-  /// (an internal, checksummed allreduce of everyone's proposals) and, when the set changed,
-  /// switch together to a ring that avoids the fenced links. 0 disables. Must match on every
-  /// rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
-  int health_agree_every = 2;
+  /// chunk is re-sent (and counted against the link), so it never reaches a result. On by
+  /// default: the CRC is computed in the pass that copies or reduces the chunk anyway (see
+  /// docs/health.md "What protection costs"). Must match on every rank. Env:
+  /// RINGFENCE_CHECKSUM=on|off.
+  bool checksum = true;
+  /// Link health: the ranks agree, every so often (below), on which links to fence, judging
+  /// each link on its checksum errors, timeouts, hardware counters (link map) and the speed of
+  /// its writes against the job's other links on the same transport (a link persistently ~3x
+  /// slower is fenced and routed around; a rank all of whose links are slow is reported as a
+  /// straggler). On by default. Must match on every rank. Env: RINGFENCE_HEALTH=on|off.
+  bool health_enabled = true;
+  /// At most this many collectives between two fence agreements (an internal, checksummed
+  /// allreduce of everyone's proposals and link speeds; when the fence set changed, every rank
+  /// switches to a ring that avoids the fenced links). 0 disables agreements. Must match on
+  /// every rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
+  int health_agree_every = 64;
+  /// An agreement also runs once this many bytes (the collectives' data sizes, the same on every
+  /// rank) went by since the last one, so large messages are judged within about a second on a
+  /// slow link too. 0: by count only. Must match on every rank. Env: RINGFENCE_HEALTH_AGREE_BYTES.
+  std::size_t health_agree_bytes = std::size_t{32} << 20;
+  /// A link is slow when its writes' median speed is this many times below the median of the
+  /// job's links on its transport, at two agreements in a row. Env: RINGFENCE_HEALTH_SLOW_FACTOR.
+  double health_slow_factor = 3.0;
   /// Fallback transports, as (from, to) names: when the ranks agree that a link must be fenced
   /// and both of its ends are on `from` and reach each other over `to` (another selected
   /// transport), the pair moves to `to` instead (a `link_moved` event): the plan stays, and

@@ -223,4 +223,9 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept;
 /// 72 GB/s at 64 KiB on the development VM with a copy loop test). Never throws.
 void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
 
+/// `copy_bytes` that also returns the CRC32C of the bytes copied (of `src`), computed in the
+/// same pass: with AVX-512 folding interleaved with the copy, else block by block from the L1
+/// cache. Transports that copy through the CPU answer `WriteOp::crc` with it. Never throws.
+std::uint32_t copy_bytes_crc(void* dst, const void* src, std::size_t n) noexcept;
+
 }  // namespace ringfence

@@ -136,6 +136,15 @@ class RemoteRegion {
 };
 
 /// One one-sided put: `bytes` bytes from `src` into `dst` at `dst_offset`.
+/// The CRC32C of a write's bytes, asked of the link by the engine when checksums are on: a
+/// link whose `write` copies the bytes through the CPU computes it in the same pass
+/// (`copy_bytes_crc`) and sets `done`; any other link leaves it alone and the engine reads the
+/// bytes once more itself. Always the CRC of the source, never of what landed.
+struct WriteCrc {
+  std::uint32_t value = 0;
+  bool done = false;
+};
+
 struct WriteOp {
   const void* src = nullptr;                ///< local source (registered or not)
   const MemoryRegion* src_region = nullptr; ///< registration covering `src`, when there is one
@@ -143,6 +152,7 @@ struct WriteOp {
   std::size_t dst_offset = 0;               ///< byte offset in `dst`
   std::size_t bytes = 0;                    ///< length in bytes
   std::uint64_t wr_id = 0;                  ///< echoed in the completion
+  WriteCrc* crc = nullptr;                  ///< optional: see WriteCrc (a link may ignore it)
 };
 
 /// One signal: store `value` into the `SignalFlag` at `offset` of `dst`; visible at the peer
@@ -277,6 +287,13 @@ struct TransportTraits {
   /// Transports a link of this one may move to when the health layer must fence it, in order of
   /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.
   std::vector<std::string> fallbacks;
+  /// How far apart the speeds of healthy links of this transport may lie by nature. The health
+  /// layer judges a link slow only when it is slower than the job's other links on the
+  /// transport by more than this as well as by `CommOptions::health_slow_factor`. Links the CPU
+  /// copies (shared memory, sockets) run at the speed of the cores and caches they happen to
+  /// share: 6.7x apart on one healthy 4-rank job on a 2-core VM, hence 10 for them; hardware
+  /// links of one kind (NVLink, InfiniBand) leave it at 1.
+  double speed_spread = 1.0;
 };
 
 /// One transport instance per communicator. Control plane: thread-safe, may block and throw.

@@ -45,7 +45,7 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
     Failure failure;
     if (!p_.calls.post(p_.lanes.main(), fp, ctx.seq, failure).is_ok()) raise(call, failure);
   }
-  if (p_.agreement.enabled() && ctx.seq % static_cast<std::uint64_t>(ctx.options.health_agree_every) == 0) {
+  if (p_.agreement.enabled() && p_.agreement.due(fp.count * size_of(static_cast<DataType>(fp.type)))) {
     // The agreement may fence or move the link the fingerprints travel on and re-plan who
     // checks whom: compare them first, over the plan they were posted on.
     settle_call(call);
@@ -186,7 +186,8 @@ DirectWrite Dispatch::direct_write_for(LaneState& lane, const RingCall& c, std::
   const std::size_t bytes = ((blocks - 1) * (c.stride ? c.stride : c.count) + c.count) * elem_size;
   DirectWrite direct;
   // With checksums every chunk goes through staging: a corrupted chunk must land where it can
-  // be verified and replaced, not in the output.
+  // be verified and replaced, not in the output; and the key exchange a direct write needs is
+  // a mailbox without re-sends, which a lossy link would fail.
   if (ctx.size > 1 && bytes >= ctx.options.direct_write_min_bytes && !p_.lanes.main().engine.checksum) {
     // Every rank takes part in the key exchange (same decision everywhere: same size and
     // options); each decides for its own output whether the left neighbour writes into it.

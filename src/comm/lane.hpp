@@ -23,6 +23,7 @@ struct LaneState {
   void* flags_mem = nullptr;
   void* inbox_mem = nullptr;
   void* scratch_mem = nullptr;  // partial results in flight (engine.scratch)
+  void* retained_mem = nullptr;  // lane 0: Connection::retained of every connection
 
   /// The connection to `peer`, made (unconnected) on first use.
   Connection& connection_to(int peer) {

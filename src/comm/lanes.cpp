@@ -134,6 +134,13 @@ void Lanes::connect(LaneState& L, int index, MemoryKind memory, std::byte** extr
     L.inbox_mem = allocate(inbox_bytes * L.connections.size());
     for (std::size_t i = 0; i < L.connections.size(); ++i) L.connections[i]->inbox = static_cast<std::byte*>(L.inbox_mem) + i * inbox_bytes;
     L.scratch_mem = allocate(scratch_bytes);
+    if (index == 0) {  // point-to-point runs on lane 0 (Connection::retained)
+      const std::size_t retained_bytes = L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots);
+      L.retained_mem = allocate(retained_bytes * L.connections.size());
+      for (std::size_t i = 0; i < L.connections.size(); ++i)
+        L.connections[i]->retained = static_cast<std::byte*>(L.retained_mem) + i * retained_bytes;
+      L.engine.retained_peers = connection_of_.data();
+    }
   } else {
     for (auto& ch : L.connections) ch->inbox = allocate_device(*ch->transport, inbox_bytes);
     // One slot more than the scratch: the input copy of an in-place one-shot allreduce.

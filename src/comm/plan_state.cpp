@@ -5,7 +5,9 @@
 
 namespace ringfence::detail {
 
-std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<LinkId>& fenced, int n) {
+std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<LinkId>& fenced, int n, RoutePreference prefer) {
+  if (prefer == RoutePreference::Cheapest)
+    if (auto reordered = plan_ring(n, fenced)) return Plan{std::move(*reordered), {}};
   if (auto relayed = plan_relays(base, fenced)) return Plan{base, std::move(*relayed)};
   if (auto reordered = plan_ring(n, fenced)) return Plan{std::move(*reordered), {}};
   return std::nullopt;

@@ -16,11 +16,17 @@ struct Plan {
   std::vector<Relay> relays;
 };
 
-/// The plan for `fenced` links starting from ring `base` of `n` ranks: relays when they exist
-/// (the logical ring and every element's reduction order stay, so results stay bit-identical),
-/// else a re-ordered ring; nullopt when neither avoids the links. Every rank computes the same
-/// plan from the same list.
-std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<LinkId>& fenced, int n);
+/// How to route around fenced links when both a relay and a re-ordered ring would.
+enum class RoutePreference {
+  KeepOrder,  ///< relays first: the logical ring and every element's reduction order stay (bit-identical results)
+  Cheapest,   ///< a re-ordered ring first: the same bytes as before over other links, where a relay adds a copy on the relay rank and doubles the traffic of two links
+};
+
+/// The plan for `fenced` links starting from ring `base` of `n` ranks: relays or a re-ordered
+/// ring as `prefer` says, the other when the first does not exist; nullopt when neither avoids
+/// the links. Every rank computes the same plan from the same list.
+std::optional<Plan> plan_around(const std::vector<int>& base, const std::vector<LinkId>& fenced, int n,
+                                RoutePreference prefer = RoutePreference::KeepOrder);
 
 class PlanState {
  public:

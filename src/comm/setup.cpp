@@ -98,11 +98,13 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   const std::size_t min_chunk = lanes.choose_transports();
   if (min_chunk > engine.slot_bytes) engine.slot_bytes = (min_chunk + 63) / 64 * 64;
 
-  // With checksums every link of this rank is judged on its transport's evidence too.
+  // With health on every link of this rank is judged on its transport's evidence (checksum
+  // errors, timeouts; speeds are compared across the job by the agreement itself), mapped
+  // links on their hardware counters too.
   std::unique_ptr<detail::HealthMonitor> monitor;
-  if (engine.checksum || !options.health_link_map.empty()) {
+  if (options.health_enabled || !options.health_link_map.empty()) {
     std::vector<LinkId> own;
-    if (engine.checksum)
+    if (options.health_enabled)
       for (int p = 0; p < size; ++p)
         if (p != rank) own.push_back(LinkId::of(rank, p));
     if (automatic_map) {
@@ -120,9 +122,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   //    holds every data-path option the ranks must share (the user threshold may differ).
   const int planned = lanes.lane_count();
   ctx.protocol = fmt::format(
-      "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={} agreement={} digest_every={} "
+      "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}/{}/{} agreement={} digest_every={} "
       "algo={} tuner={}/{}{} channels={}/{} check_calls={} heartbeat={}",
-      engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every, agreement.enabled(),
+      engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
+      options.health_agree_bytes, options.health_slow_factor, agreement.enabled(),
       options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us, options.tuner_gbps,
       ctx.network_only() ? "/network" : "", planned, options.channel_min_bytes, options.check_calls,
       options.effective_heartbeat().count() > 0);

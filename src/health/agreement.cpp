@@ -6,7 +6,7 @@ namespace ringfence::detail {
 
 void Ballot::resize(int n) {
   n_ = n;
-  cells_.assign(2 * static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0);
+  cells_.assign(4 * static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0);
 }
 
 void Ballot::clear() noexcept { std::fill(cells_.begin(), cells_.end(), std::uint8_t{0}); }
@@ -28,7 +28,73 @@ int Ballot::fallback_of(int rank, int peer) const noexcept {
   return static_cast<int>(cells_[nn + static_cast<std::size_t>(rank * n_ + peer)]) - 1;
 }
 
-Decision decide(const Ballot& b, const PlanState& plan) {
+void Ballot::report_speed(int rank, int peer, int bucket, int transport) noexcept {
+  const std::size_t nn = static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_);
+  const std::size_t at = static_cast<std::size_t>(rank * n_ + peer);
+  cells_[2 * nn + at] = static_cast<std::uint8_t>(std::clamp(bucket + 1, 1, 255));
+  cells_[3 * nn + at] = static_cast<std::uint8_t>(std::clamp(transport + 1, 1, 255));
+}
+
+int Ballot::speed_of(int rank, int peer) const noexcept {
+  const std::size_t nn = static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_);
+  return static_cast<int>(cells_[2 * nn + static_cast<std::size_t>(rank * n_ + peer)]) - 1;
+}
+
+int Ballot::speed_transport_of(int rank, int peer) const noexcept {
+  const std::size_t nn = static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_);
+  return static_cast<int>(cells_[3 * nn + static_cast<std::size_t>(rank * n_ + peer)]) - 1;
+}
+
+SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets) {
+  SpeedVerdict v;
+  const int n = b.ranks();
+  struct Directed {
+    int from, to, bucket, transport;
+  };
+  std::vector<Directed> measured;
+  for (int r = 0; r < n; ++r)
+    for (int p = 0; p < n; ++p)
+      if (p != r && b.speed_of(r, p) >= 0) measured.push_back({r, p, b.speed_of(r, p), b.speed_transport_of(r, p)});
+  std::vector<Directed> suspects;  // far below the median: a slow link, or one end of a slow rank
+  std::vector<int> buckets;
+  for (const Directed& d : measured) {
+    buckets.clear();
+    for (const Directed& e : measured)
+      if (e.transport == d.transport) buckets.push_back(e.bucket);
+    if (buckets.size() < 3) continue;
+    std::sort(buckets.begin(), buckets.end());
+    // Links of one transport differ by nature (shared memory within a core's cache or across
+    // cores, a NUMA hop): a lone slow link must be far below the slower quarter of them, not
+    // only below the median, to be told from the slower half of a healthy job.
+    const int lower = buckets[std::max<std::size_t>(1, buckets.size() / 4)];
+    const int median = buckets[buckets.size() / 2];
+    const int gap = gap_buckets.empty() ? 7 : gap_buckets[std::min<std::size_t>(static_cast<std::size_t>(std::max(d.transport, 0)), gap_buckets.size() - 1)];
+    if (median - d.bucket >= gap) suspects.push_back(d);
+    if (lower - d.bucket >= gap) v.slow.push_back(SlowLink{LinkId::of(d.from, d.to), d.from, d.bucket, lower, median});
+  }
+  // A rank at the end of two or more suspect links to different peers is the slow one.
+  for (int r = 0; r < n; ++r) {
+    std::vector<int> peers;
+    for (const Directed& d : suspects)
+      if (d.from == r || d.to == r) {
+        const int other = d.from == r ? d.to : d.from;
+        if (std::find(peers.begin(), peers.end(), other) == peers.end()) peers.push_back(other);
+      }
+    if (peers.size() >= 2) v.stragglers.push_back(r);
+  }
+  std::erase_if(v.slow, [&](const SlowLink& s) {
+    return std::any_of(v.stragglers.begin(), v.stragglers.end(), [&](int r) { return s.link.a == r || s.link.b == r; });
+  });
+  // One entry per link (both directions may be slow): the slower direction.
+  std::sort(v.slow.begin(), v.slow.end(), [](const SlowLink& x, const SlowLink& y) {
+    return x.link.a != y.link.a ? x.link.a < y.link.a : x.link.b != y.link.b ? x.link.b < y.link.b : x.bucket < y.bucket;
+  });
+  v.slow.erase(std::unique(v.slow.begin(), v.slow.end(), [](const SlowLink& x, const SlowLink& y) { return x.link == y.link; }),
+               v.slow.end());
+  return v;
+}
+
+Decision decide(const Ballot& b, const PlanState& plan, const std::vector<LinkId>& slow) {
   Decision d;
   const int n = b.ranks();
   auto contains = [](const std::vector<LinkId>& v, LinkId l) { return std::find(v.begin(), v.end(), l) != v.end(); };
@@ -57,7 +123,10 @@ Decision decide(const Ballot& b, const PlanState& plan) {
   };
   std::vector<LinkId> all = kept();
   all.insert(all.end(), d.added.begin(), d.added.end());
-  std::optional<Plan> next = plan_around(d.readmitted.empty() ? plan.ring() : plan.home_ring(), all, n);
+  const bool only_slow =
+      !d.added.empty() && std::all_of(d.added.begin(), d.added.end(), [&](const LinkId& l) { return contains(slow, l); });
+  std::optional<Plan> next = plan_around(d.readmitted.empty() ? plan.ring() : plan.home_ring(), all, n,
+                                         only_slow ? RoutePreference::Cheapest : RoutePreference::KeepOrder);
   if (!next) {
     d.unroutable = d.added;
     d.unplannable = all;

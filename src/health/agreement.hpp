@@ -16,9 +16,12 @@ namespace ringfence::detail {
 /// A vote on a link: the largest vote any rank casts wins (a fence dominates a readmission).
 enum class Vote : std::uint8_t { None = 0, Readmit = 1, Fence = 2 };
 
-/// Two n x n byte matrices reduced with max over every rank: the votes on link (a, b), a < b,
+/// Four n x n byte matrices reduced with max over every rank: the votes on link (a, b), a < b,
 /// at [a][b] of the first; in row r of the second, the transport (index + 1, 0 = none) each of
-/// r's links may move to instead of being fenced (CommOptions::fallbacks).
+/// r's links may move to instead of being fenced (CommOptions::fallbacks); in row r of the third,
+/// the speed of r's writes to each peer since the last agreement (WriteSpeeds::fast_end bucket + 1,
+/// 0 = too few writes) and of the fourth, the transport those writes went over (index + 1).
+/// Each rank fills only its own rows of the last three, so the max gives everyone all of them.
 class Ballot {
  public:
   /// Sized for `n` ranks, empty.
@@ -33,6 +36,12 @@ class Ballot {
   Vote vote_of(LinkId l) const noexcept;
   /// The transport `rank`'s link to `peer` may move to (-1: none).
   int fallback_of(int rank, int peer) const noexcept;
+  /// Says that `rank`'s writes to `peer` went at speed bucket `bucket` (WriteSpeeds) over
+  /// transport `transport` (registry index).
+  void report_speed(int rank, int peer, int bucket, int transport) noexcept;
+  /// The speed bucket of `rank`'s writes to `peer` (-1: not measured), and their transport.
+  int speed_of(int rank, int peer) const noexcept;
+  int speed_transport_of(int rank, int peer) const noexcept;
   /// The cells, for the allreduce.
   std::uint8_t* data() noexcept { return cells_.data(); }
   const std::uint8_t* data() const noexcept { return cells_.data(); }
@@ -62,12 +71,39 @@ struct Decision {
   std::vector<LinkId> fenced;
 };
 
+/// A link far slower than the job's other links on its transport (`judge_speeds`).
+struct SlowLink {
+  LinkId link;
+  int writer = -1;  ///< the end whose writes were slow
+  int bucket = 0;   ///< their speed (WriteSpeeds bucket)
+  int lower = 0;    ///< the lower quartile of the transport's measured links
+  int median = 0;   ///< their median
+};
+
+/// What the write speeds in a reduced ballot say: slow links, and ranks at the end of slow
+/// links to two or more different peers (stragglers: the rank is slow, not its links).
+struct SpeedVerdict {
+  std::vector<SlowLink> slow;
+  std::vector<int> stragglers;
+};
+
+/// Judges every measured directed link against the links on its transport (at least three
+/// measured, else there is no comparison to speak of): a link is slow when `gap_buckets[t]`
+/// (t its transport; the last entry for any beyond) quarter-octaves or more below the lower
+/// quartile of them (links of one transport differ by
+/// nature: within or across a core's cache, a NUMA hop); a rank is a straggler when links to
+/// two or more different peers are that far below the median. A straggler's links are not
+/// slow links. Pure: every rank gets the same verdict from the same ballot.
+SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets);
+
 /// Decides from the reduced ballot `b` and the current plan: fence votes on links neither fenced
 /// nor known unroutable become moves (both ends offered the same fallback) or fences;
 /// readmission votes on fenced links readmit them. Fences prefer relays over `ring` (the
 /// reduction order stays, results stay bit-identical); when links come back the plan starts
 /// again from `home_ring`, so a job whose fences all healed runs its original plan. Without any
 /// plan the new fences become `unroutable` (readmissions still apply when a plan without them exists).
-Decision decide(const Ballot& b, const PlanState& plan);
+/// When every new fence is one of the `slow` links (fenced for speed, nothing was corrupted),
+/// the cheapest route wins instead: a re-ordered ring before relays (RoutePreference::Cheapest).
+Decision decide(const Ballot& b, const PlanState& plan, const std::vector<LinkId>& slow = {});
 
 }  // namespace ringfence::detail

@@ -1,6 +1,7 @@
 #include "agreement_round.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <ringfence/crc32c.hpp>
 #include <ringfence/error.hpp>
 
@@ -9,12 +10,18 @@ namespace ringfence::detail {
 namespace {
 // Bandwidth evidence needs at least this much timed traffic on a link between agreements.
 constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
+// A link's median write speed needs at least this many timed writes between agreements.
+constexpr std::uint32_t kSpeedEvidenceWrites = 8;
+// Agreements in a row at which a link (or rank) must be judged slow before it is fenced (reported).
+constexpr std::uint8_t kSlowStreak = 3;
 }  // namespace
 
 void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   monitor_ = std::move(monitor);
   ballot_.resize(ctx_.size);
   digests_.resize(static_cast<std::size_t>(ctx_.size));
+  slow_streak_.assign(static_cast<std::size_t>(ctx_.size) * static_cast<std::size_t>(ctx_.size), 0);
+  straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
 }
@@ -24,7 +31,17 @@ void AgreementRound::stop() noexcept {
 }
 
 bool AgreementRound::enabled() const noexcept {
-  return ctx_.size > 1 && ctx_.options.health_agree_every > 0 && (lanes_.main().engine.checksum || (monitor_ && monitor_->active()));
+  return ctx_.size > 1 && ctx_.options.health_enabled && ctx_.options.health_agree_every > 0 && monitor_;
+}
+
+bool AgreementRound::due(std::uint64_t bytes) noexcept {
+  ++calls_since_;
+  bytes_since_ += bytes;
+  const std::size_t every_bytes = ctx_.options.health_agree_bytes;
+  if (calls_since_ < static_cast<std::uint64_t>(ctx_.options.health_agree_every) && (every_bytes == 0 || bytes_since_ < every_bytes))
+    return false;
+  calls_since_ = bytes_since_ = 0;
+  return true;
 }
 
 // Proposals and readmissions come from the links' policies: this rank's links judged on what
@@ -65,7 +82,7 @@ void AgreementRound::observe() {
   lanes_.for_each([&](LaneState& L) {
     for (std::size_t i = 0; i < L.connections.size(); ++i) judge(*L.connections[i], observations_[i], timed_[i]);
   });
-  for (std::size_t i = 0; i < conns.size(); ++i) observations_[i].bandwidth_ratio = ratio(timed_[i], conns[i]->expected_gbps);
+  report_speeds();
   // The device lane's links join their pair's evidence: chunks, timeouts and their own bandwidth
   // (device copies timed with CUDA events, against the device transport's figure); the slower
   // of the two paths judges the pair. Its connections are in lane 0's order (DeviceLane::build).
@@ -97,6 +114,76 @@ void AgreementRound::observe() {
   }
 }
 
+// The speed of this rank's writes to each peer since the last agreement (every lane's writes
+// to it; the fast end, WriteSpeeds::fast_end), into our row of the ballot; the histograms start
+// again. Links are judged on
+// these against each other after the allreduce (judge_slowness), not against fixed figures.
+void AgreementRound::report_speeds() noexcept {
+  const auto& conns = lanes_.main().connections;
+  for (std::size_t i = 0; i < conns.size(); ++i) {
+    WriteSpeeds merged;
+    lanes_.for_each([&](LaneState& L) {
+      WriteSpeeds& w = L.connections[i]->speeds;
+      for (int b = 0; b < WriteSpeeds::kBuckets; ++b) merged.count[b] += w.count[b];
+      merged.writes += w.writes;
+      w.clear();
+    });
+    const int fast = merged.fast_end(kSpeedEvidenceWrites);
+    if (fast < 0) continue;
+    int transport = 0;
+    for (std::size_t t = 0; t < ctx_.transports.size(); ++t)
+      if (ctx_.transports[t].get() == conns[i]->transport) transport = static_cast<int>(t);
+    ballot_.report_speed(ctx_.rank, conns[i]->peer, fast, transport);
+  }
+}
+
+std::vector<LinkId> AgreementRound::judge_slowness() {
+  std::vector<LinkId> voted;
+  const int n = ctx_.size;
+  // Per transport: the configured factor, or the transport's natural spread when wider, in
+  // quarter-octaves.
+  std::vector<int> gaps;
+  for (const auto& t : ctx_.transports)
+    gaps.push_back(static_cast<int>(std::ceil(4.0 * std::log2(std::max(ctx_.options.health_slow_factor, t->traits().speed_spread)))));
+  const SpeedVerdict v = judge_speeds(ballot_, gaps);
+  std::vector<std::uint8_t> was = slow_streak_;
+  std::fill(slow_streak_.begin(), slow_streak_.end(), std::uint8_t{0});
+  for (const SlowLink& s : v.slow) {
+    const std::size_t at = static_cast<std::size_t>(s.link.a * n + s.link.b);
+    slow_streak_[at] = static_cast<std::uint8_t>(std::min(was[at] + 1, 255));
+    // Three agreements in a row: a link slow for a moment (a burst of traffic beside it, a
+    // rank moved to another core) is not fenced.
+    if (slow_streak_[at] < kSlowStreak || plan_.is_fenced(s.link.a, s.link.b)) continue;
+    const std::string why =
+        fmt::format("writes from rank {} at {:.3g} GB/s; the job's links on this transport: lower quartile {:.3g} GB/s, median {:.3g} GB/s "
+                    "({:.1f}x slower than the lower quartile)",
+                    s.writer, WriteSpeeds::gbps_of(s.bucket), WriteSpeeds::gbps_of(s.lower), WriteSpeeds::gbps_of(s.median),
+                    WriteSpeeds::gbps_of(s.lower) / WriteSpeeds::gbps_of(s.bucket));
+    if (slow_streak_[at] == kSlowStreak) {
+      ctx_.log.warn("link {}-{} is slow: {}", s.link.a, s.link.b, why);
+      emit(HealthEvent{EventKind::LinkSlow, ctx_.rank, s.link.a, s.link.b, 0, 0, 0, why, 0});
+    }
+    ballot_.vote(s.link, Vote::Fence);
+    voted.push_back(s.link);
+  }
+  std::vector<std::uint8_t> was_rank = straggler_streak_;
+  std::fill(straggler_streak_.begin(), straggler_streak_.end(), std::uint8_t{0});
+  for (int r : v.stragglers) {
+    const auto at = static_cast<std::size_t>(r);
+    straggler_streak_[at] = static_cast<std::uint8_t>(std::min(was_rank[at] + 1, 255));
+    if (straggler_streak_[at] != kSlowStreak) continue;  // reported once per episode
+    std::string links;
+    for (int p = 0; p < n; ++p)
+      for (const auto& [from, to] : {std::pair{r, p}, std::pair{p, r}})
+        if (p != r && ballot_.speed_of(from, to) >= 0)
+          links += fmt::format("{}{}->{} {:.3g} GB/s", links.empty() ? "" : ", ", from, to, WriteSpeeds::gbps_of(ballot_.speed_of(from, to)));
+    const std::string why = fmt::format("rank {} is a straggler: its links are slow towards different peers ({}); no link fenced", r, links);
+    ctx_.log.warn("{}", why);
+    emit(HealthEvent{EventKind::Straggler, ctx_.rank, -1, -1, 0, 0, static_cast<std::uint64_t>(r), why, 0});
+  }
+  return voted;
+}
+
 Status AgreementRound::run(Failure& failure) {
   const int rank = ctx_.rank;
   ballot_.clear();
@@ -115,7 +202,8 @@ Status AgreementRound::run(Failure& failure) {
   const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
   RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, ballot_.data(), ballot_.data(), ballot_.bytes(), max,
                                    DirectWrite{}, lane0.relay_duties, failure));
-  const Decision d = decide(ballot_, plan_);
+  const std::vector<LinkId> slow = judge_slowness();
+  const Decision d = decide(ballot_, plan_, slow);
   if (!d.moves.empty()) mover_.apply(d.moves, monitor_.get());
   if (!d.moves.empty() || !d.added.empty() || !d.unroutable.empty()) {
     std::vector<LinkId> bad = d.added;

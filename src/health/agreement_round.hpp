@@ -32,9 +32,13 @@ class AgreementRound {
   void start(std::unique_ptr<HealthMonitor> monitor);
   void stop() noexcept;
   HealthMonitor* monitor() const noexcept { return monitor_.get(); }
-  /// Whether agreements run: more than one rank, every RINGFENCE_HEALTH_AGREE_EVERY > 0, and
-  /// something to judge (checksums, or a link map).
+  /// Whether agreements run: more than one rank, health on (CommOptions::health_enabled) and
+  /// RINGFENCE_HEALTH_AGREE_EVERY > 0 (health_enabled).
   bool enabled() const noexcept;
+  /// Counts a collective of `bytes` (its data size, the same on every rank); true when an
+  /// agreement is due before it: `health_agree_every` collectives or `health_agree_bytes`
+  /// bytes since the last one. Every rank counts the same calls, so all agree at the same one.
+  bool due(std::uint64_t bytes) noexcept;
   /// Runs one agreement (between collectives, on every rank at the same collective). Returns Ok
   /// or the failure of the internal allreduce; a move that fails throws.
   Status run(Failure& failure);
@@ -49,6 +53,10 @@ class AgreementRound {
 
  private:
   void observe();
+  // The write speeds in the reduced ballot: persistently slow links get fence votes (the same
+  // on every rank, which decide from the same ballot) and are returned; stragglers are reported.
+  std::vector<LinkId> judge_slowness();
+  void report_speeds() noexcept;
   // Switches to `next` with `fenced`: fences this rank's newly fenced links, reopens its
   // readmitted ones, rebuilds the ring and bumps the epoch.
   void install(Plan next, std::vector<LinkId> fenced, const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted);
@@ -67,6 +75,9 @@ class AgreementRound {
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
   std::vector<std::uint64_t> digests_;
+  std::uint64_t calls_since_ = 0, bytes_since_ = 0;  // since the last agreement
+  // Agreements in a row at which link (a, b) (index a * n + b) or rank r was judged slow.
+  std::vector<std::uint8_t> slow_streak_, straggler_streak_;
   std::uint64_t digest_mismatches_ = 0;
 };
 

@@ -25,6 +25,7 @@ struct LinkSummary {
   bool fenced = false;
   bool suspect = false;
   bool no_plan = false;
+  bool slow = false;  // link_slow: judged far slower than the median link
   std::uint64_t fenced_at = 0;
   std::string reason;
 };
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   std::map<std::uint64_t, std::pair<std::uint64_t, std::string>> replans;  // epoch -> (seq, ring)
   std::set<int> ranks;
   std::vector<std::string> digest_mismatches;
+  std::set<std::string> stragglers;
   std::size_t events = 0, malformed = 0;
   std::string line;
   while (std::getline(in, line)) {
@@ -75,6 +77,10 @@ int main(int argc, char** argv) {
     if (e->kind == ringfence::EventKind::DigestMismatch) {
       digest_mismatches.push_back("collective #" + std::to_string(e->sequence) + ": rank " + std::to_string(e->count) +
                                   " diverged (" + e->detail + ")");
+      continue;
+    }
+    if (e->kind == ringfence::EventKind::Straggler) {
+      stragglers.insert("rank " + std::to_string(e->count) + " at collective #" + std::to_string(e->sequence) + ": " + e->detail);
       continue;
     }
     if (e->kind == ringfence::EventKind::Replanned) {
@@ -114,7 +120,12 @@ int main(int argc, char** argv) {
         l.no_plan = true;
         l.reason = "neither a relay nor a ring avoids the fenced links";
         break;
+      case ringfence::EventKind::LinkSlow:
+        l.slow = true;
+        l.reason = "slow: " + e->detail;
+        break;
       case ringfence::EventKind::Replanned:
+      case ringfence::EventKind::Straggler:
       case ringfence::EventKind::DigestMismatch: break;
     }
   }
@@ -126,7 +137,7 @@ int main(int argc, char** argv) {
               malformed ? (", " + std::to_string(malformed) + " malformed lines skipped").c_str() : "");
   std::printf("%7s %9s %16s %10s %10s  %s\n", "link", "state", "crc-errors", "proposals", "fenced-at", "reason");
   for (const auto& [id, l] : links) {
-    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : l.moves ? "moved" : (l.suspect || l.checksum_errors) ? "suspect" : "ok";
+    const char* state = l.no_plan ? "no-plan" : l.fenced ? "fenced" : l.moves ? "moved" : (l.suspect || l.checksum_errors || l.slow) ? "suspect" : "ok";
     const std::string name = std::to_string(id.first) + "-" + std::to_string(id.second);
     const std::string at = l.fenced ? "#" + std::to_string(l.fenced_at) : "-";
     std::printf("%7s %9s %16llu %10d %10s  %s\n", name.c_str(), state, static_cast<unsigned long long>(l.checksum_errors),
@@ -136,5 +147,6 @@ int main(int argc, char** argv) {
     std::printf("epoch %llu from collective #%llu: ring %s\n", static_cast<unsigned long long>(epoch),
                 static_cast<unsigned long long>(r.first), r.second.c_str());
   for (const auto& d : digest_mismatches) std::printf("digest mismatch at %s\n", d.c_str());
+  for (const auto& s : stragglers) std::printf("straggler %s\n", s.c_str());
   return 0;
 }

@@ -46,6 +46,7 @@ CommOptions options(DeviceRegionsMode mode = DeviceRegionsMode::On, std::chrono:
   o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
   o.cuda_kernels = RINGFENCE_FAKE_KERNELS_PATH;
   o.device_regions = mode;
+  o.checksum = false;  // device regions verify no checksums yet (docs/device.md)
   return o;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "health/agreement.hpp"
+#include "write_speeds.hpp"
 #include "support/catch.hpp"
 
 using namespace ringfence;
@@ -204,4 +205,111 @@ TEST_CASE("agreement: the ballot keeps the largest vote and each rank's fallback
   b.clear();
   CHECK(b.vote_of(LinkId{0, 2}) == Vote::None);
   CHECK(b.fallback_of(2, 0) == -1);
+}
+
+// ---- write speeds (judge_speeds) ----
+
+namespace {
+// A 4-rank ring's ballots: rank r wrote to r + 1 at speed bucket `bucket[r]`, over transport 0.
+Ballot ring_speeds(const std::vector<int>& bucket) {
+  const int n = static_cast<int>(bucket.size());
+  std::vector<Ballot> ballots(static_cast<std::size_t>(n), empty(n));
+  for (int r = 0; r < n; ++r) ballots[static_cast<std::size_t>(r)].report_speed(r, (r + 1) % n, bucket[static_cast<std::size_t>(r)], 0);
+  return reduce(ballots);
+}
+}  // namespace
+
+TEST_CASE("agreement: every rank sees every rank's write speeds after the reduction", "[agreement][slow]") {
+  const Ballot b = ring_speeds({40, 41, 42, 43});
+  for (int r = 0; r < 4; ++r) {
+    CHECK(b.speed_of(r, (r + 1) % 4) == 40 + r);
+    CHECK(b.speed_transport_of(r, (r + 1) % 4) == 0);
+    CHECK(b.speed_of(r, (r + 2) % 4) == -1);  // not measured
+  }
+}
+
+TEST_CASE("agreement: a link far below its transport's median is slow, one near it is not", "[agreement][slow]") {
+  // Quarter-octave buckets: 7 below the median is about 3x slower.
+  const auto v = detail::judge_speeds(ring_speeds({44, 37, 44, 45}), std::vector<int>{7});
+  REQUIRE(v.slow.size() == 1);
+  CHECK(v.slow[0].link == LinkId{1, 2});
+  CHECK(v.slow[0].writer == 1);
+  CHECK(v.slow[0].bucket == 37);
+  CHECK(v.slow[0].median == 44);
+  CHECK(v.stragglers.empty());
+  CHECK(detail::judge_speeds(ring_speeds({44, 38, 44, 45}), std::vector<int>{7}).slow.empty());  // 6 below: within 3x
+  CHECK(detail::judge_speeds(ring_speeds({44, 44, 44, 44}), std::vector<int>{7}).slow.empty());
+}
+
+TEST_CASE("agreement: links are compared only with links on the same transport, and need three of them", "[agreement][slow]") {
+  // Two fast shm links and two slow tcp links: neither transport has a median of three.
+  std::vector<Ballot> ballots(4, empty(4));
+  ballots[0].report_speed(0, 1, 60, 0);
+  ballots[1].report_speed(1, 2, 60, 0);
+  ballots[2].report_speed(2, 3, 30, 1);
+  ballots[3].report_speed(3, 0, 30, 1);
+  CHECK(detail::judge_speeds(reduce(ballots), std::vector<int>{7}).slow.empty());
+  // Two ranks: one link, nothing to compare it with.
+  std::vector<Ballot> two(2, empty(2));
+  two[0].report_speed(0, 1, 10, 0);
+  two[1].report_speed(1, 0, 60, 0);
+  CHECK(detail::judge_speeds(reduce(two), std::vector<int>{7}).slow.empty());
+}
+
+TEST_CASE("agreement: a rank whose links to two different peers are slow is a straggler, its links are not fenced", "[agreement][slow]") {
+  // Rank 2 is slow: its write to 3 and rank 1's write to it.
+  const auto v = detail::judge_speeds(ring_speeds({50, 40, 40, 50}), std::vector<int>{7});
+  CHECK(v.slow.empty());
+  CHECK(v.stragglers == std::vector<int>{2});
+  // Both directions of one link slow (an 8-rank ring and the reverse of 1->2): still one link,
+  // not a straggler.
+  std::vector<Ballot> ballots(8, empty(8));
+  for (int r = 0; r < 8; ++r) ballots[static_cast<std::size_t>(r)].report_speed(r, (r + 1) % 8, 50, 0);
+  ballots[2].report_speed(2, 1, 40, 0);
+  ballots[1].report_speed(1, 2, 40, 0);
+  const auto w = detail::judge_speeds(reduce(ballots), std::vector<int>{7});
+  REQUIRE(w.slow.size() == 1);
+  CHECK(w.slow[0].link == LinkId{1, 2});
+  CHECK(w.stragglers.empty());
+}
+
+TEST_CASE("write speeds: quarter-octave buckets, and a fast end that stalled or cold writes do not move", "[agreement][slow]") {
+  using detail::WriteSpeeds;
+  // 256 KiB in 100 us is 2.6 GB/s; a bucket's lower edge is within 19 % below the speed.
+  for (const double gbps : {0.1, 0.3, 1.0, 2.6, 10.0, 100.0}) {
+    const auto ns = static_cast<std::uint64_t>(262144.0 / gbps);
+    const int b = WriteSpeeds::bucket_of(262144, ns);
+    CAPTURE(gbps, b);
+    CHECK(WriteSpeeds::gbps_of(b) <= gbps * 1.01);
+    CHECK(WriteSpeeds::gbps_of(b) > gbps * 0.78);
+    CHECK(WriteSpeeds::bucket_of(262144, ns / 3) - b >= 6);  // 3x faster: 6.3 quarter-octaves up
+  }
+  WriteSpeeds w;
+  CHECK(w.fast_end(1) == -1);
+  for (int i = 0; i < 10; ++i) w.add(262144, 100000);  // 2.6 GB/s
+  for (int i = 0; i < 15; ++i) w.add(262144, 4000000);  // most of them preempted for 4 ms
+  CHECK(w.fast_end(8) == WriteSpeeds::bucket_of(262144, 100000));
+  CHECK(w.fast_end(26) == -1);  // too few writes
+  WriteSpeeds throttled;
+  for (int i = 0; i < 30; ++i) throttled.add(262144, 2600000);  // every write at 0.1 GB/s
+  CHECK(throttled.fast_end(8) == WriteSpeeds::bucket_of(262144, 2600000));
+  w.clear();
+  CHECK(w.writes == 0);
+}
+
+TEST_CASE("agreement: a link fenced for speed alone is routed around by a re-ordered ring, not a relay", "[agreement][slow]") {
+  std::vector<Ballot> ballots(4, empty(4));
+  ballots[0].vote(LinkId{1, 2}, Vote::Fence);
+  const Ballot b = reduce(ballots);
+  // Fenced for speed: no relay (it would add a copy and double two links' traffic).
+  const Decision slow = detail::decide(b, plan_with(4), {LinkId{1, 2}});
+  REQUIRE(slow.plan.has_value());
+  CHECK(slow.plan->relays.empty());
+  CHECK(slow.plan->ring != std::vector<int>{0, 1, 2, 3});
+  for (std::size_t i = 0; i < 4; ++i) CHECK(LinkId::of(slow.plan->ring[i], slow.plan->ring[(i + 1) % 4]) != LinkId{1, 2});
+  // The same fence for corruption keeps the ring (bit-identical results) with a relay.
+  const Decision corrupt = detail::decide(b, plan_with(4));
+  REQUIRE(corrupt.plan.has_value());
+  CHECK(corrupt.plan->ring == std::vector<int>{0, 1, 2, 3});
+  CHECK(corrupt.plan->relays.size() == 1);
 }

@@ -435,6 +435,7 @@ TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent, a 
 TEST_CASE("shrink: survivors of a departed rank build a smaller communicator and keep fences", "[engine][shrink]") {
   CommOptions o = small_chunks(true);
   o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // gets 0-1 fenced before the shrink
+  o.health_agree_every = 2;
   std::atomic<std::size_t> wrong{0}, ok{0};
   const std::string err = test::run_ranks(4, o, [&](Communicator& comm) {
     std::vector<float> buf(20000);

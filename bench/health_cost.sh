@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# health_cost.sh: what protection costs. Allreduce (float sum) at every size from 8 B to
+# 256 MiB, with protection off (`--off`, default RINGFENCE_CHECKSUM=off RINGFENCE_HEALTH=off)
+# and at the defaults (`--on`, default: nothing set), alternating the two in one command, best
+# of --reps runs per size. Sizes up to 32 KiB compare time (lower is better; ratio on / off),
+# sizes from 64 KiB compare out-of-place busbw (ratio on / off).
+#
+#   bench/health_cost.sh [--build build] [--ranks "2 4"] [--reps 3] [--min 8] [--max 256M]
+#                        [--off "VAR=v ..."] [--on "VAR=v ..."] [--transport shm]
+#
+# Acceptance (issue #25): busbw ratio >= 0.90 at 64 KiB-256 MiB with 2 ranks, >= 0.80 with 4;
+# time ratio <= 1.15 at 8 B-4 KiB. Exits 1 when a run fails.
+set -uo pipefail
+build=build ranks="2 4" reps=3 min=8 max=256M transport=shm
+off_vars="RINGFENCE_CHECKSUM=off RINGFENCE_HEALTH=off" on_vars=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    --min) min=$2; shift 2 ;;
+    --max) max=$2; shift 2 ;;
+    --off) off_vars=$2; shift 2 ;;
+    --on) on_vars=$2; shift 2 ;;
+    --transport) transport=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "health_cost.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+bytes_of() {  # 8, 64K, 256M -> bytes
+  local v=${1%[KkMmGg]} s=${1: -1}
+  case "$s" in K|k) echo $((v << 10)) ;; M|m) echo $((v << 20)) ;; G|g) echo $((v << 30)) ;; *) echo "$1" ;; esac
+}
+lo=$(bytes_of "$min") hi=$(bytes_of "$max") split=$((64 << 10))
+run=$build/bin/ringfence-run perf=$build/bin/all_reduce_perf
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+# One run of one mode: "size time busbw" rows (out-of-place), small sizes with many iterations.
+one() {  # mode-vars out-file n
+  local vars=$1 out=$2 n=$3 a b
+  : >"$out"
+  if [ "$lo" -lt "$split" ]; then
+    b=$((hi < split / 2 ? hi : split / 2))
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$lo" -e "$b" -f 2 -d float -o sum -n 400 -w 40 \
+      2>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
+  fi
+  if [ "$hi" -ge "$split" ]; then
+    a=$((lo > split ? lo : split))
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$a" -e "$hi" -f 2 -d float -o sum -n 10 -w 2 \
+      2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
+  fi
+  [ -s "$out" ] || { echo "health_cost.sh: no rows from a run ($vars, $n ranks):" >&2; cat "$out.err" >&2; failed=1; }
+}
+echo "off: ${off_vars:-(defaults)}; on: ${on_vars:-(defaults)}; $transport; best of $reps, alternating"
+echo
+echo "| ranks | bytes | off time (us) | on time (us) | time on/off | off busbw (GB/s) | on busbw (GB/s) | busbw on/off |"
+echo "|---|---|---|---|---|---|---|---|"
+for n in $ranks; do
+  for rep in $(seq "$reps"); do
+    one "$off_vars" "$tmp/$n-off-$rep" "$n"
+    one "$on_vars" "$tmp/$n-on-$rep" "$n"
+  done
+  for size in $(awk '{print $1}' "$tmp/$n-off-1"); do
+    t() { cat "$tmp/$n-$1-"[0-9]* | awk -v s="$size" '$1 == s {if (m == "" || $2 < m) m = $2} END {print m}'; }
+    bw() { cat "$tmp/$n-$1-"[0-9]* | awk -v s="$size" '$1 == s {if (m == "" || $3 > m) m = $3} END {print m}'; }
+    toff=$(t off) ton=$(t on) boff=$(bw off) bon=$(bw on)
+    if [ "$size" -lt "$split" ]; then
+      printf '| %s | %s | %s | %s | **%s** | %s | %s | %s |\n' "$n" "$size" "$toff" "$ton" \
+        "$(awk -v a="$ton" -v b="$toff" 'BEGIN {printf "%.2f", a / b}')" "$boff" "$bon" \
+        "$(awk -v a="$bon" -v b="$boff" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')"
+    else
+      printf '| %s | %s | %s | %s | %s | %s | %s | **%s** |\n' "$n" "$size" "$toff" "$ton" \
+        "$(awk -v a="$ton" -v b="$toff" 'BEGIN {printf "%.2f", a / b}')" "$boff" "$bon" \
+        "$(awk -v a="$bon" -v b="$boff" 'BEGIN {printf "%.2f", a / b}')"
+    fi
+  done
+done
+exit $failed

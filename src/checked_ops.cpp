@@ -1,0 +1,123 @@
+// Copies and reductions with their checksums (checked_ops.hpp). Where the CPU folds CRCs with
+// AVX-512 (crc32c_fold.hpp) the folding runs interleaved with the pass, group by group: the
+// folds of one group execute while the next group's loads wait for memory, so on a
+// memory-bound pass the CRCs cost little more than the pass. Elsewhere the pass and the CRCs
+// take turns over blocks that stay in the L1 cache.
+#include "checked_ops.hpp"
+
+#include <algorithm>
+#include <ringfence/crc32c.hpp>
+
+#include "crc32c_fold.hpp"
+
+namespace ringfence::detail {
+namespace {
+
+// Bytes the pass handles per call of the type-erased kernel on the folding path: long enough
+// that the call costs nothing next to the work, short enough that the group is still in the
+// cache when it is folded.
+constexpr std::size_t kGroupBytes = 2048;
+
+#if defined(RINGFENCE_CRC_X86)
+// Folds `bytes` (a multiple of 256) at `p` into `s`, starting it on the first 256.
+RF_FOLD_TARGET inline void fold_group(crcfold::Stream& s, bool& started, const std::byte* p, std::size_t bytes, std::uint32_t raw) noexcept {
+  const auto* q = reinterpret_cast<const unsigned char*>(p);
+  std::size_t i = 0;
+  if (!started) {
+    s = crcfold::start(q, raw);
+    started = true;
+    i = crcfold::kStreamBytes;
+  }
+  for (; i < bytes; i += crcfold::kStreamBytes) crcfold::step(s, q + i);
+}
+
+// `pass(offset, bytes)` over [0, bytes) in groups, folding the bytes of `x` (and of `y` when
+// not null) after each group. Returns the CRCs (final, inverted) through `cx` and `cy`.
+template <class Pass>
+RF_FOLD_TARGET void fold_along(Pass pass, const std::byte* x, const std::byte* y, std::size_t bytes, std::size_t elem,
+                               std::uint32_t* cx, std::uint32_t* cy) noexcept {
+  crcfold::Stream sx, sy;
+  bool started_x = false, started_y = false;
+  // Whole 256-byte pieces and whole elements per group (elem divides 256 for every type).
+  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes / elem * elem;
+  std::size_t at = 0;
+  while (at < body) {
+    const std::size_t n = std::min(kGroupBytes, body - at);
+    pass(at, n);
+    fold_group(sx, started_x, x + at, n, ~0u);
+    if (y) fold_group(sy, started_y, y + at, n, ~0u);
+    at += n;
+  }
+  if (at < bytes) pass(at, bytes - at);
+  const auto* tx = reinterpret_cast<const unsigned char*>(x + at);
+  *cx = started_x ? ~crcfold::finish(sx, tx, bytes - at) : crc32c(x, bytes);
+  if (y) *cy = started_y ? ~crcfold::finish(sy, reinterpret_cast<const unsigned char*>(y + at), bytes - at) : crc32c(y, bytes);
+}
+#endif
+
+bool folds() noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  static const bool available = crcfold::available();  // decided once, never changed
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+}  // namespace ringfence::detail
+
+namespace ringfence {
+
+// The source's bytes, read again from the cache after the copy: the CRC says what was meant to
+// be sent, whatever happened to the destination.
+std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) noexcept {
+  auto* dst = static_cast<std::byte*>(dst_v);
+  const auto* src = static_cast<const std::byte*>(src_v);
+  std::uint32_t crc = 0;
+#if defined(RINGFENCE_CRC_X86)
+  if (detail::folds()) {
+    detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
+                       nullptr);
+    return crc;
+  }
+#endif
+  for (std::size_t at = 0; at < bytes; at += detail::kCheckedBlockBytes) {
+    const std::size_t n = std::min(detail::kCheckedBlockBytes, bytes - at);
+    copy_bytes(dst + at, src + at, n);
+    crc = crc32c(src + at, n, crc);
+  }
+  return crc;
+}
+
+}  // namespace ringfence
+
+namespace ringfence::detail {
+
+void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::size_t elem,
+                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept {
+  const bool a_first = dst == a;  // only then must `a` be taken before it is overwritten
+#if defined(RINGFENCE_CRC_X86)
+  if (folds() && !a_first && crc_a && crc_dst) {
+    fold_along([&](std::size_t at, std::size_t n) { fn(dst + at, a + at, b + at, n / elem, divisor); }, a, dst, count * elem, elem,
+               crc_a, crc_dst);
+    return;
+  }
+#endif
+  // The combine streams its operands in; the CRCs then read the block from the cache.
+  const std::size_t per_block = std::max<std::size_t>(1, kCheckedBlockBytes / elem);
+  std::uint32_t ca = 0, cd = 0;
+  for (std::size_t i = 0; i < count; i += per_block) {
+    const std::size_t n = std::min(per_block, count - i);
+    const std::size_t off = i * elem, bytes = n * elem;
+    if (crc_a && a_first) ca = crc32c(a + off, bytes, ca);
+    fn(dst + off, a + off, b + off, n, divisor);
+    if (crc_a && !a_first) ca = crc32c(a + off, bytes, ca);
+    if (crc_dst) cd = crc32c(dst + off, bytes, cd);
+  }
+  if (crc_a) *crc_a = ca;
+  if (crc_dst) *crc_dst = cd;
+}
+
+}  // namespace ringfence::detail

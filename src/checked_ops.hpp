@@ -1,0 +1,27 @@
+#pragma once
+// Copies and reductions that also compute CRC32C checksums of what they read and write, in
+// blocks small enough to stay in the L1 cache between the two (docs/health.md, "What checksums
+// cost"): the data comes from memory once, and the CRC reads it from the cache. The engine uses
+// them when checksums are on: a receiver verifies a chunk with the pass that consumes it, and
+// a sender gets the CRC of a chunk it computed (a partial sum, a final value) for free.
+#include <cstddef>
+#include <cstdint>
+#include <ringfence/reduce_ops.hpp>
+
+namespace ringfence::detail {
+
+/// Bytes per block: three operands of this size stay in a 32 KiB L1 data cache.
+inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
+
+/// `dst = src` over `bytes`; returns the CRC32C of the bytes copied (`copy_bytes_crc`).
+inline std::uint32_t copy_with_crc(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+  return copy_bytes_crc(dst, src, bytes);
+}
+
+/// `dst = a op b` over `count` elements of `elem` bytes with `fn` (a Reducer's combine or
+/// finish). Stores the CRC32C of `a` (taken before the block is combined only
+/// `a` where `dst` is `a`) into `*crc_a` and of the result into `*crc_dst`; either may be null.
+void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::size_t elem,
+                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept;
+
+}  // namespace ringfence::detail
