@@ -45,8 +45,15 @@ one() {  # mode-vars out-file n
     env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$lo" -e "$b" -f 2 -d float -o sum -n 400 -w 40 \
       2>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
-  if [ "$hi" -ge "$split" ]; then
-    a=$((lo > split ? lo : split))
+  # 64 KiB-4 MiB with 50 iterations (one-off costs must not weigh), larger sizes with 10.
+  local mid=$((4 << 20))
+  if [ "$hi" -ge "$split" ] && [ "$lo" -le "$mid" ]; then
+    a=$((lo > split ? lo : split)) b=$((hi < mid ? hi : mid))
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$a" -e "$b" -f 2 -d float -o sum -n 50 -w 5 \
+      2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
+  fi
+  if [ "$hi" -gt "$mid" ]; then
+    a=$((lo > mid * 2 ? lo : mid * 2))
     env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$a" -e "$hi" -f 2 -d float -o sum -n 10 -w 2 \
       2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi

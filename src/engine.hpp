@@ -21,6 +21,9 @@ namespace ringfence::detail {
 inline constexpr std::size_t kMailboxBytes = 512;
 /// Bytes of the mailbox header.
 inline constexpr std::size_t kMailHeader = 12;
+/// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
+/// receivers copies them to the retained areas and returns instead of waiting.
+inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
 /// Bytes reserved after every staging slot for the chunk trailer (checksum mode).
 inline constexpr std::size_t kTrailerBytes = 64;
 /// Messages remembered by a sender for re-sends (>= the largest slot count).
@@ -392,6 +395,11 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connectio
 /// `direct` must then be disabled). Never throws or allocates.
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
                const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr) noexcept;
+
+/// Lane 0 at the end of a communicator (checksum mode): waits, at most until `deadline`, until
+/// every peer accepted the chunks a call left in the retained areas (Connection::retained),
+/// serving re-send requests meanwhile. Never fails: a peer that never takes them is given up on.
+void drain_retained(const EngineConfig& config, FlagBlock flags, std::chrono::steady_clock::time_point deadline) noexcept;
 
 /// Runs one ring allreduce over the `left`/`right` connections. Returns Ok, or an error with
 /// `failure` describing the peer and the wait. Never throws or allocates.

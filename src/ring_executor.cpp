@@ -83,3 +83,15 @@ Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* c
 }
 
 }  // namespace ringfence::detail
+
+namespace ringfence::detail {
+
+void drain_retained(const EngineConfig& config, FlagBlock flags, std::chrono::steady_clock::time_point deadline) noexcept {
+  static constexpr Reducer kNoReduce{};
+  static constexpr DirectWrite kNoDirect{};
+  RelayDuties none;
+  Failure failure;
+  RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).drain_retained(deadline);
+}
+
+}  // namespace ringfence::detail

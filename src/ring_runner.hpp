@@ -318,6 +318,13 @@ class RingRunner {
 
   void retain_unaccepted(Connection* const* connection_of) noexcept;
 
+  std::size_t unaccepted_bytes() noexcept;
+
+ public:
+  void drain_retained(std::chrono::steady_clock::time_point deadline) noexcept;
+
+ private:
+
   Status service_retained() noexcept;
 
   Status service_relays() noexcept;

@@ -6,10 +6,16 @@ namespace ringfence::detail {
 Status RingRunner::finish_call() noexcept {
   RINGFENCE_TRY(verify_call(true));  // a call that received nothing (a broadcast root) compares here
   if (dev_) return finish_device_call();
-  // With checksums a chunk is only done once the receiver accepted it: stay to re-send. A
-  // ring sends to its right neighbour only.
-  if (c_.checksum && by_position_) RINGFENCE_TRY(await_all_acceptance());
-  else if (c_.checksum && c_.size > 1) RINGFENCE_TRY(await_acceptance(*right_));
+  // With checksums a chunk is only done once the receiver accepted it. Small calls leave
+  // copies of the chunks not accepted yet (lane 0's retained areas) and return, as they would
+  // without checksums: waiting for every receiver would make each small call a barrier. Larger
+  // ones stay to re-send (copying would cost more than the wait). A ring sends to its right
+  // neighbour only.
+  if (c_.checksum && c_.size > 1) {
+    if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) retain_unaccepted(c_.retained_peers);
+    else if (by_position_) RINGFENCE_TRY(await_all_acceptance());
+    else RINGFENCE_TRY(await_acceptance(*right_));
+  }
   // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
   // sender got its credits back.
   if (relays_.count > 0) {
@@ -74,6 +80,32 @@ Status RingRunner::await_all_delivery() noexcept {
     if (std::chrono::steady_clock::now() >= deadline)
       return fail(Status(ErrorCode::Timeout), *busy, "delivery of the last chunks (device copies and the signals behind them)", last);
     std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Bytes of the chunks this call's peers have not accepted yet.
+std::size_t RingRunner::unaccepted_bytes() noexcept {
+  std::size_t bytes = 0;
+  for_each_call_connection([&](Connection& ch) {
+    const std::uint32_t accepted = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+    for (std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - accepted); m < ch.sent; ++m)
+      bytes += ch.sent_log[m % kSentLog].bytes;
+  });
+  return bytes;
+}
+
+// Lane 0 at the end of the communicator: waits, at most until `deadline`, until every peer
+// accepted the chunks left in the retained areas, serving their re-send requests; a peer that
+// never takes them (gone, or an unmatched send) is given up on.
+void RingRunner::drain_retained(std::chrono::steady_clock::time_point deadline) noexcept {
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = c_.retained_peers ? c_.retained_peers[r] : nullptr;
+    if (!ch || !ch->link || ch->sent == 0) continue;
+    while (!reached(flags_.credit[ch->peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch->sent)) &&
+           std::chrono::steady_clock::now() < deadline) {
+      if (!service_nacks(*ch).is_ok()) break;
+      if (ch->link->wait(flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), std::chrono::milliseconds(1)).is_error()) break;
+    }
   }
 }
 

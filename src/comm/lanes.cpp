@@ -128,6 +128,9 @@ void Lanes::connect(LaneState& L, int index, MemoryKind memory, std::byte** extr
                                                     : fmt::format("/lane{}", index);
   L.flags_mem = allocate(FlagBlock::bytes(size));
   L.flags.bind(L.flags_mem, size);
+  // Another lane's engine starts as a copy of lane 0's: its re-send requests come through its
+  // own flags, never through lane 0's retained chunks.
+  L.engine.retained_peers = nullptr;
   const std::size_t inbox_bytes = L.engine.slot_stride() * static_cast<std::size_t>(L.engine.slots);
   const std::size_t scratch_bytes = L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots + 1);
   if (memory == MemoryKind::Host) {
@@ -137,6 +140,7 @@ void Lanes::connect(LaneState& L, int index, MemoryKind memory, std::byte** extr
     if (index == 0) {  // point-to-point runs on lane 0 (Connection::retained)
       const std::size_t retained_bytes = L.engine.slot_bytes * static_cast<std::size_t>(L.engine.slots);
       L.retained_mem = allocate(retained_bytes * L.connections.size());
+      std::memset(L.retained_mem, 0, retained_bytes * L.connections.size());  // fault the pages in now, not in a call
       for (std::size_t i = 0; i < L.connections.size(); ++i)
         L.connections[i]->retained = static_cast<std::byte*>(L.retained_mem) + i * retained_bytes;
       L.engine.retained_peers = connection_of_.data();

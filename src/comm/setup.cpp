@@ -199,6 +199,12 @@ HealthSnapshot Communicator::Impl::snapshot() const {
 
 Communicator::Impl::~Impl() {
   queue.stop();                       // queued work finishes first (bounded; fails fast after an error)
+  if (!failure.failed() && ctx.size > 1 && lanes.main().engine.checksum) {
+    // Chunks our last calls left for their receivers to verify: serve re-sends until they are
+    // accepted (a peer still in that call may find one damaged), for a second at most.
+    const auto limit = std::min<std::chrono::nanoseconds>(lanes.main().engine.timeout, std::chrono::seconds(1));
+    detail::drain_retained(lanes.main().engine, lanes.main().flags, std::chrono::steady_clock::now() + limit);
+  }
   if (heartbeat) heartbeat->stop();   // says goodbye to every peer
   agreement.stop();                   // the health monitor's sampler
   lanes.stop_workers();

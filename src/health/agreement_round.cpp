@@ -199,6 +199,9 @@ Status AgreementRound::run(Failure& failure) {
   LaneState& lane0 = lanes_.main();
   EngineConfig config = lane0.engine;
   config.checksum = true;  // the votes themselves must not be corrupted on the way
+  // Every vote accepted before the call returns: the plan may fence a link right after it, and
+  // a re-send must not be left for it (RingRunner::finish_call).
+  config.retained_peers = nullptr;
   const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
   RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, ballot_.data(), ballot_.data(), ballot_.bytes(), max,
                                    DirectWrite{}, lane0.relay_duties, failure));
@@ -278,6 +281,7 @@ Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failu
   LaneState& lane0 = lanes_.main();
   EngineConfig config = lane0.engine;
   config.checksum = true;
+  config.retained_peers = nullptr;
   const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
   RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, digests_.data(), digests_.data(), digests_.size(), max,
                                    DirectWrite{}, lane0.relay_duties, failure));
