@@ -88,7 +88,7 @@ void checked_copy(benchmark::State& state, bool checked) {
   std::uint32_t c = 0;
   for (auto _ : state) {
     for (std::size_t at = 0; at < bytes; at += kChunk) {
-      if (checked) c ^= rf::detail::copy_with_crc(dst.data() + at, src.data() + at, kChunk);
+      if (checked) c ^= rf::copy_bytes_crc(dst.data() + at, src.data() + at, kChunk);
       else rf::copy_bytes(dst.data() + at, src.data() + at, kChunk);
     }
     benchmark::DoNotOptimize(c);

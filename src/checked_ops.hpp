@@ -13,10 +13,7 @@ namespace ringfence::detail {
 /// Bytes per block: three operands of this size stay in a 32 KiB L1 data cache.
 inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 
-/// `dst = src` over `bytes`; returns the CRC32C of the bytes copied (`copy_bytes_crc`).
-inline std::uint32_t copy_with_crc(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
-  return copy_bytes_crc(dst, src, bytes);
-}
+// Copies with their CRC: `copy_bytes_crc` (reduce_ops.hpp), which transports use too.
 
 /// `dst = a op b` over `count` elements of `elem` bytes with `fn` (a Reducer's combine or
 /// finish). Stores the CRC32C of `a` (taken before the block is combined only

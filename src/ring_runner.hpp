@@ -224,7 +224,7 @@ class RingRunner {
     }
     std::uint32_t crc = 0;
     if (b) combine_with_crc(last ? reducer_.finish : reducer_.combine, dst, a, b, count, reducer_.elem_size, c_.size, nullptr, &crc);
-    else crc = copy_with_crc(dst, a, bytes);
+    else crc = copy_bytes_crc(dst, a, bytes);
     known_ = KnownCrc{dst, bytes, crc};
     return Status::ok();
   }

@@ -298,7 +298,7 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     if (b) combine_with_crc(fn, dst, slot, b, count, elem, c_.size, &crc_in, &crc_out);
-    else crc_in = crc_out = copy_with_crc(dst, slot, bytes);
+    else crc_in = crc_out = copy_bytes_crc(dst, slot, bytes);
     if (intact(ch, slot, bytes, crc_in)) {
       known_ = KnownCrc{dst, bytes, crc_out};
       return release_chunk(ch);

@@ -55,20 +55,25 @@ SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets) 
   for (int r = 0; r < n; ++r)
     for (int p = 0; p < n; ++p)
       if (p != r && b.speed_of(r, p) >= 0) measured.push_back({r, p, b.speed_of(r, p), b.speed_transport_of(r, p)});
-  std::vector<Directed> suspects;  // far below the median: a slow link, or one end of a slow rank
-  std::vector<int> buckets;
+  // The measured speeds of each transport, sorted once.
+  std::vector<std::vector<int>> by_transport;
   for (const Directed& d : measured) {
-    buckets.clear();
-    for (const Directed& e : measured)
-      if (e.transport == d.transport) buckets.push_back(e.bucket);
+    const auto t = static_cast<std::size_t>(std::max(d.transport, 0));
+    if (by_transport.size() <= t) by_transport.resize(t + 1);
+    by_transport[t].push_back(d.bucket);
+  }
+  for (auto& b : by_transport) std::sort(b.begin(), b.end());
+  std::vector<Directed> suspects;  // far below the median: a slow link, or one end of a slow rank
+  for (const Directed& d : measured) {
+    const auto t = static_cast<std::size_t>(std::max(d.transport, 0));
+    const std::vector<int>& buckets = by_transport[t];
     if (buckets.size() < 3) continue;
-    std::sort(buckets.begin(), buckets.end());
     // Links of one transport differ by nature (shared memory within a core's cache or across
     // cores, a NUMA hop): a lone slow link must be far below the slower quarter of them, not
     // only below the median, to be told from the slower half of a healthy job.
     const int lower = buckets[std::max<std::size_t>(1, buckets.size() / 4)];
     const int median = buckets[buckets.size() / 2];
-    const int gap = gap_buckets.empty() ? 7 : gap_buckets[std::min<std::size_t>(static_cast<std::size_t>(std::max(d.transport, 0)), gap_buckets.size() - 1)];
+    const int gap = gap_buckets.empty() ? 7 : gap_buckets[std::min(t, gap_buckets.size() - 1)];
     if (median - d.bucket >= gap) suspects.push_back(d);
     if (lower - d.bucket >= gap) v.slow.push_back(SlowLink{LinkId::of(d.from, d.to), d.from, d.bucket, lower, median});
   }

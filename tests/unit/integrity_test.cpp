@@ -463,6 +463,20 @@ TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmit
   }
 }
 
+namespace {
+// `iterations` in-place int32 sum allreduces of `count` verifiable elements: the wrong elements.
+std::size_t int_sum_allreduces(Communicator& comm, std::size_t count, int iterations) {
+  std::vector<std::int32_t> buf(count);
+  std::size_t wrong = 0;
+  for (int it = 0; it < iterations; ++it) {
+    test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), comm.size(), buf.data(), buf.size());
+    comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
+    wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, comm.size(), buf.data(), buf.size());
+  }
+  return wrong;
+}
+}  // namespace
+
 // Left out of the tsan test preset (docs/sanitizers.md): under TSan the links' speeds vary too
 // much between agreements to judge any of them.
 TEST_CASE("a link far slower than the job's other links is named slow, fenced and relayed around, with exact results",
@@ -484,12 +498,7 @@ TEST_CASE("a link far slower than the job's other links is named slow, fenced an
       if (e.a == 0 && e.b == 1 && e.kind == EventKind::LinkSlow) slow[r] = e.detail;
       if (e.kind == EventKind::Straggler) ++stragglers[r];
     });
-    std::vector<std::int32_t> buf(1 << 20);  // 4 MiB: 3 MiB per link per allreduce, 48 timed writes
-    for (int it = 0; it < 6; ++it) {
-      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-    }
+    wrong += int_sum_allreduces(comm, 1 << 20, 6);  // 4 MiB: 3 MiB per link per allreduce, 48 timed writes
     fences[r] = comm.fenced_links();
   });
   INFO(error);
@@ -523,12 +532,7 @@ TEST_CASE("a rank slow on all of its links is named a straggler and no link is f
       if (e.kind == EventKind::Straggler && e.count == 2) straggler[r] = e.detail;
       if (e.kind == EventKind::LinkSlow) ++slow_events[r];
     });
-    std::vector<std::int32_t> buf(1 << 19);
-    for (int it = 0; it < 5; ++it) {
-      test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
-      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int32, ReduceOp::Sum);
-      wrong += test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.data(), buf.size());
-    }
+    wrong += int_sum_allreduces(comm, 1 << 19, 5);
     fences[r] = comm.fenced_links();
   });
   INFO(error);
