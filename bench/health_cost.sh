@@ -6,12 +6,14 @@
 # sizes from 64 KiB compare out-of-place busbw (ratio on / off).
 #
 #   bench/health_cost.sh [--build build] [--ranks "2 4"] [--reps 3] [--min 8] [--max 256M]
-#                        [--off "VAR=v ..."] [--on "VAR=v ..."] [--transport shm]
+#                        [--off "VAR=v ..."] [--on "VAR=v ..."] [--transport shm] [--bind core|none]
 #
+# --bind core (the default) pins each rank to its own CPU when ranks <= CPUs, as mpirun does for
+# small jobs: unpinned, spinning ranks wander between cores and single runs swing by 2x.
 # Acceptance (issue #25): busbw ratio >= 0.90 at 64 KiB-256 MiB with 2 ranks, >= 0.80 with 4;
 # time ratio <= 1.15 at 8 B-4 KiB. Exits 1 when a run fails.
 set -uo pipefail
-build=build ranks="2 4" reps=3 min=8 max=256M transport=shm
+build=build ranks="2 4" reps=3 min=8 max=256M transport=shm bind=core
 off_vars="RINGFENCE_CHECKSUM=off RINGFENCE_HEALTH=off" on_vars=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +25,8 @@ while [ $# -gt 0 ]; do
     --off) off_vars=$2; shift 2 ;;
     --on) on_vars=$2; shift 2 ;;
     --transport) transport=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --bind) bind=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "health_cost.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -38,28 +41,29 @@ trap 'rm -rf "$tmp"' EXIT
 failed=0
 # One run of one mode: "size time busbw" rows (out-of-place), small sizes with many iterations.
 one() {  # mode-vars out-file n
-  local vars=$1 out=$2 n=$3 a b
+  local vars=$1 out=$2 n=$3 a b pin=none
+  [ "$bind" = core ] && [ "$n" -le "$(nproc)" ] && pin=core
   : >"$out"
   if [ "$lo" -lt "$split" ]; then
     b=$((hi < split / 2 ? hi : split / 2))
-    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$lo" -e "$b" -f 2 -d float -o sum -n 400 -w 40 \
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$lo" -e "$b" -f 2 -d float -o sum -n 400 -w 40 \
       2>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
   # 64 KiB-4 MiB with 50 iterations (one-off costs must not weigh), larger sizes with 10.
   local mid=$((4 << 20))
   if [ "$hi" -ge "$split" ] && [ "$lo" -le "$mid" ]; then
     a=$((lo > split ? lo : split)) b=$((hi < mid ? hi : mid))
-    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$a" -e "$b" -f 2 -d float -o sum -n 50 -w 5 \
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$a" -e "$b" -f 2 -d float -o sum -n 50 -w 5 \
       2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
   if [ "$hi" -gt "$mid" ]; then
     a=$((lo > mid * 2 ? lo : mid * 2))
-    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" -n "$n" "$perf" -b "$a" -e "$hi" -f 2 -d float -o sum -n 10 -w 2 \
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$a" -e "$hi" -f 2 -d float -o sum -n 10 -w 2 \
       2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
   [ -s "$out" ] || { echo "health_cost.sh: no rows from a run ($vars, $n ranks):" >&2; cat "$out.err" >&2; failed=1; }
 }
-echo "off: ${off_vars:-(defaults)}; on: ${on_vars:-(defaults)}; $transport; best of $reps, alternating"
+echo "off: ${off_vars:-(defaults)}; on: ${on_vars:-(defaults)}; $transport; best of $reps, alternating; --bind $bind"
 echo
 echo "| ranks | bytes | off time (us) | on time (us) | time on/off | off busbw (GB/s) | on busbw (GB/s) | busbw on/off |"
 echo "|---|---|---|---|---|---|---|---|"

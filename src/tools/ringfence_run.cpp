@@ -1,7 +1,7 @@
 /// \file ringfence_run.cpp
 /// `ringfence-run`: the local (single-host) launcher.
 ///
-///     ringfence-run -n N [--timeout SEC] [--] prog args...
+///     ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--] prog args...
 ///
 /// Generates a random job token, hosts the bootstrap `TcpStoreServer` itself on 127.0.0.1 with
 /// an ephemeral port (no port race, and the store outlives every rank), then forks N ranks with
@@ -15,9 +15,14 @@
 /// sent to the launcher are forwarded to the ranks; a second one sends SIGKILL. Bad arguments
 /// exit 2. Each rank runs in its own process group, so signals reach the whole process tree of a
 /// rank (e.g. `sh -c '...'` and its children).
+///
+/// `--bind-to core` pins rank r to the r-th CPU the launcher may run on (wrapping when ranks
+/// outnumber them), as `mpirun --bind-to core` does: benchmarks then stop depending on where
+/// the scheduler happens to put spinning ranks (docs/launching.md). The default is `none`.
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -55,9 +60,10 @@ constexpr std::size_t kMaxLineBytes = 64u << 10;
 
 void usage(std::FILE* out) {
   std::fputs(
-      "usage: ringfence-run -n N [--timeout SEC] [--] prog [args...]\n"
+      "usage: ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--] prog [args...]\n"
       "  -n, -np N        number of ranks to start (1..4096)\n"
       "  --timeout SEC    kill every rank after SEC seconds (exit 124)\n"
+      "  --bind-to WHAT   core: pin rank r to the r-th allowed CPU (wrapping); none (default)\n"
       "  -h, --help       show this help\n"
       "Each rank gets RINGFENCE_RANK, RINGFENCE_WORLD_SIZE, RINGFENCE_LOCAL_RANK, RINGFENCE_LOCAL_SIZE,\n"
       "RINGFENCE_STORE_ADDR and RINGFENCE_JOB_TOKEN; its output is prefixed with \"[rank] \".\n",
@@ -73,6 +79,7 @@ void usage(std::FILE* out) {
 struct Args {
   int ranks = 0;
   std::optional<double> timeout_s;
+  bool bind_to_core = false;
   std::vector<std::string> command;
 };
 
@@ -108,6 +115,10 @@ Args parse_args(int argc, char** argv) {
       if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(s) || s <= 0 || s > 1e9)
         usage_error("invalid --timeout '" + v + "' (expected seconds > 0)");
       args.timeout_s = s;
+    } else if (a == "--bind-to") {
+      const std::string_view v = value_of(a);
+      if (v != "core" && v != "none") usage_error("invalid --bind-to '" + std::string(v) + "' (expected core or none)");
+      args.bind_to_core = v == "core";
     } else if (a.size() > 1 && a[0] == '-') {
       usage_error("unknown option '" + std::string(a) + "'");
     } else {
@@ -201,6 +212,7 @@ class Launcher {
   bool streams_open() const;
 
   Args args_;
+  std::vector<int> cpus_;  // --bind-to core: the CPUs the launcher may run on, in order
   std::vector<Rank> ranks_;
   sigset_t old_mask_{};
   std::optional<int> exit_code_;  // first failure (or 124 / 128+sig) decides the exit code
@@ -241,6 +253,12 @@ void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull)
   for (const auto& a : args_.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const std::string exec_error = "ringfence-run: cannot execute '" + args_.command[0] + "': ";
+  cpu_set_t bind{};
+  const bool binding = !cpus_.empty();
+  if (binding) {
+    CPU_ZERO(&bind);
+    CPU_SET(cpus_[static_cast<std::size_t>(rank) % cpus_.size()], &bind);
+  }
 
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
@@ -264,6 +282,7 @@ void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull)
     // Ranks must start with default signal handling: the launcher blocks signals for signalfd.
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     ::signal(SIGPIPE, SIG_DFL);
+    if (binding) ::sched_setaffinity(0, sizeof bind, &bind);  // a plain system call: fork-safe
     ::execvpe(argv[0], argv.data(), envp.data());
     const int err = errno;
     [[maybe_unused]] ssize_t w = ::write(2, exec_error.data(), exec_error.size());
@@ -367,6 +386,17 @@ int Launcher::run() {
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) throw std::runtime_error(std::string("open /dev/null: ") + std::strerror(errno));
 
+  if (args_.bind_to_core) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+      throw std::runtime_error(std::string("sched_getaffinity: ") + std::strerror(errno));
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus_.push_back(c);
+    if (static_cast<std::size_t>(args_.ranks) > cpus_.size())
+      write_all(2, "ringfence-run: --bind-to core: " + std::to_string(args_.ranks) + " ranks on " + std::to_string(cpus_.size()) +
+                       " CPUs; ranks share CPUs (rank r on CPU r mod " + std::to_string(cpus_.size()) + ")\n");
+  }
   const std::size_t width = std::to_string(args_.ranks - 1).size();
   ranks_.resize(static_cast<std::size_t>(args_.ranks));
   const auto started = Clock::now();
