@@ -91,9 +91,13 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port, cons
         int one = 1;
         ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         fd_ = fd.release();
-        break;
+        // A server under a flood of silent connections may close ours before reading the hello
+        // (it makes room by closing the oldest unauthenticated ones): connect again.
+        if (hello(token)) return;
+        last_error = "the store closed the connection before answering the hello";
+      } else {
+        last_error = errno_text(err);
       }
-      last_error = errno_text(err);
     } else if (rc == EAI_AGAIN) {
       last_error = gai_text(rc);  // resolver temporarily unavailable: retry
     } else {
@@ -102,13 +106,23 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port, cons
     if (Clock::now() >= deadline)
       throw TimeoutError(fmt::format("could not connect to store at {} within {} ms (last error: {})", peer_,
                                      timeout.count(), last_error));
-    // The server may simply not be up yet: retry with a short, growing pause.
+    // The server may simply not be up yet, or full: retry with a short, growing pause.
     std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline - Clock::now()));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
   }
+}
+
+// Authenticates the connection in fd_. True when the server accepted the token; false when the
+// connection was lost on the way (fd_ closed; the caller connects again). Throws InvalidUsage
+// when the server refused the token or the hello.
+bool TcpStoreClient::hello(const JobToken& token) {
   store_wire::Reply reply{};
   try {
     request(store_wire::Op::Hello, {}, token_bytes(token), reply);
+  } catch (const PeerUnreachableError&) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return false;
   } catch (...) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -120,6 +134,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, std::uint16_t port, cons
     if (reply == store_wire::Reply::Denied) throw InvalidUsage(fmt::format("store at {} refused the job token", peer_));
     throw InvalidUsage(fmt::format("store at {} rejected the hello (reply {})", peer_, static_cast<int>(reply)));
   }
+  return true;
 }
 
 TcpStoreClient::~TcpStoreClient() {

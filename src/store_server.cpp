@@ -49,7 +49,8 @@ struct Connection {
   Fd fd;
   store_wire::RequestParser parser;
   Clock::time_point deadline;  // hello deadline until authenticated; linger deadline once closing
-  std::string peer;
+  std::string peer;            // "ip:port"
+  Clock::time_point opened = Clock::now();
   bool authenticated = false;
   bool closing = false;  // close once `out` is flushed (or at `deadline`)
   Bytes in;              // received bytes not yet parsed (kept while output is backed up)
@@ -60,6 +61,9 @@ struct Connection {
   std::size_t pending_out() const noexcept { return out.size() - out_off; }
   bool has_input() const noexcept { return in_off < in.size(); }
 };
+
+// "ip" of "ip:port".
+std::string_view address_of(std::string_view peer) noexcept { return peer.substr(0, peer.rfind(':')); }
 
 }  // namespace
 
@@ -78,10 +82,14 @@ struct TcpStoreServer::Impl {
   std::map<std::string, Bytes, std::less<>> values;
   std::vector<std::unique_ptr<Connection>> conns;
   Clock::time_point accept_paused_until{};
+  LogThrottle throttle;  // refusals and evictions are strangers' doing: a few lines per 10 s
 
   void run() noexcept;
   void serve_once();
   void accept_all();
+  std::size_t live_connections() const;
+  bool evict_oldest_unauthenticated(std::string_view address);
+  void warn_refusal(std::string_view peer, std::string_view why);
   void on_readable(Connection& c);
   void process_input(Connection& c);
   void handle_frame(Connection& c);
@@ -106,7 +114,7 @@ void TcpStoreServer::Impl::reply(Connection& c, store_wire::Reply code, std::spa
 
 void TcpStoreServer::Impl::refuse(Connection& c, store_wire::Reply code, std::string_view why) {
   refused.fetch_add(1, std::memory_order_relaxed);
-  if (log) log->warn("store {}: refusing connection from {}: {}", name, c.peer, why);
+  warn_refusal(c.peer, why);
   reply(c, code);
   c.closing = true;
   c.deadline = Clock::now() + kCloseLinger;
@@ -230,6 +238,33 @@ void TcpStoreServer::Impl::flush(Connection& c) {
   c.out_off = 0;
 }
 
+std::size_t TcpStoreServer::Impl::live_connections() const {
+  std::size_t n = 0;
+  for (const auto& c : conns) n += c->fd.valid() ? 1 : 0;
+  return n;
+}
+
+// Closes the unauthenticated connection (from `address`, when not empty) open the longest.
+bool TcpStoreServer::Impl::evict_oldest_unauthenticated(std::string_view address) {
+  Connection* oldest = nullptr;
+  for (const auto& c : conns) {
+    if (!c->fd.valid() || c->authenticated || c->closing) continue;
+    if (!address.empty() && address_of(c->peer) != address) continue;
+    if (!oldest || c->opened < oldest->opened) oldest = c.get();
+  }
+  if (!oldest) return false;
+  refused.fetch_add(1, std::memory_order_relaxed);
+  warn_refusal(oldest->peer, "closed unauthenticated to make room for a newer connection");
+  oldest->fd.reset();
+  return true;
+}
+
+void TcpStoreServer::Impl::warn_refusal(std::string_view peer, std::string_view why) {
+  if (std::uint64_t held = 0; log && throttle.allow(held))
+    log->warn("store {}: refusing connection from {}: {}{}", name, peer, why,
+              held ? fmt::format(" ({} more refusals were not logged)", held) : std::string());
+}
+
 void TcpStoreServer::Impl::accept_all() {
   for (;;) {
     sockaddr_in addr{};
@@ -247,10 +282,21 @@ void TcpStoreServer::Impl::accept_all() {
     char ip[INET_ADDRSTRLEN] = "?";
     ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
     std::string peer = fmt::format("{}:{}", ip, ntohs(addr.sin_port));
-    if (conns.size() >= options.max_connections) {
-      refused.fetch_add(1, std::memory_order_relaxed);
-      if (log) log->warn("store {}: refusing connection from {}: {} connections open", name, peer, conns.size());
-      continue;  // conn_fd closes
+    // Full (overall, or of this address's unauthenticated connections): make room by closing the
+    // oldest connection that has not authenticated, so a flood of silent connections can delay
+    // a rank by one round trip at most instead of locking it out. Only when every slot holds an
+    // authenticated client is the newcomer refused.
+    const std::string_view address = address_of(peer);
+    std::size_t same_address = 0;
+    for (const auto& c : conns)
+      if (c->fd.valid() && !c->authenticated && !c->closing && address_of(c->peer) == address) ++same_address;
+    const bool address_full = same_address >= options.max_unauthenticated_per_address;
+    if (address_full || live_connections() >= options.max_connections) {
+      if (!evict_oldest_unauthenticated(address_full ? address : std::string_view())) {
+        refused.fetch_add(1, std::memory_order_relaxed);
+        warn_refusal(peer, fmt::format("{} authenticated connections open", conns.size()));
+        continue;  // conn_fd closes
+      }
     }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -268,9 +314,7 @@ void TcpStoreServer::Impl::serve_once() {
       c->fd.reset();
     } else if (!c->authenticated) {
       refused.fetch_add(1, std::memory_order_relaxed);
-      if (log)
-        log->warn("store {}: closing connection from {}: no hello within {} ms", name, c->peer,
-                  options.hello_timeout.count());
+      warn_refusal(c->peer, fmt::format("no hello within {} ms", options.hello_timeout.count()));
       c->fd.reset();
     }
   }

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string_view>
@@ -65,6 +67,42 @@ class Logger {
   LogLevel level_;
   int rank_;
   std::FILE* sink_;
+};
+
+/// Keeps a warning that strangers can trigger (refused connections, floods) from flooding the
+/// log: the first `burst` occurrences in each `window` pass, the rest are counted, and the next
+/// one that passes reports how many were held back. Not thread-safe: one per accept loop.
+class LogThrottle {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit LogThrottle(int burst = 3, Clock::duration window = std::chrono::seconds(10)) noexcept
+      : burst_(burst), window_(window) {}
+
+  /// True when this occurrence should be logged; then `held_back` is how many were not logged
+  /// since the last one that was (0 usually).
+  bool allow(std::uint64_t& held_back, Clock::time_point now = Clock::now()) noexcept {
+    if (now - window_start_ >= window_) {
+      window_start_ = now;
+      passed_ = 0;
+    }
+    if (passed_ >= burst_) {
+      ++held_;
+      return false;
+    }
+    ++passed_;
+    held_back = held_;
+    held_ = 0;
+    return true;
+  }
+  /// Occurrences held back since the last one that passed.
+  std::uint64_t held() const noexcept { return held_; }
+
+ private:
+  int burst_;
+  Clock::duration window_;
+  Clock::time_point window_start_{};
+  int passed_ = 0;
+  std::uint64_t held_ = 0;
 };
 
 }  // namespace ringfence

@@ -144,8 +144,14 @@ class RequestParser {
 /// Limits and timeouts of a TCP store server.
 struct TcpStoreServerOptions {
   std::size_t max_value_bytes = kDefaultMaxStoreValueBytes;  ///< longest value accepted
-  std::size_t max_connections = 4096;                        ///< further connections are closed
-  std::chrono::milliseconds hello_timeout{10000};            ///< a client must authenticate within this
+  /// Connections open at once. When full, the unauthenticated connection open the longest is
+  /// closed to make room; a newcomer is refused only when every slot holds an authenticated one.
+  std::size_t max_connections = 4096;
+  /// Unauthenticated connections from one IP address; past it that address's oldest is closed.
+  std::size_t max_unauthenticated_per_address = 1024;
+  /// A client must authenticate (send the Hello with the job token) within this; ringfence's own
+  /// clients send it right after connecting.
+  std::chrono::milliseconds hello_timeout{1000};
 };
 
 /// The TCP store server. Owns one background thread, started by the constructor and stopped
@@ -189,6 +195,7 @@ class TcpStoreClient final : public Store {
   std::int64_t add(std::string_view key, std::int64_t delta) override;
 
  private:
+  bool hello(const JobToken& token);
   Bytes request(store_wire::Op op, std::string_view key, std::span<const std::byte> value,
                 store_wire::Reply& reply);
   std::mutex mutex_;

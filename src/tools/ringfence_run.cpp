@@ -14,7 +14,8 @@
 /// signal). `--timeout SEC` kills every rank after SEC seconds and exits 124. SIGINT and SIGTERM
 /// sent to the launcher are forwarded to the ranks; a second one sends SIGKILL. Bad arguments
 /// exit 2. Each rank runs in its own process group, so signals reach the whole process tree of a
-/// rank (e.g. `sh -c '...'` and its children).
+/// rank (e.g. `sh -c '...'` and its children). When every rank is gone the launcher removes
+/// the shared-memory segments whose owners died without unlinking them (SIGKILL, SIGINT).
 ///
 /// `--bind-to core` pins rank r to the r-th CPU the launcher may run on (wrapping when ranks
 /// outnumber them), as `mpirun --bind-to core` does: benchmarks then stop depending on where
@@ -37,7 +38,9 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <ringfence/log.hpp>
 #include <ringfence/store.hpp>
+#include <ringfence/transports/shm.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -379,7 +382,9 @@ int Launcher::run() {
   if (sfd < 0) throw std::runtime_error(std::string("signalfd: ") + std::strerror(errno));
 
   const ringfence::JobToken token = ringfence::random_token();
-  ringfence::TcpStoreServer store(token, "127.0.0.1", 0);
+  // Refused and evicted store connections (strangers, floods) are logged, a few lines per 10 s.
+  const ringfence::Logger store_log(ringfence::LogLevel::Warn);
+  ringfence::TcpStoreServer store(token, "127.0.0.1", 0, {}, &store_log);
   const std::string store_addr = "127.0.0.1:" + std::to_string(store.port());
   const std::string token_hex = hex(token);
 
@@ -498,6 +503,11 @@ int Launcher::run() {
   }
   store.stop();
   ::close(sfd);
+  // Ranks killed (by SIGKILL, or by a forwarded SIGINT/SIGTERM they did not handle) leave their
+  // shared-memory segments behind; every owner is gone now, so their owner locks are free.
+  const std::size_t swept = ringfence::transports::shm::remove_stale_segments();
+  if (swept > 0 && exit_code_.value_or(0) != 0)
+    write_all(2, "ringfence-run: removed " + std::to_string(swept) + " shared-memory segment(s) the ranks left behind\n");
   for (auto& r : ranks_)
     for (Stream* s : {&r.out, &r.err})
       if (s->fd >= 0) {

@@ -181,3 +181,46 @@ TEST_CASE("shm: waiting on a peer that exited reports PeerUnreachable at once", 
   REQUIRE(link->wait(flag, 1, std::chrono::seconds(5)).code() == ErrorCode::PeerUnreachable);
   REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
 }
+
+TEST_CASE("shm: a segment is stale exactly when its owner's lock is free", "[shm][segments]") {
+  namespace shm = ringfence::transports::shm;
+  const std::string name = "/rf-" + std::to_string(::getpid()) + "-unittest-" + std::to_string(::time(nullptr));
+  const std::string path = "/dev/shm" + name;
+  const int fd = shm::create_owned_segment(name);
+  REQUIRE(fd >= 0);
+  // Owned (by this process, through the descriptor): a sweep leaves it, as a job in another PID
+  // namespace must, although nothing there can see our pid.
+  shm::remove_stale_segments();
+  CHECK(::access(path.c_str(), F_OK) == 0);
+  // Creating the same name again is refused; the owner keeps it.
+  CHECK(shm::create_owned_segment(name) == -1);
+  CHECK(::access(path.c_str(), F_OK) == 0);
+  // The owner gone (its descriptor closed, as at any death): the next sweep removes it.
+  ::close(fd);
+  CHECK(shm::remove_stale_segments() >= 1);
+  CHECK(::access(path.c_str(), F_OK) != 0);
+  // A child that dies by SIGKILL holding the lock: the kernel drops it, so a sweep removes it.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const char ok = shm::create_owned_segment(name) >= 0 ? 1 : 0;
+    [[maybe_unused]] const ssize_t w = ::write(ready[1], &ok, 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char ok = 0;
+  REQUIRE(::read(ready[0], &ok, 1) == 1);  // the child holds the lock from here on
+  ::close(ready[0]);
+  ::close(ready[1]);
+  REQUIRE(ok == 1);
+  REQUIRE(::access(path.c_str(), F_OK) == 0);
+  shm::remove_stale_segments();
+  CHECK(::access(path.c_str(), F_OK) == 0);  // the child lives and holds it
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(shm::remove_stale_segments() >= 1);
+  CHECK(::access(path.c_str(), F_OK) != 0);
+}

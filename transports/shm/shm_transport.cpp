@@ -246,13 +246,14 @@ class ShmTransport final : public Transport {
       : self_(ctx.self), options_(Options::from(ctx.options)), log_(ctx.log) {
     std::random_device rd;
     nonce_ = fmt::format("{:08x}", static_cast<std::uint32_t>(rd()));
-    remove_stale_segments();
+    remove_stale_segments(log_);
     if (options_.cross_memory_attach) cma_unusable_ = probe_cross_memory_attach();
   }
   ~ShmTransport() override {
     for (auto& s : segments_) {
       ::munmap(s.base, s.bytes);
       ::shm_unlink(s.name.c_str());
+      ::close(s.owner_fd);
     }
   }
 
@@ -292,8 +293,14 @@ class ShmTransport final : public Transport {
   void* allocate(std::size_t bytes, MemoryKind kind) override {
     if (kind != MemoryKind::Host || bytes == 0) return nullptr;
     std::lock_guard lock(mutex_);
-    const std::string name = fmt::format("/{}{}-{}-{}", kSegmentPrefix, ::getpid(), nonce_, next_segment_++);
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    std::string name = fmt::format("/{}{}-{}-{}", kSegmentPrefix, ::getpid(), nonce_, next_segment_++);
+    // The descriptor stays open: it holds the owner's lock that tells other jobs, in any PID
+    // namespace, that this segment is alive (segment_owner.cpp).
+    int fd = create_owned_segment(name);
+    for (int tries = 1; fd < 0 && errno == EAGAIN && tries < 8; ++tries) {
+      name = fmt::format("/{}{}-{}-{}", kSegmentPrefix, ::getpid(), nonce_, next_segment_++);
+      fd = create_owned_segment(name);
+    }
     if (fd < 0) throw SystemError(fmt::format("shm_open({}) failed: {}", name, std::strerror(errno)), errno);
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       const int err = errno;
@@ -303,12 +310,12 @@ class ShmTransport final : public Transport {
     }
     void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int err = errno;
-    ::close(fd);
     if (base == MAP_FAILED) {
+      ::close(fd);
       ::shm_unlink(name.c_str());
       throw SystemError(fmt::format("mmap of {} bytes of {} failed: {}", bytes, name, std::strerror(err)), err);
     }
-    segments_.push_back(Segment{name, static_cast<std::byte*>(base), bytes});
+    segments_.push_back(Segment{name, static_cast<std::byte*>(base), bytes, fd});
     return base;
   }
 
@@ -318,6 +325,7 @@ class ShmTransport final : public Transport {
       if (it->base != ptr) continue;
       ::munmap(it->base, it->bytes);
       ::shm_unlink(it->name.c_str());
+      ::close(it->owner_fd);
       segments_.erase(it);
       return true;
     }
@@ -390,6 +398,7 @@ class ShmTransport final : public Transport {
     std::string name;
     std::byte* base;
     std::size_t bytes;
+    int owner_fd;  // holds the owner's lock while the segment lives
   };
 
   // [p, p + bytes) inside a ringfence segment of this process that another shm transport made
@@ -438,23 +447,6 @@ class ShmTransport final : public Transport {
     mapping->bytes = static_cast<std::size_t>(st.st_size);
     mappings_[name] = mapping;
     return mapping;
-  }
-
-  // Segments are named rf-<pid>-...; those whose creator no longer exists were leaked by a
-  // crash (a clean exit unlinks them). Remove them so /dev/shm does not fill up.
-  void remove_stale_segments() noexcept {
-    DIR* dir = ::opendir("/dev/shm");
-    if (!dir) return;
-    while (const dirent* e = ::readdir(dir)) {
-      const std::string_view n(e->d_name);
-      if (!n.starts_with(kSegmentPrefix)) continue;
-      const long pid = std::strtol(e->d_name + kSegmentPrefix.size(), nullptr, 10);
-      if (pid > 0 && !process_alive(static_cast<pid_t>(pid))) {
-        const std::string path = "/" + std::string(n);
-        if (::shm_unlink(path.c_str()) == 0 && log_) log_->debug("shm: removed stale segment {}", path);
-      }
-    }
-    ::closedir(dir);
   }
 
   PeerInfo self_;

@@ -103,6 +103,10 @@ class TcpListen final : public ListenHandle {
     std::chrono::steady_clock::time_point since;
   };
 
+  static std::string held_note(std::uint64_t held) {
+    return held ? fmt::format(" ({} more refused connections were not logged)", held) : std::string();
+  }
+
   // Accepts what is pending and reads hellos; connections with a wrong secret, wrong rank or
   // garbage are closed and logged. Never blocks.
   void pump(int self, const Logger* log, std::uint64_t& refused) {
@@ -130,20 +134,21 @@ class TcpListen final : public ListenHandle {
           accepted_.push_back(Accepted{it->fd, h.from_rank, h.socket, h.sockets});
         } else {
           ++refused;
-          if (log)
-            log->warn("tcp: refused a connection from {} to rank {}: {}", it->from, self,
+          if (std::uint64_t held = 0; log && throttle_.allow(held))
+            log->warn("tcp: refused a connection from {} to rank {}: {}{}", it->from, self,
                       h.magic != kHelloMagic            ? "not a ringfence hello"
                       : h.secret != address_.secret     ? "wrong secret (not from this job)"
                       : h.to_rank != self               ? "addressed to another rank"
-                                                        : "bad hello (rank, socket count or frame layout)");
+                                                        : "bad hello (rank, socket count or frame layout)",
+                      held_note(held));
           ::close(it->fd);
         }
         it = greeting_.erase(it);
       } else if (closed || stale) {
         ++refused;
-        if (log)
-          log->warn("tcp: refused a connection from {} to rank {}: {} (no secret)", it->from, self,
-                    closed ? "it closed before a complete hello" : "no complete hello within 10 s");
+        if (std::uint64_t held = 0; log && throttle_.allow(held))
+          log->warn("tcp: refused a connection from {} to rank {}: {} (no secret){}", it->from, self,
+                    closed ? "it closed before a complete hello" : "no complete hello within 10 s", held_note(held));
         ::close(it->fd);
         it = greeting_.erase(it);
       } else {
@@ -175,6 +180,7 @@ class TcpListen final : public ListenHandle {
   int fd_;
   Address address_;
   std::vector<Greeting> greeting_;
+  LogThrottle throttle_;  // refusals are strangers' doing: a few lines per 10 s, then a count
   std::vector<Accepted> accepted_;
 };
 

@@ -12,7 +12,11 @@
 ///   `PeerUnreachable` at once instead of running into the timeout.
 /// See transports/shm/README.md for the guarantees table.
 
+#include <chrono>
+#include <cstddef>
 #include <memory>
+#include <ringfence/log.hpp>
+#include <string>
 #include <ringfence/transport.hpp>
 #include <ringfence/transport_settings.hpp>
 #include <span>
@@ -42,7 +46,21 @@ struct Options {
 std::span<const SettingKey> setting_keys() noexcept;
 
 /// Creates the shared-memory transport for one communicator. Also removes stale segments left
-/// in /dev/shm by ringfence processes that no longer exist.
+/// in /dev/shm by ringfence processes that no longer exist (`remove_stale_segments`).
 std::unique_ptr<Transport> make_transport(const TransportContext& context);
+
+/// Creates the POSIX shared-memory segment `name` ("/rf-<pid>-…", exclusive) and takes its
+/// owner's lock: an exclusive `flock` held as long as the returned descriptor stays open, which
+/// the kernel drops when the process dies in any PID namespace. Returns -1 with `errno` set on
+/// failure (the segment is then not left behind); EAGAIN: a concurrent `remove_stale_segments`
+/// removed the name before the lock was taken, create again under another name.
+int create_owned_segment(const std::string& name);
+
+/// Removes every ringfence segment in /dev/shm whose owner's lock is free (its creator is gone,
+/// however it died). Segments of live processes, in this PID namespace or another, are left
+/// alone. Communicators sweep when their shm transport starts; `ringfence-run` sweeps once its
+/// ranks are gone, so a SIGKILLed or interrupted job leaves nothing behind. Returns how many
+/// were removed.
+std::size_t remove_stale_segments(const Logger* log = nullptr) noexcept;
 
 }  // namespace ringfence::transports::shm
