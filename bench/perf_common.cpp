@@ -33,7 +33,7 @@ constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, Re
 
 std::string str(std::string_view s) { return std::string(s); }
 
-// nccl-tests' parsesize: a decimal count with an optional K/M/G suffix (powers of 1024).
+// nccl-tests' parsesize: a decimal count with an optional K/M/G/T suffix (powers of 1024).
 std::optional<std::size_t> parse_size(std::string_view text) {
   if (text.empty()) return std::nullopt;
   std::size_t value = 0;
@@ -50,6 +50,7 @@ std::optional<std::size_t> parse_size(std::string_view text) {
       case 'k': case 'K': shift = 10; break;
       case 'm': case 'M': shift = 20; break;
       case 'g': case 'G': shift = 30; break;
+      case 't': case 'T': shift = 40; break;
       default: return std::nullopt;
     }
     ++i;
@@ -69,7 +70,7 @@ std::optional<int> parse_int(std::string_view text, int lo, int hi) {
 void print_usage(const char* program) {
   std::printf(
       "USAGE: %s\n"
-      "  -b,--minbytes <min size in bytes>      (default 32M; K/M/G suffixes)\n"
+      "  -b,--minbytes <min size in bytes>      (default 32M; K/M/G/T suffixes)\n"
       "  -e,--maxbytes <max size in bytes>      (default 32M)\n"
       "  -i,--stepbytes <increment size>        (default 1M; used when -f <= 1)\n"
       "  -f,--stepfactor <increment factor>     (default 1)\n"
@@ -463,8 +464,9 @@ const char* aggregate_name(TimeAggregate a) {
   return "?";
 }
 
-// "#  Rank  0 Pid  1234 on host" lines, gathered through the backend's own allreduce.
-void print_ranks(Backend& b) {
+// "#  Rank  0 Pid  1234 on host" lines, gathered through the backend's own allreduce. Returns
+// how many ranks share this rank's host (this one included).
+int print_ranks(Backend& b) {
   constexpr std::size_t kHostBytes = 64;
   const auto n = static_cast<std::size_t>(b.size);
   std::vector<std::int64_t> pids(n, 0);
@@ -475,16 +477,21 @@ void print_ranks(Backend& b) {
   std::memcpy(&hosts[static_cast<std::size_t>(b.rank) * kHostBytes], host, kHostBytes);
   host_allreduce(b, pids.data(), pids.data(), n, DataType::Int64, ReduceOp::Sum);
   host_allreduce(b, hosts.data(), hosts.data(), hosts.size(), DataType::Uint8, ReduceOp::Max);
-  if (b.rank != 0) return;
+  int on_host = 0;
+  for (std::size_t r = 0; r < n; ++r)
+    on_host += std::memcmp(&hosts[r * kHostBytes], &hosts[static_cast<std::size_t>(b.rank) * kHostBytes], kHostBytes) == 0;
+  if (b.rank != 0) return on_host;
   std::printf("# Using ranks\n");
   for (std::size_t r = 0; r < n; ++r) {
     hosts[r * kHostBytes + kHostBytes - 1] = 0;
     std::printf("#  Rank %2zu Pid %6lld on %s\n", r, static_cast<long long>(pids[r]),
                 reinterpret_cast<const char*>(&hosts[r * kHostBytes]));
   }
+  return on_host;
 }
 
-void print_header(Collective c, const PerfArgs& a, Backend& b) {
+// Returns how many ranks share this rank's host.
+int print_header(Collective c, const PerfArgs& a, Backend& b) {
   if (b.rank == 0) {
     std::printf("# %s %s_perf: nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
                 "validation: %d time: %s memory: %s\n",
@@ -494,7 +501,7 @@ void print_header(Collective c, const PerfArgs& a, Backend& b) {
     for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
     std::printf("#\n");
   }
-  print_ranks(b);
+  const int on_host = print_ranks(b);
   if (b.rank == 0) {
     std::printf("#\n");
     std::printf("#                                                              out-of-place                       in-place\n");
@@ -502,6 +509,7 @@ void print_header(Collective c, const PerfArgs& a, Backend& b) {
     std::printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n");
     std::fflush(stdout);
   }
+  return on_host;
 }
 
 // nccl-tests' time column: 2 decimals below 100 us, 1 below 10 ms, none above.
@@ -775,7 +783,20 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
     if (b.rank == 0) std::fprintf(stderr, "# -r %d: root must be below the rank count %d\n", a.root, b.size);
     return 2;
   }
-  print_header(c, a, b);
+  if (const std::string why = check_sizes(c, a, b.size); !why.empty()) {
+    if (b.rank == 0) std::fprintf(stderr, "# %s\n", why.c_str());
+    return 2;
+  }
+  if (std::string note = size_note(c, a, b.size); !note.empty()) b.notes.push_back("note: " + std::move(note));
+  const int on_host = print_header(c, a, b);
+  // Every rank decides alike (a host too small for its ranks' buffers stops the whole job).
+  const std::string memory = check_memory(a, on_host, host_memory_bytes());
+  std::int64_t too_big = memory.empty() ? 0 : 1;
+  host_allreduce(b, &too_big, &too_big, 1, DataType::Int64, ReduceOp::Max);
+  if (too_big) {
+    if (!memory.empty()) std::fprintf(stderr, "# rank %d: %s\n", b.rank, memory.c_str());
+    return 2;
+  }
   Buffer send(a.max_bytes, a.memory, b);
   Buffer recv(a.max_bytes, a.memory, b);
   const std::vector<std::size_t> sizes = sizes_of(a);

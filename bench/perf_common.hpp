@@ -68,7 +68,7 @@ struct ParseOutcome {
 
 /// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -r -m -h`, plus their long forms),
 /// and `--backend`, `--nccl-lib` (programs without backends refuse values other than the default).
-/// Sizes accept K/M/G (binary) suffixes. Prints help (stdout) or errors (stderr) only when
+/// Sizes accept K/M/G/T (binary) suffixes. Prints help (stdout) or errors (stderr) only when
 /// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
 
@@ -121,6 +121,19 @@ struct Backend {
 /// vector, e.g. every rank's blocks for reduce-scatter). Returns the process exit code: 0, or
 /// 1 when any element was wrong. Throws whatever the backend throws, and `std::bad_alloc`.
 int run_perf(Collective c, const PerfArgs& args, Backend& backend);
+
+/// Why the sizes of `args` cannot run `c` on `ranks` ranks: `-e` above 0 but too small to hold
+/// an element of a requested type (per rank for the collectives that split the row), so no row
+/// would move data. Empty when they can. Names the option (perf_checks.cpp).
+std::string check_sizes(Collective c, const PerfArgs& args, int ranks);
+/// A note when `-b` is that small: those rows run with the elements that fit (nccl-tests round
+/// down too). Empty otherwise.
+std::string size_note(Collective c, const PerfArgs& args, int ranks);
+/// Why the buffers of `args` do not fit in `host_bytes` of memory shared by `ranks_on_host`
+/// ranks; empty when they fit.
+std::string check_memory(const PerfArgs& args, int ranks_on_host, std::size_t host_bytes);
+/// Physical memory of this host in bytes.
+std::size_t host_memory_bytes() noexcept;
 
 /// `run_perf(Collective::AllReduce, ...)`.
 int run_all_reduce_perf(const PerfArgs& args, Backend& backend);
