@@ -48,6 +48,9 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   ctx.self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};
   const TransportContext tctx{ctx.self, size, &options, &ctx.log};
   const std::vector<FaultRule> faults = parse_fault_spec(options.fault);
+  for (const FaultRule& f : faults)  // a rule for a link this job does not have would silently do nothing
+    RINGFENCE_EXPECTS(f.rank_a < size && f.rank_b < size, "rank {}: RINGFENCE_FAULT='{}': link={}-{} names a rank outside this job of {} ranks",
+                      rank, options.fault, f.rank_a, f.rank_b, size);
   for (const auto& name : reg.select(options.transports)) {
     auto t = reg.create(name, tctx);
     ctx.transports.push_back(faults.empty() ? std::move(t) : make_fault_transport(std::move(t), faults, rank));

@@ -489,3 +489,13 @@ TEST_CASE("a store port already in use fails rank 0 with a hint, not a hang", "[
   REQUIRE(msg.find(fmt::format(":{}", launch.store_port)) != std::string::npos);
   REQUIRE(msg.find("RINGFENCE_STORE_ADDR") != std::string::npos);
 }
+
+TEST_CASE("a RINGFENCE_FAULT rule naming a rank outside the job is refused at setup, naming the rule", "[failure][args]") {
+  CommOptions o = options();
+  o.fault = "flip:rate=1e-6,link=0-9";
+  const std::string err = test::run_ranks(2, o, [](Communicator&) {});
+  CHECK_THAT(err, Catch::Contains("link=0-9 names a rank outside this job of 2 ranks"));
+  // A rule inside the job is accepted.
+  o.fault = "flip:rate=1e-9,link=0-1";
+  CHECK(test::run_ranks(2, o, [](Communicator&) {}).empty());
+}
