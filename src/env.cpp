@@ -107,7 +107,7 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
     "RINGFENCE_CHECKSUM",     "RINGFENCE_FAULT",        "RINGFENCE_HEALTH_AGREE_EVERY", "RINGFENCE_HEALTH",
     "RINGFENCE_HEALTH_AGREE_BYTES", "RINGFENCE_HEALTH_SLOW_FACTOR", "RINGFENCE_FALLBACK",
-    "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY",
+    "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY", "RINGFENCE_DIGEST_ACTION",
     "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
     "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
     "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
@@ -231,6 +231,12 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.health_interval = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_INTERVAL_MS", *v, 0, 1ll << 40));
   if (auto v = env.get("RINGFENCE_DIGEST_EVERY"))
     o.digest_every = static_cast<int>(parse_integer("RINGFENCE_DIGEST_EVERY", *v, 0, 1 << 20));
+  if (auto v = env.get("RINGFENCE_DIGEST_ACTION")) {
+    if (*v == "error") o.digest_action = DigestAction::Error;
+    else if (*v == "fence") o.digest_action = DigestAction::Fence;
+    else if (*v == "log") o.digest_action = DigestAction::Log;
+    else bad_value("RINGFENCE_DIGEST_ACTION", *v, "error, fence or log");
+  }
   if (auto v = env.get("RINGFENCE_HEALTH_AGREE_EVERY"))
     o.health_agree_every = static_cast<int>(parse_integer("RINGFENCE_HEALTH_AGREE_EVERY", *v, 0, 1 << 20));
   if (auto v = env.get("RINGFENCE_FALLBACK")) {

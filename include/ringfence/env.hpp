@@ -42,6 +42,7 @@
 /// | RINGFENCE_HEALTH_LINK_MAP | link -> hardware counters, e.g. 0-1=nvml:0:2;1-2=ib:mlx5_0:1, or `auto` (NVLink topology) | none |
 /// | RINGFENCE_HEALTH_GPU | NVML index of this rank's GPU (the planner's NVLink preference, the `auto` link map), or `cuda` (the current CUDA device, found in NVML by bus id) | none |
 /// | RINGFENCE_DIGEST_EVERY | compare output digests across ranks every N collectives (0 = never) | 0 |
+/// | RINGFENCE_DIGEST_ACTION | what a digest mismatch does: error, fence, log | error |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
 /// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |

@@ -20,7 +20,7 @@ enum class EventKind : std::uint8_t {
   LinkFenced,      ///< every rank agreed: link a-b is fenced
   Replanned,       ///< new plan in `detail`: ring (ranks joined by '-') and relays ("relays x->z->y"), epoch `epoch`
   NoPlan,          ///< link a-b must be fenced but neither a relay nor a ring avoids the fenced links
-  DigestMismatch,  ///< rank `count`'s output digest differs from the majority's (`detail` lists digests)
+  DigestMismatch,  ///< rank `count`'s output digest differs from a strict majority's; without a majority, `count` is `kDigestNoRank` and the outputs start to disagree over link a-b (`detail` lists digests)
   LinkReadmitted,  ///< every rank agreed: fenced link a-b served its cool-down with clean counters and is back in the plan
   LinkSuspect,     ///< this rank's policy made link a-b suspect (still in use, watched); `detail` = the rules that fired
   LinkHealthy,     ///< this rank's policy cleared link a-b (suspicion or probation over); `detail` = why
@@ -28,6 +28,9 @@ enum class EventKind : std::uint8_t {
   LinkSlow,        ///< link a-b's writes were persistently far slower than the job's median link on its transport; `detail` = measured vs median GB/s; it is fenced (or moved) by the same agreement
   Straggler,       ///< rank `count` is slow (two or more of its links to different peers slow at once): reported, no link fenced; `detail` = its links' speeds vs the median
 };
+
+/// `HealthEvent::count` of a `DigestMismatch` that names a link, not a rank.
+inline constexpr std::uint64_t kDigestNoRank = ~std::uint64_t{0};
 
 /// "checksum_errors", "fence_proposed", "link_fenced", "replanned", "no_plan", "digest_mismatch",
 /// "link_readmitted", "link_suspect", "link_healthy", "link_moved", "link_slow", "straggler".

@@ -35,6 +35,13 @@ enum class DeviceRegionsMode : std::uint8_t {
   Off,   ///< always host-staged
 };
 
+/// What a result-digest mismatch does (`CommOptions::digest_action`).
+enum class DigestAction : std::uint8_t {
+  Error,  ///< fail the collective on every rank
+  Fence,  ///< fence the links over which outputs start to disagree, and continue
+  Log,    ///< log and record the events only
+};
+
 /// Allreduce algorithm (see docs/tuning.md).
 enum class Algorithm : std::uint8_t {
   Auto,  ///< the tuner picks by message size, rank count and plan
@@ -158,10 +165,18 @@ struct CommOptions {
   /// Env: RINGFENCE_FALLBACK=<from>:<to>,... or `none`.
   std::optional<FallbackTable> fallbacks;
   /// Every this many collectives, ranks compare an 8-byte digest (CRC32C) of their allreduce
-  /// output; a rank whose digest differs from the majority is reported as a `DigestMismatch`
-  /// event naming it (and counted in `Communicator::digest_mismatches()`). 0 disables. Must
-  /// match on every rank. Env: RINGFENCE_DIGEST_EVERY.
+  /// output. A rank is named only when a strict majority of ranks agree and it differs from
+  /// them; otherwise the ring links over which the outputs start to disagree are named. Each
+  /// mismatch is a `DigestMismatch` event (counted in `Communicator::digest_mismatches()`),
+  /// then `digest_action` applies. 0 disables. Must match on every rank.
+  /// Env: RINGFENCE_DIGEST_EVERY.
   int digest_every = 0;
+  /// What a digest mismatch does: `Error` (the default) fails the allreduce on every rank with
+  /// `ErrorCode::Fatal` naming the ranks or links (its output is wrong somewhere); `Fence`
+  /// fences the named links (agreed alike on every rank; no route left is an error) and
+  /// continues; `Log` only logs and records the events. Must match on every rank.
+  /// Env: RINGFENCE_DIGEST_ACTION=error|fence|log.
+  DigestAction digest_action = DigestAction::Error;
   /// Health-layer sources and policy thresholds (sysfs root, NVML library, windows, DCGM-derived
   /// thresholds; see docs/health.md). Env: RINGFENCE_SYSFS_ROOT, RINGFENCE_NVML_LIBRARY,
   /// RINGFENCE_HEALTH_WINDOW_MS, RINGFENCE_HEALTH_CONFIG (a file of thresholds), and

@@ -41,7 +41,14 @@ Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t c
     }
     if (ctx.size > 1 && ctx.options.digest_every > 0 && ctx.seq % static_cast<std::uint64_t>(ctx.options.digest_every) == 0 && !device) {
       Failure failure;
-      if (!p_.agreement.compare_digests(recv, bytes, failure).is_ok()) raise("result digest comparison after allreduce", failure);
+      std::string mismatch;
+      if (!p_.agreement.compare_digests(recv, bytes, failure, mismatch).is_ok()) raise("result digest comparison after allreduce", failure);
+      if (!mismatch.empty()) {  // every rank has the same verdict: no one needs aborting
+        const std::string message = fmt::format("rank {}: allreduce #{} failed: {}", ctx.rank, ctx.seq, mismatch);
+        p_.failure.record(Status(ErrorCode::Fatal), message);
+        ctx.log.error("{}", message);
+        throw_status(Status(ErrorCode::Fatal), message);
+      }
     }
   });
 }

@@ -150,4 +150,26 @@ Decision decide(const Ballot& b, const PlanState& plan, const std::vector<LinkId
   return d;
 }
 
+DigestVerdict judge_digests(const std::vector<std::uint64_t>& digests, const std::vector<int>& ring) {
+  DigestVerdict v;
+  const std::size_t n = digests.size();
+  std::uint64_t common = 0;
+  std::size_t best = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto votes = static_cast<std::size_t>(std::count(digests.begin(), digests.end(), digests[i]));
+    if (votes > best) best = votes, common = digests[i];
+  }
+  v.agree = best == n;
+  if (v.agree) return v;
+  v.majority = 2 * best > n;
+  if (v.majority)
+    for (std::size_t r = 0; r < n; ++r)
+      if (digests[r] != common) v.ranks.push_back(static_cast<int>(r));
+  for (std::size_t i = 0; i < ring.size() && ring.size() == n; ++i) {
+    const auto from = static_cast<std::size_t>(ring[i]), to = static_cast<std::size_t>(ring[(i + 1) % n]);
+    if (digests[from] != digests[to]) v.links.push_back(LinkId::of(static_cast<int>(from), static_cast<int>(to)));
+  }
+  return v;
+}
+
 }  // namespace ringfence::detail

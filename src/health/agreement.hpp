@@ -106,4 +106,19 @@ SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets);
 /// the cheapest route wins instead: a re-ordered ring before relays (RoutePreference::Cheapest).
 Decision decide(const Ballot& b, const PlanState& plan, const std::vector<LinkId>& slow = {});
 
+/// Who a result-digest comparison blames (`judge_digests`).
+struct DigestVerdict {
+  bool agree = true;             ///< every rank's output has the same digest
+  bool majority = false;         ///< more than half the ranks share one digest
+  std::vector<int> ranks;        ///< with a majority: the ranks whose digest differs from it
+  std::vector<LinkId> links;     ///< ring links whose two ends' outputs differ
+};
+
+/// Names ranks only when a strict majority of ranks agree (the others are named); without one
+/// no rank is named. Links: the edges of `ring` (the collective's rank order) whose ends' digests
+/// differ. A value damaged on one hop of a ring travels on to the ranks downstream, so the ranks
+/// holding it form an arc: the damaging hop is where the arc starts, one of the named links
+/// (the other is where it ends). Pure: every rank gets the same verdict.
+DigestVerdict judge_digests(const std::vector<std::uint64_t>& digests, const std::vector<int>& ring);
+
 }  // namespace ringfence::detail

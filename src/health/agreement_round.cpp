@@ -274,7 +274,7 @@ void AgreementRound::install_fences(std::vector<LinkId> all) {
   install(std::move(*next), std::move(all), added, {});
 }
 
-Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failure& failure) {
+Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error) {
   const int rank = ctx_.rank, size = ctx_.size;
   std::fill(digests_.begin(), digests_.end(), std::uint64_t{0});
   digests_[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
@@ -285,22 +285,45 @@ Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failu
   const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
   RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, digests_.data(), digests_.data(), digests_.size(), max,
                                    DirectWrite{}, lane0.relay_duties, failure));
-  // The majority digest (ties: the lowest rank's); every rank computes the same.
-  std::uint64_t majority = digests_[0];
-  int best = 0;
-  for (std::size_t i = 0; i < digests_.size(); ++i) {
-    const int votes_for = static_cast<int>(std::count(digests_.begin(), digests_.end(), digests_[i]));
-    if (votes_for > best) best = votes_for, majority = digests_[i];
-  }
-  if (best == size) return Status::ok();
+  std::vector<std::uint64_t> all_digests(digests_.begin(), digests_.end());
+  const DigestVerdict v = judge_digests(all_digests, plan_.ring());  // the same on every rank
+  if (v.agree) return Status::ok();
   ++digest_mismatches_;
   std::string all;
   for (int r = 0; r < size; ++r) all += fmt::format("{}{}:{:08x}", r ? " " : "", r, digests_[static_cast<std::size_t>(r)] & 0xffffffffu);
-  for (int r = 0; r < size; ++r)
-    if (digests_[static_cast<std::size_t>(r)] != majority) {
-      ctx_.log.error("collective #{}: rank {}'s result differs from the majority's (digests {})", ctx_.seq, r, all);
+  std::string blamed;
+  if (v.majority) {
+    for (int r : v.ranks) {
+      blamed += fmt::format("{}rank {}", blamed.empty() ? "" : ", ", r);
       emit(HealthEvent{EventKind::DigestMismatch, rank, -1, -1, 0, 0, static_cast<std::uint64_t>(r), all, 0});
     }
+    blamed += " (differing from the majority)";
+  } else {
+    blamed = "no rank (no strict majority agrees)";
+  }
+  if (!v.links.empty()) blamed += "; outputs differ across ring link(s) " + to_string(v.links) + " (a value damaged on a hop differs from there on)";
+  for (const auto& l : v.links)
+    if (!v.majority) emit(HealthEvent{EventKind::DigestMismatch, rank, l.a, l.b, 0, 0, kDigestNoRank, all, 0});
+  const std::string message = fmt::format("collective #{}: result digests differ (rank:crc32c {}): blamed {}", ctx_.seq, all, blamed);
+  switch (ctx_.options.digest_action) {
+    case DigestAction::Log: ctx_.log.error("{}", message); break;
+    case DigestAction::Error: error = message; break;
+    case DigestAction::Fence: {
+      ctx_.log.error("{}; fencing the link(s)", message);
+      std::vector<LinkId> fenced = plan_.fenced(), added;
+      for (const auto& l : v.links)
+        if (std::find(fenced.begin(), fenced.end(), l) == fenced.end()) fenced.push_back(l), added.push_back(l);
+      if (added.empty()) break;
+      auto next = plan_around(plan_.ring(), fenced, size);
+      if (!next) {
+        error = message + "; no ring avoids those links, so they cannot be fenced";
+        break;
+      }
+      for (const auto& l : added) emit(HealthEvent{EventKind::LinkFenced, rank, l.a, l.b, 0, 0, 0, "result digests disagree over it", 0});
+      install(std::move(*next), std::move(fenced), added, {});
+      break;
+    }
+  }
   return Status::ok();
 }
 

@@ -45,10 +45,12 @@ class AgreementRound {
   /// Installs an agreed fence list at setup (shrink and split carry fences over): the same
   /// planning as an agreement, without the vote. Throws `LinkFencedError` when no plan avoids them.
   void install_fences(std::vector<LinkId> all);
-  /// Every rank puts crc32c(output) in its slot, a max-allreduce gives everyone all digests, and
-  /// the ranks that differ from the majority are named (same inputs everywhere, so every rank
-  /// reports the same ranks).
-  Status compare_digests(const void* out, std::size_t bytes, Failure& failure);
+  /// Every rank puts crc32c(output) in its slot and a max-allreduce gives everyone all digests;
+  /// `judge_digests` names ranks (strict majority) or ring links, the same on every rank, and
+  /// `CommOptions::digest_action` applies: `error` gets the message when the action is Error
+  /// (or when Fence finds no route); Fence installs the fences. Returns the internal
+  /// allreduce's failure, else Ok.
+  Status compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error);
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
 
  private:

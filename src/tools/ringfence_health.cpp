@@ -75,8 +75,10 @@ int main(int argc, char** argv) {
     ranks.insert(e->rank);
     if (show_events) std::printf("%s\n", line.c_str());
     if (e->kind == ringfence::EventKind::DigestMismatch) {
-      digest_mismatches.push_back("collective #" + std::to_string(e->sequence) + ": rank " + std::to_string(e->count) +
-                                  " diverged (" + e->detail + ")");
+      const std::string who = e->count == ringfence::kDigestNoRank
+                                  ? "no majority; outputs disagree over link " + std::to_string(e->a) + "-" + std::to_string(e->b)
+                                  : "rank " + std::to_string(e->count) + " diverged";
+      digest_mismatches.push_back("collective #" + std::to_string(e->sequence) + ": " + who + " (" + e->detail + ")");
       continue;
     }
     if (e->kind == ringfence::EventKind::Straggler) {

@@ -313,3 +313,34 @@ TEST_CASE("agreement: a link fenced for speed alone is routed around by a re-ord
   CHECK(corrupt.plan->ring == std::vector<int>{0, 1, 2, 3});
   CHECK(corrupt.plan->relays.size() == 1);
 }
+
+TEST_CASE("digests: a rank is named only when a strict majority agrees; links where outputs differ are named", "[agreement][digest]") {
+  using ringfence::detail::judge_digests;
+  const std::uint64_t A = 0x1'0000'aaaa, B = 0x1'0000'bbbb, C = 0x1'0000'cccc;
+  SECTION("all alike") {
+    const auto v = judge_digests({A, A, A}, {0, 1, 2});
+    CHECK(v.agree);
+    CHECK(v.ranks.empty());
+    CHECK(v.links.empty());
+  }
+  SECTION("one rank off a strict majority: it is named, with the two ring links into and out of it") {
+    const auto v = judge_digests({A, A, B, A}, {0, 1, 2, 3});
+    CHECK_FALSE(v.agree);
+    CHECK(v.majority);
+    CHECK(v.ranks == std::vector<int>{2});
+    CHECK(v.links == std::vector<LinkId>{LinkId{1, 2}, LinkId{2, 3}});
+  }
+  SECTION("every digest different: no rank is named, every ring link is") {
+    const auto v = judge_digests({A, B, C}, {0, 1, 2});
+    CHECK_FALSE(v.majority);
+    CHECK(v.ranks.empty());
+    CHECK(v.links == std::vector<LinkId>{LinkId{0, 1}, LinkId{1, 2}, LinkId{0, 2}});
+  }
+  SECTION("a tie is no majority; the ring order (not rank order) decides which links are named") {
+    // Ring 0-2-1-3: ranks 0,2 hold A and 1,3 hold B; a value damaged on hop 2->1 reached 1 and 3.
+    const auto v = judge_digests({A, B, A, B}, {0, 2, 1, 3});
+    CHECK_FALSE(v.majority);
+    CHECK(v.ranks.empty());
+    CHECK(v.links == std::vector<LinkId>{LinkId{1, 2}, LinkId{0, 3}});
+  }
+}
