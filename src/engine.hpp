@@ -29,12 +29,36 @@ inline constexpr std::size_t kTrailerBytes = 64;
 /// Messages remembered by a sender for re-sends (>= the largest slot count).
 inline constexpr std::size_t kSentLog = 64;
 
-/// Written after a chunk when checksums are on; verified by the receiver.
+/// Written after a chunk when checksums are on; verified by the receiver. After a re-send of
+/// part of the chunk (a piece), it describes that piece.
 struct ChunkTrailer {
-  std::uint32_t crc = 0;    ///< CRC32C of the chunk's bytes
-  std::uint32_t bytes = 0;  ///< chunk length
+  std::uint32_t crc = 0;    ///< CRC32C of the chunk's (or the re-sent piece's) bytes
+  std::uint32_t bytes = 0;  ///< chunk (or piece) length
   std::uint64_t message = 0;  ///< message number on the link
 };
+
+/// Re-sends of part of a chunk (ring_runner_repair.cpp): a link so damaged that whole chunks
+/// never arrive intact is asked for pieces small enough to get through. A request names bytes
+/// [first, end) of the chunk in units of kPieceUnit, in one word (0 = the whole chunk).
+inline constexpr std::size_t kPieceUnit = 256;
+/// Whole deliveries of a chunk that fail their check before it is asked for in pieces.
+inline constexpr int kWholeDeliveries = 4;
+/// The first piece size tried, and the size pieces grow back to while they get through.
+inline constexpr std::size_t kLargestPiece = 16 * 1024;
+/// Largest slot that piece requests can address (16 bits of units).
+inline constexpr std::size_t kMaxPieceSlotBytes = kPieceUnit * 0xffff;
+constexpr std::uint32_t encode_piece(std::size_t first, std::size_t end) noexcept {
+  return static_cast<std::uint32_t>((first / kPieceUnit) << 16 | ((end + kPieceUnit - 1) / kPieceUnit));
+}
+struct PieceRange {
+  std::size_t first = 0, end = 0;
+};
+/// The range a request names within a chunk of `bytes` (the whole chunk for 0).
+constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcept {
+  if (word == 0) return {0, bytes};
+  const std::size_t first = (word >> 16) * kPieceUnit, end = (word & 0xffffu) * kPieceUnit;
+  return {first < bytes ? first : bytes, end < bytes ? end : bytes};
+}
 
 /// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
 inline constexpr std::size_t kCallSlots = 8;
@@ -93,11 +117,12 @@ struct FlagBlock {
   SignalFlag* nack_msg = nullptr;
   SignalFlag* call = nullptr;
   SignalFlag* call_ack = nullptr;
+  SignalFlag* nack_piece = nullptr;    ///< which part of the chunk a NACK asks for (encode_piece)
   SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
   std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
   std::byte* calls = nullptr;          ///< [size] x kCallSlots x sizeof(CallFingerprint)
-  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kWords };
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kNackPiece, kWords };
   /// Bytes per peer: the words, two mailboxes and the fingerprint slots (a multiple of 64).
   static constexpr std::size_t kPerPeer = kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * sizeof(CallFingerprint);
 
@@ -138,6 +163,7 @@ struct FlagBlock {
     p2p_mailboxes = static_cast<std::byte*>(base) + p2p_mailbox_offset(size, 0);
     call = f + kCall * size;
     call_ack = f + kCallAck * size;
+    nack_piece = f + kNackPiece * size;
     calls = static_cast<std::byte*>(base) + call_offset(size, 0, 0);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
@@ -195,6 +221,9 @@ struct Connection {
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
   std::uint32_t p2p_mail_header[3] = {};
   std::uint32_t nacks_seen = 0, nacks_sent = 0;
+  /// As a receiver: the piece size that last got through this link when whole chunks did not
+  /// (0: whole chunks get through). A damaged link's next chunk starts from it.
+  std::size_t repair_piece = 0;
   // Read by links() from any thread (relaxed); written by the communicator's thread alone.
   std::atomic<std::uint32_t> resends{0};
   std::atomic<std::uint64_t> checksum_errors{0};  ///< corrupted chunks received from the peer

@@ -309,7 +309,9 @@ class RingRunner {
 
   Status fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
 
-  Status put_chunk(Connection& ch, std::uint64_t m) noexcept;
+  // Writes message m (or the piece of it that `piece` names, encode_piece) and its trailer.
+  Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0) noexcept;
+  Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
 
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;
@@ -344,9 +346,14 @@ class RingRunner {
     return t.message == ch.received && t.bytes == bytes && t.crc == crc;
   }
 
-  Status redeliver(Connection& ch, int attempt) noexcept;
+  // Delivery `attempt` of the chunk `ch` is on ([data, data + bytes)) failed its check: asks for
+  // it again, whole, or piece by piece once whole deliveries keep failing; then `repaired` says
+  // the bytes were checked piece by piece and are intact (the trailer no longer describes them).
+  Status redeliver(Connection& ch, int attempt, const std::byte* data, std::size_t bytes, bool& repaired) noexcept;
 
-  Status request_resend(Connection& ch, std::uint64_t m) noexcept;
+  Status repair_in_pieces(Connection& ch, const std::byte* data, std::size_t bytes) noexcept;
+
+  Status request_resend(Connection& ch, std::uint64_t m, std::uint32_t piece = 0) noexcept;
 
   Status release_chunk(Connection& ch) noexcept;
 
@@ -358,6 +365,7 @@ class RingRunner {
   const DirectWrite& direct_;
   RelayDuties& relays_;
   Failure& failure_;
+  bool resending_ = false;  // a peer asked for a re-send in this call: answer the next ones quickly
   std::uint64_t relay_target_[kMaxRelayDuties] = {};
   Connection* const* nack_all_ = nullptr;  // point-to-point mode: connection per rank (null for ourselves)
   Connection* const* by_position_ = nullptr;  // tree mode: connection per ring position (null for ourselves)

@@ -148,10 +148,11 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
     if (dev_) RINGFENCE_TRY(pump_links());
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-    // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK (1 ms) or an
-    // abort (50 ms) is handled promptly.
+    // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK (1 ms; 20 us
+    // once a peer asked for re-sends in this call: it may be repairing a chunk piece by piece)
+    // or an abort (50 ms) is handled promptly.
     const auto slice = std::min<std::chrono::nanoseconds>(
-        deadline - now, relays_.count > 0 || dev_ ? std::chrono::nanoseconds(20000)
+        deadline - now, relays_.count > 0 || dev_ || resending_ ? std::chrono::nanoseconds(20000)
                         : c_.checksum     ? std::chrono::nanoseconds(1000000)
                                           : std::chrono::nanoseconds(50000000));
     const Status s = ch.link->wait(flag, target, slice);
@@ -178,9 +179,10 @@ Status RingRunner::drain(Connection& ch, const char* what) noexcept {
 }
 
 // Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
-Status RingRunner::put_chunk(Connection& ch, std::uint64_t m) noexcept {
+Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece) noexcept {
   Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
+  if (piece != 0) return put_piece(ch, m, decode_piece(piece, c.bytes), slot);
   WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
                     : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
   // A chunk without a known CRC: the link may compute it in the pass that copies it.
@@ -251,10 +253,16 @@ Status RingRunner::await_chunk(Connection& ch, const std::byte*& slot) noexcept 
 }
 
 // Delivery `attempt` of the chunk `ch` is on failed its check: count it and ask for it again
-// (one re-send answers each NACK, so the sender's re-send count reaches our NACK count).
-Status RingRunner::redeliver(Connection& ch, int attempt) noexcept {
+// (one re-send answers each NACK, so the sender's re-send count reaches our NACK count). A link
+// that damaged the last few deliveries (or earlier chunks: `repair_piece`) is asked for pieces.
+Status RingRunner::redeliver(Connection& ch, int attempt, const std::byte* data, std::size_t bytes, bool& repaired) noexcept {
   const std::uint64_t m = ch.received;
   ++ch.checksum_errors;
+  if (attempt >= (ch.repair_piece ? 1 : kWholeDeliveries) && bytes > kPieceUnit && c_.slot_bytes <= kMaxPieceSlotBytes) {
+    RINGFENCE_TRY(repair_in_pieces(ch, data, bytes));
+    repaired = true;
+    return Status::ok();
+  }
   if (attempt >= c_.max_attempts) return fail(Status(ErrorCode::Transient), ch, "an intact chunk (every delivery failed its checksum)", m);
   RINGFENCE_TRY(request_resend(ch, m));
   return wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m);
@@ -268,13 +276,14 @@ Status RingRunner::wait_chunk(Connection& ch, const std::byte*& slot, const std:
   RINGFENCE_TRY(await_chunk(ch, slot));
   if (!c_.checksum) return Status::ok();
   const std::byte* data = landed ? landed : slot;
+  bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     const std::uint32_t c = crc32c(data, bytes);
-    if (intact(ch, slot, bytes, c)) {
+    if (repaired || intact(ch, slot, bytes, c)) {
       if (crc) *crc = c;
       return Status::ok();
     }
-    RINGFENCE_TRY(redeliver(ch, attempt));
+    RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));
   }
 }
 
@@ -295,15 +304,16 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   }
   RINGFENCE_TRY(await_chunk(ch, slot));
   const CombineFn fn = last ? reducer_.finish : reducer_.combine;
+  bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     if (b) combine_with_crc(fn, dst, slot, b, count, elem, c_.size, &crc_in, &crc_out);
     else crc_in = crc_out = copy_bytes_crc(dst, slot, bytes);
-    if (intact(ch, slot, bytes, crc_in)) {
+    if (repaired || intact(ch, slot, bytes, crc_in)) {
       known_ = KnownCrc{dst, bytes, crc_out};
       return release_chunk(ch);
     }
-    RINGFENCE_TRY(redeliver(ch, attempt));
+    RINGFENCE_TRY(redeliver(ch, attempt, slot, bytes, repaired));
   }
 }
 

@@ -95,14 +95,16 @@ Status RingRunner::service_nacks(Connection& ch) noexcept {
   const std::uint32_t seen = flags_.nack[ch.peer].value.load(std::memory_order_acquire);
   while (ch.nacks_seen != seen) {
     ++ch.nacks_seen;
+    resending_ = true;
     // R signalled the chunk's number before the nack on the same link, and waits for our
     // re-send before it asks again, so this load sees the number that goes with this nack.
     const std::uint32_t which = flags_.nack_msg[ch.peer].value.load(std::memory_order_acquire);
+    const std::uint32_t piece = flags_.nack_piece[ch.peer].value.load(std::memory_order_acquire);
     const std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - which);
     if (m >= ch.sent || ch.sent - m > static_cast<std::uint64_t>(c_.slots) || ch.sent_log[m % kSentLog].message != m)
       return fail(Status(ErrorCode::Fatal), ch, "a re-send request for a chunk no longer held", m);
     ++ch.resends;
-    RINGFENCE_TRY(put_chunk(ch, m));
+    RINGFENCE_TRY(put_chunk(ch, m, piece));
     const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank),
                                               ch.resends.load(std::memory_order_relaxed), m});
     if (!s.is_ok()) return fail(s, ch, "signalling a re-sent chunk", m);
@@ -111,10 +113,13 @@ Status RingRunner::service_nacks(Connection& ch) noexcept {
   return Status::ok();
 }
 
-// Asks the peer of `ch` to re-send message m: its number, then the nack, on the same link.
-Status RingRunner::request_resend(Connection& ch, std::uint64_t m) noexcept {
+// Asks the peer of `ch` to re-send message m (or the piece of it that `piece` names): its
+// number and the piece, then the nack, on the same link.
+Status RingRunner::request_resend(Connection& ch, std::uint64_t m, std::uint32_t piece) noexcept {
   Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNackMsg, c_.size, c_.rank),
                                       static_cast<std::uint32_t>(m), m});
+  if (s.is_ok())
+    s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNackPiece, c_.size, c_.rank), piece, m});
   if (s.is_ok())
     s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNack, c_.size, c_.rank), ++ch.nacks_sent, m});
   if (!s.is_ok()) return fail(s, ch, "requesting a re-send", m);
