@@ -314,7 +314,7 @@ TEST_CASE("agreement: a link fenced for speed alone is routed around by a re-ord
   CHECK(corrupt.plan->relays.size() == 1);
 }
 
-TEST_CASE("digests: a rank is named only when a strict majority agrees; links where outputs differ are named", "[agreement][digest]") {
+TEST_CASE("digests: a rank is named only when a strict majority agrees, and links where outputs differ are named", "[agreement][digest]") {
   using ringfence::detail::judge_digests;
   const std::uint64_t A = 0x1'0000'aaaa, B = 0x1'0000'bbbb, C = 0x1'0000'cccc;
   SECTION("all alike") {
