@@ -42,6 +42,8 @@ constexpr std::chrono::milliseconds kCloseLinger{1000};
 // Pause before retrying accept() after running out of descriptors (avoids a busy loop while
 // the listening socket stays readable).
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// Connections accepted per wakeup before the server polls its other connections again.
+constexpr int kAcceptBurst = 256;
 
 struct Connection {
   Connection(Fd f, std::size_t max_value, Clock::time_point hello_deadline, std::string peer_name)
@@ -266,12 +268,17 @@ void TcpStoreServer::Impl::warn_refusal(std::string_view peer, std::string_view 
 }
 
 void TcpStoreServer::Impl::accept_all() {
+  int accepted = 0;
   for (;;) {
     sockaddr_in addr{};
     socklen_t len = sizeof(addr);
     int fd = ::accept4(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors (a flood of silent connections may hold them all): closing the oldest
+      // unauthenticated one frees one for the connection waiting; only when there is none left
+      // to close does the server pause accepting.
+      if ((errno == EMFILE || errno == ENFILE) && evict_oldest_unauthenticated({})) continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         if (log) log->warn("store {}: accept() failed: {}; pausing accepts", name, errno_text(errno));
         accept_paused_until = Clock::now() + kAcceptBackoff;
@@ -302,6 +309,14 @@ void TcpStoreServer::Impl::accept_all() {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     conns.push_back(std::make_unique<Connection>(std::move(conn_fd), options.max_value_bytes,
                                                  Clock::now() + options.hello_timeout, std::move(peer)));
+    // A ringfence client sends its hello right after connecting: read it now, so that it is
+    // authenticated before the silent connections of a flood accepted after it push it out.
+    Connection& added = *conns.back();
+    on_readable(added);
+    if (added.fd.valid() && added.pending_out() > 0) flush(added);
+    // Back to poll() now and then, so hellos that arrived on earlier connections are read
+    // before a long backlog of new ones is accepted.
+    if (++accepted >= kAcceptBurst) return;
   }
 }
 
