@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ringfence/error.hpp>
+#include <optional>
 #include <ringfence/log.hpp>
 #include <ringfence/store.hpp>
 #include <utility>
@@ -72,7 +73,8 @@ std::string_view address_of(std::string_view peer) noexcept { return peer.substr
 struct TcpStoreServer::Impl {
   JobToken token;
   TcpStoreServerOptions options;
-  const Logger* log;
+  std::optional<Logger> own_log;  // a copy: the caller's logger may end before the server does
+  const Logger* log = nullptr;     // &*own_log, or null
   std::string name;  // host:port, for log lines
   Fd listen_fd;
   Fd wake_fd;
@@ -402,7 +404,10 @@ TcpStoreServer::TcpStoreServer(const JobToken& token, const std::string& bind_ho
   Impl& impl = *impl_;
   impl.token = token;
   impl.options = options;
-  impl.log = log;
+  if (log) {
+    impl.own_log = *log;
+    impl.log = &*impl.own_log;
+  }
   impl.listen_fd = bind_socket(bind_host, port, SOCK_NONBLOCK);
   if (::listen(impl.listen_fd.get(), SOMAXCONN) != 0)
     throw SystemError(fmt::format("listen() on store address {}:{}: {}", bind_host, port, errno_text(errno)), errno);

@@ -160,7 +160,7 @@ struct TcpStoreServerOptions {
 class TcpStoreServer {
  public:
   /// Binds `bind_host:port` (port 0 = any free port; see `port()`) and starts serving.
-  /// `log` (optional, not owned) must outlive the server.
+  /// `log` (optional) is copied: the server logs refusals through its copy for as long as it runs.
   /// Throws `SystemError` when the address cannot be bound.
   TcpStoreServer(const JobToken& token, const std::string& bind_host, std::uint16_t port,
                  TcpStoreServerOptions options = {}, const Logger* log = nullptr);
