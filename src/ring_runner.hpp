@@ -312,6 +312,8 @@ class RingRunner {
   // Writes message m (or the piece of it that `piece` names, encode_piece) and its trailer.
   Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0) noexcept;
   Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
+  Status write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept;
+  Status put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept;
 
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;

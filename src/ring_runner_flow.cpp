@@ -192,12 +192,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   // only enqueue: a device copy).
   const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
   const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  Status s = ch.link->write(w);
-  if (s.in_progress()) {  // completion queue full: drain and retry once
-    RINGFENCE_TRY(drain(ch, "draining completions"));
-    s = ch.link->write(w);
-  }
-  if (!s.is_ok()) return fail(s, ch, "writing a chunk", m);
+  RINGFENCE_TRY(write_data(ch, w, "writing a chunk", m));
   if (timed) {
     const auto ns = static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
     ch.timed_ns += ns;
@@ -208,13 +203,26 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
     c.crc = crc_of_write.done ? crc_of_write.value : crc32c(c.src, c.bytes);
     c.has_crc = true;
   }
-  if (c_.checksum || c_.trailers) {
-    ChunkTrailer& t = ch.trailers[m % kSentLog];
-    t = ChunkTrailer{c.has_crc ? c.crc : 0, static_cast<std::uint32_t>(c.bytes), m};
-    s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
-    if (!s.is_ok()) return fail(s, ch, "writing a chunk trailer", m);
-  }
+  if (c_.checksum || c_.trailers) return put_trailer(ch, m, slot, c.has_crc ? c.crc : 0, c.bytes);
   return Status::ok();
+}
+
+// One data write; a full completion queue is drained and the write tried once more.
+Status RingRunner::write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept {
+  Status s = ch.link->write(w);
+  if (s.in_progress()) {
+    RINGFENCE_TRY(drain(ch, "draining completions"));
+    s = ch.link->write(w);
+  }
+  return s.is_ok() ? s : fail(s, ch, what, m);
+}
+
+// The trailer {crc, bytes, m} after slot `slot` of message m (for a chunk, or a re-sent piece).
+Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept {
+  ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives an asynchronous write
+  t = ChunkTrailer{crc, static_cast<std::uint32_t>(bytes), m};
+  const Status s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
+  return s.is_ok() ? s : fail(s, ch, "writing a chunk trailer", m);
 }
 
 // `dst == nullptr`: into the peer's staging slot for message m; otherwise into `dst` at

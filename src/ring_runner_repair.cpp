@@ -44,23 +44,17 @@ Status RingRunner::repair_in_pieces(Connection& ch, const std::byte* data, std::
   return Status::ok();
 }
 
-// Writes bytes [p.first, p.end) of message m and a trailer for just those bytes.
+// Writes bytes [p.first, p.end) of message m and a trailer for just those bytes (their CRC
+// from the link's copy where it makes one, else from the source).
 Status RingRunner::put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept {
-  Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+  const Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t len = p.end - p.first;
-  const WriteOp w = c.dst ? WriteOp{c.src + p.first, nullptr, c.dst, c.dst_offset + p.first, len, m}
-                          : WriteOp{c.src + p.first, nullptr, &ch.peer_inbox, slot + p.first, len, m};
-  Status s = ch.link->write(w);
-  if (s.in_progress()) {
-    RINGFENCE_TRY(drain(ch, "draining completions"));
-    s = ch.link->write(w);
-  }
-  if (!s.is_ok()) return fail(s, ch, "writing a piece of a chunk", m);
-  ChunkTrailer& t = ch.trailers[m % kSentLog];
-  t = ChunkTrailer{crc32c(c.src + p.first, len), static_cast<std::uint32_t>(len), m};
-  s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
-  if (!s.is_ok()) return fail(s, ch, "writing a piece's trailer", m);
-  return Status::ok();
+  WriteOp w = c.dst ? WriteOp{c.src + p.first, nullptr, c.dst, c.dst_offset + p.first, len, m}
+                    : WriteOp{c.src + p.first, nullptr, &ch.peer_inbox, slot + p.first, len, m};
+  WriteCrc crc;
+  w.crc = &crc;
+  RINGFENCE_TRY(write_data(ch, w, "writing a piece of a chunk", m));
+  return put_trailer(ch, m, slot, crc.done ? crc.value : crc32c(c.src + p.first, len), len);
 }
 
 }  // namespace ringfence::detail

@@ -94,8 +94,6 @@ class LogThrottle {
     held_ = 0;
     return true;
   }
-  /// Occurrences held back since the last one that passed.
-  std::uint64_t held() const noexcept { return held_; }
 
  private:
   int burst_;

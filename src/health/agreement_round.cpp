@@ -285,8 +285,7 @@ Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failu
   const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
   RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, digests_.data(), digests_.data(), digests_.size(), max,
                                    DirectWrite{}, lane0.relay_duties, failure));
-  std::vector<std::uint64_t> all_digests(digests_.begin(), digests_.end());
-  const DigestVerdict v = judge_digests(all_digests, plan_.ring());  // the same on every rank
+  const DigestVerdict v = judge_digests(digests_, plan_.ring());  // the same on every rank
   if (v.agree) return Status::ok();
   ++digest_mismatches_;
   std::string all;
@@ -300,10 +299,9 @@ Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failu
     blamed += " (differing from the majority)";
   } else {
     blamed = "no rank (no strict majority agrees)";
+    for (const auto& l : v.links) emit(HealthEvent{EventKind::DigestMismatch, rank, l.a, l.b, 0, 0, kDigestNoRank, all, 0});
   }
   if (!v.links.empty()) blamed += "; outputs differ across ring link(s) " + to_string(v.links) + " (a value damaged on a hop differs from there on)";
-  for (const auto& l : v.links)
-    if (!v.majority) emit(HealthEvent{EventKind::DigestMismatch, rank, l.a, l.b, 0, 0, kDigestNoRank, all, 0});
   const std::string message = fmt::format("collective #{}: result digests differ (rank:crc32c {}): blamed {}", ctx_.seq, all, blamed);
   switch (ctx_.options.digest_action) {
     case DigestAction::Log: ctx_.log.error("{}", message); break;
