@@ -1,0 +1,239 @@
+// health_cost_paired: what protection costs, measured in pairs inside one process.
+//
+// bench/health_cost.sh compares separate runs of all_reduce_perf. On a shared VM a whole run
+// lands in a fast or a slow mode (two pinned 128 KiB runs of the same build differ by up to 5x
+// here), so "best of 3 runs" compares luck as much as code. This program holds, on every rank,
+// two communicators over the same thread ranks, one with protection off (no checksums, no
+// health) and one at the defaults (with any RINGFENCE_* variables of the environment applied:
+// `RINGFENCE_HEALTH=off` measures checksums alone), and alternates blocks of allreduces between them, swapping
+// which goes first each round. Both sides of every pair see the same machine state, and the
+// median of the per-round ratios is what protection costs.
+//
+//   health_cost_paired [-n ranks (2)] [-b min (8)] [-e max (256M)] [-r rounds (7)] [-t transport (shm)]
+//                      [--bind core|none] [--only off|on]
+//
+// --only runs one side's blocks and skips the other (to profile one side with `perf record`);
+// the table then shows that side alone.
+// Thread ranks (gloo's idea), float sum, out-of-place, user buffers; the transport is forced to
+// `-t` on both sides. Ranks are pinned to one CPU each when they fit (`--bind core`, default).
+// Sizes below 64 KiB compare time (on / off, lower is better), larger sizes busbw (on / off).
+// Every size's results are checked exactly after its rounds (integers held in floats).
+// Exit 0, 1 when a result was wrong or a rank failed, 2 on bad arguments.
+#include <fmt/format.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <ringfence/communicator.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using ringfence::Communicator;
+using Clock = std::chrono::steady_clock;
+
+std::size_t parse_size(const char* text) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (end == text) return 0;
+  switch (*end) {
+    case '\0': return v;
+    case 'k': case 'K': return v << 10;
+    case 'm': case 'M': return v << 20;
+    case 'g': case 'G': return v << 30;
+    default: return 0;
+  }
+}
+
+struct Args {
+  int ranks = 2;
+  std::size_t min_bytes = 8, max_bytes = std::size_t{256} << 20;
+  int rounds = 7;
+  std::string transport = "shm";
+  bool bind = true;
+  std::string only;  // "", "off" or "on"
+};
+
+// Iterations per block: about 50 ms of work at this VM's speeds, at least 5.
+int iterations_for(std::size_t bytes) {
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / bytes, 5, 10000));
+}
+
+// Seconds per allreduce of one block on `comm`, after two untimed calls that also line the
+// ranks up (a call cannot finish before every rank has entered it).
+double time_block(Communicator& comm, const float* send, float* recv, std::size_t count, int iters) {
+  for (int i = 0; i < 2; ++i) comm.allreduce(send, recv, count, ringfence::DataType::Float32, ringfence::ReduceOp::Sum);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) comm.allreduce(send, recv, count, ringfence::DataType::Float32, ringfence::ReduceOp::Sum);
+  return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+}
+
+// One size's rounds as rank 0 saw them.
+struct SizeResult {
+  std::vector<double> off, on;  // seconds per call, per round
+};
+
+void pin_to_cpu(int index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.empty()) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[static_cast<std::size_t>(index) % cpus.size()], &one);
+  pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+int usage(const char* self, int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: %s [-n ranks] [-b min bytes] [-e max bytes] [-r rounds] [-t transport] [--bind core|none] [--only off|on]\n", self);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  static const option longs[] = {{"bind", required_argument, nullptr, 'B'}, {"only", required_argument, nullptr, 'O'}, {"help", no_argument, nullptr, 'h'}, {}};
+  for (int c; (c = getopt_long(argc, argv, "n:b:e:r:t:h", longs, nullptr)) != -1;) {
+    switch (c) {
+      case 'n': args.ranks = std::atoi(optarg); break;
+      case 'b': args.min_bytes = parse_size(optarg); break;
+      case 'e': args.max_bytes = parse_size(optarg); break;
+      case 'r': args.rounds = std::atoi(optarg); break;
+      case 't': args.transport = optarg; break;
+      case 'B':
+        if (std::string(optarg) != "core" && std::string(optarg) != "none") {
+          std::fprintf(stderr, "%s: --bind takes core or none, not '%s'\n", argv[0], optarg);
+          return 2;
+        }
+        args.bind = std::string(optarg) == "core";
+        break;
+      case 'O':
+        if (std::string(optarg) != "off" && std::string(optarg) != "on") {
+          std::fprintf(stderr, "%s: --only takes off or on, not '%s'\n", argv[0], optarg);
+          return 2;
+        }
+        args.only = optarg;
+        break;
+      case 'h': return usage(argv[0], 0);
+      default: return usage(argv[0], 2);
+    }
+  }
+  if (args.ranks < 2 || args.rounds < 1 || args.min_bytes < sizeof(float) || args.max_bytes < args.min_bytes) {
+    std::fprintf(stderr, "%s: need -n >= 2, -r >= 1, %zu <= -b <= -e (got -n %d -r %d -b %zu -e %zu)\n", argv[0], sizeof(float),
+                 args.ranks, args.rounds, args.min_bytes, args.max_bytes);
+    return 2;
+  }
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = args.min_bytes; b <= args.max_bytes; b *= 2) sizes.push_back(b / sizeof(float) * sizeof(float));
+  const bool pin = args.bind && args.ranks <= static_cast<int>(std::thread::hardware_concurrency());
+
+  ringfence::CommOptions off;
+  off.transports = {args.transport};
+  off.checksum = false;
+  off.health_enabled = false;
+  // The defaults, with the environment's RINGFENCE_* variables applied (RINGFENCE_HEALTH=off
+  // measures checksums alone, RINGFENCE_CHECKSUM=off health alone).
+  ringfence::CommOptions on = ringfence::CommOptions::from_env(ringfence::Environment::from_process(), {});
+  on.transports = {args.transport};
+
+  auto store_off = std::make_shared<ringfence::PrefixStore>(std::make_shared<ringfence::InProcessStore>(), "off/");
+  auto store_on = std::make_shared<ringfence::PrefixStore>(std::make_shared<ringfence::InProcessStore>(), "on/");
+  std::vector<SizeResult> results(sizes.size());
+  std::atomic<std::size_t> wrong{0};
+  std::mutex error_mutex;
+  std::string error;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < args.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        if (pin) pin_to_cpu(r);
+        Communicator comm_off(store_off, r, args.ranks, ringfence::builtin_transports(), off);
+        Communicator comm_on(store_on, r, args.ranks, ringfence::builtin_transports(), on);
+        for (std::size_t s = 0; s < sizes.size(); ++s) {
+          const std::size_t count = sizes[s] / sizeof(float);
+          // Small integers: every partial sum is exact in float, in any order.
+          std::vector<float> send(count), recv(count);
+          for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r)) % 64);
+          const int iters = iterations_for(sizes[s]);
+          for (int round = 0; round < args.rounds; ++round) {
+            const bool off_first = round % 2 == 0;
+            double t_off = 0, t_on = 0;
+            for (int half = 0; half < 2; ++half) {
+              const bool off_now = (half == 0) == off_first;
+              if (!args.only.empty() && args.only != (off_now ? "off" : "on")) continue;
+              (off_now ? t_off : t_on) = time_block(off_now ? comm_off : comm_on, send.data(), recv.data(), count, iters);
+            }
+            if (r == 0) {
+              results[s].off.push_back(t_off);
+              results[s].on.push_back(t_on);
+            }
+          }
+          std::size_t bad = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            std::size_t expect = 0;
+            for (int q = 0; q < args.ranks; ++q) expect += (i * 7 + static_cast<std::size_t>(q)) % 64;
+            if (recv[i] != static_cast<float>(expect)) ++bad;
+          }
+          wrong += bad;
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lock(error_mutex);
+        if (error.empty()) error = fmt::format("rank {}: {}", r, e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (!error.empty()) {
+    std::fprintf(stderr, "health_cost_paired: %s\n", error.c_str());
+    return 1;
+  }
+
+  const double busbw_factor = 2.0 * (args.ranks - 1) / args.ranks;
+  fmt::print("health_cost_paired: {} thread ranks, transport {}, {} rounds per size, {}; off = checksums and health off, "
+             "on = the defaults{}\n\n",
+             args.ranks, args.transport, args.rounds, pin ? "pinned" : "unpinned",
+             fmt::format(" (checksum {}, health {})", on.checksum ? "on" : "off", on.health_enabled ? "on" : "off"));
+  fmt::print("| ranks | bytes | off time (us) | on time (us) | **on/off, median of rounds** | range of round ratios | off busbw (GB/s) | on busbw (GB/s) |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|\n");
+  // A side that did not run (--only) shows "-".
+  const auto cell = [](double v, double scale) { return v > 0 ? fmt::format("{:.2f}", v * scale) : std::string("-"); };
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    const auto& res = results[s];
+    const bool small = sizes[s] < (64u << 10);
+    std::vector<double> ratios;
+    if (args.only.empty())
+      for (std::size_t k = 0; k < res.off.size(); ++k)  // time ratio below 64 KiB, busbw ratio from there
+        ratios.push_back(small ? res.on[k] / res.off[k] : res.off[k] / res.on[k]);
+    const double off_best = *std::min_element(res.off.begin(), res.off.end());
+    const double on_best = *std::min_element(res.on.begin(), res.on.end());
+    const double bytes = static_cast<double>(sizes[s]);
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", args.ranks, sizes[s], cell(off_best, 1e6), cell(on_best, 1e6),
+               ratios.empty() ? "-" : fmt::format("**{:.2f}** ({})", median(ratios), small ? "time" : "busbw"),
+               ratios.empty() ? "-"
+                              : fmt::format("{:.2f}–{:.2f}", *std::min_element(ratios.begin(), ratios.end()),
+                                            *std::max_element(ratios.begin(), ratios.end())),
+               cell(off_best > 0 ? busbw_factor * bytes / off_best : 0, 1e-9), cell(on_best > 0 ? busbw_factor * bytes / on_best : 0, 1e-9));
+  }
+  if (wrong) {
+    std::fprintf(stderr, "health_cost_paired: %zu wrong elements\n", wrong.load());
+    return 1;
+  }
+  return 0;
+}
