@@ -25,7 +25,7 @@ echo "|---|---|---|---|---|"
 for n in $ranks; do
   for rep in $(seq "$reps"); do
     for mode in off on; do
-      RINGFENCE_TRANSPORTS=$transport RINGFENCE_SOCKET_IFNAME=$ifname RINGFENCE_CHECK_CALLS=$mode "$run" -n "$n" "$perf" -b 8 -e "$max" -f 8 -d float -o sum \
+      RINGFENCE_TRANSPORTS=$transport RINGFENCE_SOCKET_IFNAME=$ifname RINGFENCE_CHECK_CALLS=$mode "$run" --tag-output -n "$n" "$perf" -b 8 -e "$max" -f 8 -d float -o sum \
         -n 300 -w 30 2>/dev/null | awk '/^\[0\] +[0-9]/ {print $2, $7}' >"$tmp/$n-$mode-$rep"
     done
   done

@@ -41,7 +41,7 @@ run() {
   local name=$1; shift
   local rc=0
   echo "== $name: ${*:-no fault}"
-  env "$@" "$build/bin/ringfence-run" -n "$ranks" "$build/bin/ddp_train" "${steps[@]}" \
+  env "$@" "$build/bin/ringfence-run" --tag-output -n "$ranks" "$build/bin/ddp_train" "${steps[@]}" \
     --csv "$out/$name.csv" --label "$name" >"$out/$name.log" 2>"$out/$name.err" || rc=$?
   grep -E '^\[0\] (summary|step +[0-9]+: epoch)' "$out/$name.log" | sed 's/^\[0\] /   /' || true
   if ((rc != 0)); then

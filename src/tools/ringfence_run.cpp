@@ -1,13 +1,16 @@
 /// \file ringfence_run.cpp
 /// `ringfence-run`: the local (single-host) launcher.
 ///
-///     ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--] prog args...
+///     ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--tag-output] [--output-dir DIR]
+///                   [--] prog args...
 ///
 /// Generates a random job token, hosts the bootstrap `TcpStoreServer` itself on 127.0.0.1 with
 /// an ephemeral port (no port race, and the store outlives every rank), then forks N ranks with
 /// RINGFENCE_RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_SIZE / STORE_ADDR / JOB_TOKEN set and execs
-/// `prog`. Each rank's stdout and stderr come back through pipes and are printed line by line
-/// with a `[R] ` prefix (stdout to stdout, stderr to stderr). Ranks get /dev/null as stdin.
+/// `prog`. Each rank's stdout and stderr come back through pipes and are printed whole line by
+/// whole line, as the rank wrote them (stdout to stdout, stderr to stderr), as under `mpirun`;
+/// `--tag-output` puts `[R] ` in front, `--output-dir DIR` writes them to DIR/rank.R/stdout and
+/// stderr instead (rank_output.hpp). Ranks get /dev/null as stdin.
 ///
 /// Fail-fast: when a rank exits non-zero or by a signal, the launcher reports it, sends SIGTERM
 /// to the other ranks (SIGKILL 2 s later) and exits with that rank's status (128 + signal for a
@@ -45,6 +48,8 @@
 #include <string_view>
 #include <vector>
 
+#include "rank_output.hpp"
+
 extern char** environ;
 
 namespace {
@@ -58,18 +63,23 @@ constexpr auto kKillGrace = std::chrono::seconds(2);
 // After the last rank is reaped (and its leftover process group killed), output is drained for
 // at most this long.
 constexpr auto kDrainGrace = std::chrono::seconds(1);
-// A line longer than this is printed in pieces rather than buffered without bound.
-constexpr std::size_t kMaxLineBytes = 64u << 10;
+
+using ringfence::launcher::Stream;
+using ringfence::launcher::write_all;
 
 void usage(std::FILE* out) {
   std::fputs(
-      "usage: ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--] prog [args...]\n"
-      "  -n, -np N        number of ranks to start (1..4096)\n"
-      "  --timeout SEC    kill every rank after SEC seconds (exit 124)\n"
-      "  --bind-to WHAT   core: pin rank r to the r-th allowed CPU (wrapping); none (default)\n"
-      "  -h, --help       show this help\n"
+      "usage: ringfence-run -n N [--timeout SEC] [--bind-to core|none] [--tag-output] [--output-dir DIR]\n"
+      "                     [--] prog [args...]\n"
+      "  -n, -np N          number of ranks to start (1..4096)\n"
+      "  --timeout SEC      kill every rank after SEC seconds (exit 124)\n"
+      "  --bind-to WHAT     core: pin rank r to the r-th allowed CPU (wrapping); none (default)\n"
+      "  --tag-output       put \"[rank] \" in front of every line of a rank's output\n"
+      "  --output-dir DIR   write rank r's stdout and stderr to DIR/rank.r/stdout and DIR/rank.r/stderr\n"
+      "                     instead of the launcher's (created as needed; r padded to the widest rank)\n"
+      "  -h, --help         show this help\n"
       "Each rank gets RINGFENCE_RANK, RINGFENCE_WORLD_SIZE, RINGFENCE_LOCAL_RANK, RINGFENCE_LOCAL_SIZE,\n"
-      "RINGFENCE_STORE_ADDR and RINGFENCE_JOB_TOKEN; its output is prefixed with \"[rank] \".\n",
+      "RINGFENCE_STORE_ADDR and RINGFENCE_JOB_TOKEN. Output is passed on whole line by whole line.\n",
       out);
 }
 
@@ -83,6 +93,8 @@ struct Args {
   int ranks = 0;
   std::optional<double> timeout_s;
   bool bind_to_core = false;
+  bool tag_output = false;
+  std::string output_dir;  // empty: the launcher's stdout and stderr
   std::vector<std::string> command;
 };
 
@@ -122,6 +134,11 @@ Args parse_args(int argc, char** argv) {
       const std::string_view v = value_of(a);
       if (v != "core" && v != "none") usage_error("invalid --bind-to '" + std::string(v) + "' (expected core or none)");
       args.bind_to_core = v == "core";
+    } else if (a == "--tag-output") {
+      args.tag_output = true;
+    } else if (a == "--output-dir") {
+      args.output_dir = value_of(a);
+      if (args.output_dir.empty()) usage_error("--output-dir needs a directory");
     } else if (a.size() > 1 && a[0] == '-') {
       usage_error("unknown option '" + std::string(a) + "'");
     } else {
@@ -143,42 +160,6 @@ std::string hex(const ringfence::JobToken& token) {
   }
   return out;
 }
-
-/// Writes all of `data` to `fd`; output errors (closed terminal, full disk) are ignored so a
-/// broken log sink never leaves ranks unsupervised.
-void write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    data.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
-/// One captured stream of one rank.
-struct Stream {
-  int fd = -1;     // read end; -1 once EOF was seen
-  int out_fd = 1;  // where prefixed lines go
-  std::string partial;
-
-  /// Emits every complete line of `partial` (and everything when `at_eof`).
-  void emit(const std::string& prefix, bool at_eof) {
-    std::string out;
-    std::size_t start = 0;
-    for (;;) {
-      std::size_t nl = partial.find('\n', start);
-      if (nl == std::string::npos) break;
-      out.append(prefix).append(partial, start, nl + 1 - start);
-      start = nl + 1;
-    }
-    partial.erase(0, start);
-    if (!partial.empty() && (at_eof || partial.size() >= kMaxLineBytes)) {
-      out.append(prefix).append(partial).push_back('\n');
-      partial.clear();
-    }
-    write_all(out_fd, out);
-  }
-};
 
 struct Rank {
   pid_t pid = -1;  // also the process group id
@@ -206,7 +187,7 @@ class Launcher {
  private:
   void build_environment(int rank, const std::string& store_addr, const std::string& token_hex,
                          std::vector<std::string>& storage) const;
-  void spawn(int rank, const std::vector<std::string>& env, int devnull);
+  void spawn(int rank, const std::vector<std::string>& env, int devnull, std::size_t width);
   void signal_all(int sig);
   void reap();
   void read_stream(Rank& r, Stream& s);
@@ -246,7 +227,7 @@ void Launcher::build_environment(int rank, const std::string& store_addr, const 
   storage.push_back("RINGFENCE_JOB_TOKEN=" + token_hex);
 }
 
-void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull) {
+void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull, std::size_t width) {
   // Everything the child touches is prepared here: after fork() in a process with threads (the
   // store server) only async-signal-safe calls are allowed, so no setenv, no allocation.
   std::vector<char*> envp;
@@ -263,6 +244,13 @@ void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull)
     CPU_SET(cpus_[static_cast<std::size_t>(rank) % cpus_.size()], &bind);
   }
 
+  Rank& r = ranks_[static_cast<std::size_t>(rank)];
+  r.out.out_fd = 1;
+  r.err.out_fd = 2;
+  if (!args_.output_dir.empty()) {  // opened before the fork: a bad directory starts no rank
+    ringfence::launcher::open_rank_files(args_.output_dir, rank, width, r.out.out_fd, r.err.out_fd);
+    r.out.owns_out = r.err.owns_out = true;
+  }
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -299,13 +287,10 @@ void Launcher::spawn(int rank, const std::vector<std::string>& env, int devnull)
   ::setpgid(pid, pid);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
-  Rank& r = ranks_[static_cast<std::size_t>(rank)];
   r.pid = pid;
   r.alive = true;
   r.out.fd = out_pipe[0];
-  r.out.out_fd = 1;
   r.err.fd = err_pipe[0];
-  r.err.out_fd = 2;
 }
 
 void Launcher::signal_all(int sig) {
@@ -335,9 +320,7 @@ void Launcher::read_stream(Rank& r, Stream& s) {
   ssize_t n = ::read(s.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {
-    s.emit(r.prefix, true);
-    ::close(s.fd);
-    s.fd = -1;
+    s.finish(r.prefix);
     return;
   }
   s.partial.append(buf, static_cast<std::size_t>(n));
@@ -408,10 +391,10 @@ int Launcher::run() {
   std::vector<std::string> env;
   for (int i = 0; i < args_.ranks; ++i) {
     std::string rank = std::to_string(i);
-    ranks_[static_cast<std::size_t>(i)].prefix = "[" + std::string(width - rank.size(), '0') + rank + "] ";
+    ranks_[static_cast<std::size_t>(i)].prefix = ringfence::launcher::line_prefix(args_.tag_output, i, width);
     build_environment(i, store_addr, token_hex, env);
     try {
-      spawn(i, env, devnull);
+      spawn(i, env, devnull, width);
     } catch (const std::exception& e) {
       write_all(2, std::string("ringfence-run: cannot start rank ") + rank + ": " + e.what() + "\n");
       exit_code_ = 1;
@@ -509,11 +492,7 @@ int Launcher::run() {
   if (swept > 0 && exit_code_.value_or(0) != 0)
     write_all(2, "ringfence-run: removed " + std::to_string(swept) + " shared-memory segment(s) the ranks left behind\n");
   for (auto& r : ranks_)
-    for (Stream* s : {&r.out, &r.err})
-      if (s->fd >= 0) {
-        s->emit(r.prefix, true);
-        ::close(s->fd);
-      }
+    for (Stream* s : {&r.out, &r.err}) s->finish(r.prefix);
   if (timed_out_) return kExitTimeout;
   return exit_code_.value_or(0);
 }

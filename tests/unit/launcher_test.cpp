@@ -83,26 +83,74 @@ bool has_line(const std::string& text, const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("ringfence-run starts N ranks and prefixes their output", "[launcher]") {
+TEST_CASE("ringfence-run starts N ranks and passes their lines on as written, like mpirun", "[launcher]") {
   auto r = run_launcher("-n 3 sh -c 'echo hi $RINGFENCE_RANK of $RINGFENCE_WORLD_SIZE'");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   auto lines = lines_of(r.output);
   std::sort(lines.begin(), lines.end());
-  CHECK(lines == std::vector<std::string>{"[0] hi 0 of 3", "[1] hi 1 of 3", "[2] hi 2 of 3"});
+  CHECK(lines == std::vector<std::string>{"hi 0 of 3", "hi 1 of 3", "hi 2 of 3"});
   CHECK(r.ms < 1000);
+  // --tag-output names the rank in front of each line.
+  auto tagged = run_launcher("-n 3 --tag-output sh -c 'echo hi $RINGFENCE_RANK of $RINGFENCE_WORLD_SIZE'");
+  INFO(tagged.output);
+  CHECK(tagged.exit_code == 0);
+  lines = lines_of(tagged.output);
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[0] hi 0 of 3", "[1] hi 1 of 3", "[2] hi 2 of 3"});
+}
+
+TEST_CASE("ringfence-run keeps a rank's lines whole when ranks write at once", "[launcher]") {
+  // Four ranks each write 200 long lines as fast as they can; every line must come out intact.
+  auto r = run_launcher("-n 4 sh -c 'i=0; while [ $i -lt 200 ]; do echo \"r$RINGFENCE_RANK-$i-"
+                        "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx-end\"; i=$((i+1)); done'");
+  REQUIRE(r.exit_code == 0);
+  const auto lines = lines_of(r.output);
+  CHECK(lines.size() == 800);
+  std::size_t intact = 0;
+  for (const auto& line : lines)
+    intact += line.size() > 6 && line[0] == 'r' && line.ends_with("x-end") && line.find('r', 1) == std::string::npos ? 1 : 0;
+  CHECK(intact == lines.size());
+}
+
+TEST_CASE("ringfence-run --output-dir writes each rank's streams to files of its own", "[launcher]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("rf-launcher-out-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto r = run_launcher("-n 11 --output-dir '" + (dir / "job").string() +
+                        "' sh -c 'echo out $RINGFENCE_RANK; echo err $RINGFENCE_RANK >&2; printf tail'");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.empty());  // nothing on the launcher's streams
+  CHECK(read(dir / "job" / "rank.00" / "stdout") == "out 0\ntail\n");
+  CHECK(read(dir / "job" / "rank.10" / "stdout") == "out 10\ntail\n");
+  CHECK(read(dir / "job" / "rank.10" / "stderr") == "err 10\n");
+  // With --tag-output the files carry the prefix too; a second job replaces the files.
+  r = run_launcher("-n 2 --tag-output --output-dir '" + (dir / "job").string() + "' sh -c 'echo again'");
+  CHECK(r.exit_code == 0);
+  CHECK(read(dir / "job" / "rank.1" / "stdout") == "[1] again\n");
+  // A directory that cannot be made: no rank starts, and the message names the path.
+  std::ofstream(dir / "file") << "x";
+  r = run_launcher("-n 2 --output-dir '" + (dir / "file" / "sub").string() + "' sh -c 'echo never'");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("--output-dir: cannot create " + (dir / "file").string()));
+  CHECK(r.output.find("never") == std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("ringfence-run pads rank prefixes and keeps stdout and stderr apart", "[launcher]") {
   // Only stderr captured (stdout discarded), 11 ranks so prefixes are two digits wide.
-  auto err = run_launcher("-np 11 -- sh -c 'echo out$RINGFENCE_RANK; echo err$RINGFENCE_RANK >&2'", "2>&1 >/dev/null");
+  auto err = run_launcher("-np 11 --tag-output -- sh -c 'echo out$RINGFENCE_RANK; echo err$RINGFENCE_RANK >&2'", "2>&1 >/dev/null");
   INFO(err.output);
   CHECK(err.exit_code == 0);
   CHECK(has_line(err.output, "[00] err0"));
   CHECK(has_line(err.output, "[10] err10"));
   CHECK(err.output.find("out") == std::string::npos);
   auto out = run_launcher("-n 2 sh -c 'echo out$RINGFENCE_RANK; echo err$RINGFENCE_RANK >&2'", "2>/dev/null");
-  CHECK(has_line(out.output, "[1] out1"));
+  CHECK(has_line(out.output, "out1"));
   CHECK(out.output.find("err") == std::string::npos);
 }
 
@@ -110,12 +158,12 @@ TEST_CASE("ringfence-run flushes a partial last line and splits multi-line write
   auto r = run_launcher("-n 1 printf 'a\\nb\\nno newline'");
   INFO(r.output);
   CHECK(r.exit_code == 0);
-  CHECK(lines_of(r.output) == std::vector<std::string>{"[0] a", "[0] b", "[0] no newline"});
+  CHECK(lines_of(r.output) == std::vector<std::string>{"a", "b", "no newline"});
 }
 
 TEST_CASE("ringfence-run gives every rank the same store address and a 32-hex-digit token", "[launcher]") {
   auto r = run_launcher(
-      "-n 2 sh -c 'echo $RINGFENCE_LOCAL_RANK $RINGFENCE_LOCAL_SIZE $RINGFENCE_STORE_ADDR $RINGFENCE_JOB_TOKEN'");
+      "-n 2 --tag-output sh -c 'echo $RINGFENCE_LOCAL_RANK $RINGFENCE_LOCAL_SIZE $RINGFENCE_STORE_ADDR $RINGFENCE_JOB_TOKEN'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   auto lines = lines_of(r.output);
@@ -165,7 +213,7 @@ TEST_CASE("ringfence-run rank body", "[.][launcher-child]") {
 }
 
 TEST_CASE("ringfence-run ranks rendezvous through the launcher's store", "[launcher]") {
-  auto r = run_launcher("-n 3 '" + self_path() + "' '[launcher-child]'");
+  auto r = run_launcher("-n 3 --tag-output '" + self_path() + "' '[launcher-child]'");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(has_line(r.output, "[0] rendezvous ok"));
@@ -209,7 +257,7 @@ TEST_CASE("ringfence-run --timeout kills every rank and exits 124", "[launcher]"
 
 TEST_CASE("ringfence-run rejects bad arguments with exit status 2", "[launcher]") {
   for (const char* args : {"", "-n 0 true", "-n 3", "-n x true", "-n 2 --timeout abc true", "-n 2 --timeout -1 true",
-                           "--frobnicate -n 2 true", "-n"}) {
+                           "--frobnicate -n 2 true", "-n", "-n 2 --output-dir"}) {
     auto r = run_launcher(args);
     INFO("args: " << args << "\n" << r.output);
     CHECK(r.exit_code == 2);
@@ -226,7 +274,7 @@ TEST_CASE("ringfence-run --bind-to core pins rank r to the r-th allowed CPU", "[
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
   REQUIRE(!cpus.empty());
   // Three ranks: on a 2-CPU machine the third wraps onto the first CPU (and says so once).
-  auto r = run_launcher("-n 3 --bind-to core sh -c 'grep Cpus_allowed_list /proc/self/status'");
+  auto r = run_launcher("-n 3 --bind-to core --tag-output sh -c 'grep Cpus_allowed_list /proc/self/status'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   for (int rank = 0; rank < 3; ++rank) {
@@ -242,7 +290,7 @@ TEST_CASE("ringfence-run --bind-to core pins rank r to the r-th allowed CPU", "[
       if (line.starts_with("Cpus_allowed_list:")) own = line;
   }
   REQUIRE(!own.empty());
-  auto unbound = run_launcher("-n 2 --bind-to none sh -c 'grep Cpus_allowed_list /proc/self/status'");
+  auto unbound = run_launcher("-n 2 --bind-to none --tag-output sh -c 'grep Cpus_allowed_list /proc/self/status'");
   INFO(unbound.output);
   CHECK(has_line(unbound.output, "[0] " + own));
   CHECK(has_line(unbound.output, "[1] " + own));
