@@ -20,7 +20,7 @@ Communicator Communicator::from_env() {
   const Environment env = Environment::from_process();
   CommOptions options = CommOptions::from_env(env);
   const LaunchInfo launch = detect_launch(env);
-  const Logger log(options.log_level, launch.rank);
+  const Logger log = make_logger(options.log_level, launch.rank, options.log_file, options.log_timestamps);
   for (const auto& name : unknown_variables(env)) log.warn("ignoring unknown environment variable {} (typo?)", name);
   if (launch.token_is_derived)
     log.info("job token derived from the {} job id (not secret); set RINGFENCE_JOB_TOKEN to authenticate", to_string(launch.launcher));

@@ -92,7 +92,7 @@ std::optional<Communicator> Communicator::split(int color, int key, CommOptions 
 Communicator Communicator::from_launch(const LaunchInfo& launch, const TransportRegistry& registry, CommOptions options) {
   std::shared_ptr<TcpStoreServer> server;
   if (launch.host_store) {
-    const Logger log(options.log_level, launch.rank);
+    const Logger log = make_logger(options.log_level, launch.rank, options.log_file, options.log_timestamps).with_subsystem("store");
     try {
       server = std::make_shared<TcpStoreServer>(launch.token, "0.0.0.0", launch.store_port, TcpStoreServerOptions{}, &log);
     } catch (const SystemError& e) {

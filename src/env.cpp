@@ -102,6 +102,7 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_LOCAL_SIZE",   "RINGFENCE_STORE_ADDR",   "RINGFENCE_STORE_HOST",
     "RINGFENCE_JOB_TOKEN",    "RINGFENCE_TIMEOUT_MS",   "RINGFENCE_CHUNK_BYTES",
     "RINGFENCE_SLOTS",        "RINGFENCE_TRANSPORTS",   "RINGFENCE_LOG",
+    "RINGFENCE_LOG_FILE",     "RINGFENCE_LOG_TIMESTAMP",
     "RINGFENCE_HOST_ID",
     "RINGFENCE_DIRECT_WRITE_MIN_BYTES", "RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES", "RINGFENCE_P2P_DIRECT_USER_MIN_BYTES",
     "RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES", "RINGFENCE_CHANNELS", "RINGFENCE_CHANNEL_MIN_BYTES",
@@ -186,9 +187,14 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   }
   if (auto v = env.get("RINGFENCE_LOG")) {
     const auto level = parse_log_level(*v);
-    if (!level) bad_value("RINGFENCE_LOG", *v, "one of error, warn, info, debug, trace");
+    if (!level) bad_value("RINGFENCE_LOG", *v, "one of error, warn, info, debug, trace (any case)");
     o.log_level = *level;
   }
+  if (auto v = env.get("RINGFENCE_LOG_FILE")) {
+    if (v->empty()) bad_value("RINGFENCE_LOG_FILE", *v, "a file path (%h host, %p pid, %r rank)");
+    o.log_file = *v;
+  }
+  if (auto v = env.get("RINGFENCE_LOG_TIMESTAMP")) o.log_timestamps = parse_bool("RINGFENCE_LOG_TIMESTAMP", *v);
   if (auto v = env.get("RINGFENCE_HOST_ID")) {
     if (v->empty()) bad_value("RINGFENCE_HOST_ID", *v, "a non-empty host identity");
     o.host_id = *v;

@@ -44,7 +44,9 @@
 /// | RINGFENCE_DIGEST_EVERY | compare output digests across ranks every N collectives (0 = never) | 0 |
 /// | RINGFENCE_DIGEST_ACTION | what a digest mismatch does: error, fence, log | error |
 /// | RINGFENCE_TRANSPORTS | comma list restricting and ordering transports | all |
-/// | RINGFENCE_LOG | error, warn, info, debug, trace | warn |
+/// | RINGFENCE_LOG | error, warn, info, debug, trace (any case) | warn |
+/// | RINGFENCE_LOG_FILE | log lines to this file, appended; `%h` host, `%p` pid, `%r` rank | stderr |
+/// | RINGFENCE_LOG_TIMESTAMP | on: every log line starts with the UTC time | off |
 /// | RINGFENCE_HOST_ID | host identity override | hostname + boot id |
 /// | RINGFENCE_<TRANSPORT>_* | a transport's own settings (`CommOptions::transport_settings`): see transports/<name>/README.md | |
 ///

@@ -119,8 +119,13 @@ struct CommOptions {
   /// Allowed transports in priority order, by registry name; empty = every registered
   /// transport in registry order. Env: RINGFENCE_TRANSPORTS=<name>,<name>.
   std::vector<std::string> transports;
-  /// Log verbosity. Env: RINGFENCE_LOG=error|warn|info|debug|trace.
+  /// Log verbosity. Env: RINGFENCE_LOG=error|warn|info|debug|trace (any case).
   LogLevel log_level = LogLevel::Warn;
+  /// Log lines go to this file instead of stderr, appended (`%h` host, `%p` pid, `%r` rank, as
+  /// NCCL_DEBUG_FILE: `expand_log_path`); empty = stderr. Env: RINGFENCE_LOG_FILE.
+  std::string log_file;
+  /// Start every log line with the UTC time (microseconds). Env: RINGFENCE_LOG_TIMESTAMP=on|off.
+  bool log_timestamps = false;
   /// Host identity used to decide which peers share memory; empty = hostname + boot id.
   /// Env: RINGFENCE_HOST_ID (tests use it to simulate several hosts).
   std::string host_id;

@@ -42,7 +42,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
                     "rank {}: CommOptions::health_gpu must be an NVML index, -1 (none) or kHealthGpuFromCuda (-2) (got {})", rank,
                     options.health_gpu);
   RINGFENCE_EXPECTS(ctx.store != nullptr, "rank {}: store must not be null", rank);
-  ctx.log = Logger(options.log_level, rank);
+  ctx.log = make_logger(options.log_level, rank, options.log_file, options.log_timestamps);
   events.open(options.health_log, rank);
 
   ctx.self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};

@@ -366,7 +366,7 @@ int Launcher::run() {
 
   const ringfence::JobToken token = ringfence::random_token();
   // Refused and evicted store connections (strangers, floods) are logged, a few lines per 10 s.
-  const ringfence::Logger store_log(ringfence::LogLevel::Warn);
+  const ringfence::Logger store_log = ringfence::Logger(ringfence::LogLevel::Warn).with_subsystem("ringfence-run store");
   ringfence::TcpStoreServer store(token, "127.0.0.1", 0, {}, &store_log);
   const std::string store_addr = "127.0.0.1:" + std::to_string(store.port());
   const std::string token_hex = hex(token);
