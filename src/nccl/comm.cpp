@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "../env_nccl.hpp"
 #include "cuda_runtime.hpp"
 #include "shim.hpp"
 
@@ -48,11 +49,10 @@ std::shared_ptr<rf::TcpStoreServer> take_hosted(const rf::JobToken& token) {
 }
 
 // The address other hosts reach this one at: RINGFENCE_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME
-// (same syntax), else the first up non-loopback IPv4 interface, else loopback.
+// (same syntax; env_options put it in the tcp settings), else the first up non-loopback IPv4
+// interface, else loopback.
 std::string bootstrap_address(const rf::CommOptions& options) {
-  std::string filter_text = rf::transports::tcp::Options::from(&options).interfaces;
-  if (filter_text.empty())
-    if (auto v = rf::Environment::from_process().get("NCCL_SOCKET_IFNAME")) filter_text = *v;
+  const std::string filter_text = rf::transports::tcp::Options::from(&options).interfaces;
   const auto filter = rf::transports::tcp::parse_interface_filter(filter_text);
   const auto chosen = rf::transports::tcp::choose_interface(rf::transports::tcp::host_interfaces(), filter);
   if (!chosen)
@@ -73,10 +73,28 @@ rf::UniqueId decode_id(const ncclUniqueId& id) {
   return u;
 }
 
-// Options from the environment; a malformed RINGFENCE_* value is an invalid argument.
-rf::CommOptions env_options() {
+rf::TransportRegistry shim_transports() {
+  rf::TransportRegistry r = rf::builtin_transports();
+  r.add(std::string(rf::transports::cuda_ipc::kNvlinkName), rf::transports::cuda_ipc::make_nvlink_transport);
+  r.add(std::string(rf::transports::cuda_ipc::kPcieName), rf::transports::cuda_ipc::make_pcie_transport);
+  return r;
+}
+
+// Options from the environment: RINGFENCE_* first, then the NCCL_* variables that map onto them
+// (docs/nccl-compat.md). Rank 0 (`log_rank`; -1 logs nothing) says once per communicator which
+// NCCL variables took effect (info) and which were ignored (warn). A malformed value is an
+// invalid argument.
+rf::CommOptions env_options(int log_rank) {
   try {
-    return rf::CommOptions::from_env();
+    const rf::Environment env = rf::Environment::from_process();
+    rf::CommOptions options = rf::CommOptions::from_env(env);
+    const rf::NcclEnvironmentReport report = rf::apply_nccl_environment(env, options, shim_transports().names());
+    if (log_rank == 0) {
+      const rf::Logger log = rf::make_logger(options.log_level, 0, options.log_file, options.log_timestamps);
+      for (const auto& line : report.applied) log.info("nccl shim: {}", line);
+      for (const auto& line : report.ignored) log.warn("nccl shim: {}", line);
+    }
+    return options;
   } catch (const rf::InvalidUsage& e) {
     throw ShimError(ncclInvalidArgument, fmt::format("bad environment: {}", e.what()));
   }
@@ -97,12 +115,6 @@ void check_config(const ncclConfig_t* config) {
 // ncclCommInitAll keeps the built-in ones (staged): its ranks share one process and one calling
 // thread, and the device lane's first call waits for every rank's answer, which a thread that
 // issues the ranks' calls one after another outside a group would never let come.
-rf::TransportRegistry shim_transports() {
-  rf::TransportRegistry r = rf::builtin_transports();
-  r.add(std::string(rf::transports::cuda_ipc::kNvlinkName), rf::transports::cuda_ipc::make_nvlink_transport);
-  r.add(std::string(rf::transports::cuda_ipc::kPcieName), rf::transports::cuda_ipc::make_pcie_transport);
-  return r;
-}
 
 // Creates a communicator of `nranks` through the store named by `id` (queued when in a group).
 ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
@@ -118,7 +130,7 @@ ncclResult_t init_rank(const char* call, ncclComm_t* out, int nranks, const nccl
     c->size = nranks;
     c->device = rf::nccl::current_device();
     c->device_checked = c->device >= 0;
-    c->options = env_options();
+    c->options = env_options(rank);
     c->server = take_hosted(uid.token());
     auto make = [uid, nranks, call, target = c.get()] {
       ncclComm& comm = *target;
@@ -177,7 +189,7 @@ extern "C" void pncclResetDebugInit() {}
 extern "C" ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   return guarded("ncclGetUniqueId", nullptr, [&] {
     if (uniqueId == nullptr) throw ShimError(ncclInvalidArgument, "uniqueId is NULL");
-    const rf::CommOptions options = env_options();
+    const rf::CommOptions options = env_options(-1);
     const std::string address = bootstrap_address(options);
     const rf::JobToken token = rf::random_token();
     // This process hosts the store now (the port is bound at once, so no other process can
@@ -228,7 +240,7 @@ extern "C" ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* 
         for (int j = 0; j < i; ++j)
           if (devlist[i] == devlist[j])
             throw ShimError(ncclInvalidUsage, fmt::format("devlist[{}] and devlist[{}] are both device {}", j, i, devlist[i]));
-    const rf::CommOptions options = env_options();
+    const rf::CommOptions options = env_options(0);
     auto store = std::make_shared<rf::InProcessStore>();
     std::vector<std::unique_ptr<ncclComm>> made(static_cast<std::size_t>(ndev));
     std::vector<ncclResult_t> results(static_cast<std::size_t>(ndev), ncclSuccess);
@@ -246,7 +258,7 @@ extern "C" ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* 
       threads.emplace_back([&, r] {
         ncclComm& c = *made[static_cast<std::size_t>(r)];
         results[static_cast<std::size_t>(r)] = guarded("ncclCommInitAll", &c, [&] {
-          c.comm = std::make_unique<rf::Communicator>(store, r, ndev, rf::builtin_transports(), c.options);
+          c.comm = std::make_unique<rf::Communicator>(store, r, ndev, shim_transports(), c.options);
           return ncclSuccess;
         });
       });
