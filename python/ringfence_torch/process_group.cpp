@@ -1,7 +1,8 @@
 // ringfence as a torch.distributed backend (torch 1.13 `c10d::ProcessGroup` API).
 //
 // One translation unit on purpose: the torch headers are heavy, so everything torch-facing
-// (store adapter, process group, work, Python bindings) compiles once. See docs/pytorch.md.
+// (store adapter and work in torch_support.hpp, process group, Python bindings) compiles once.
+// See docs/pytorch.md.
 
 #include <torch/extension.h>
 #include <pybind11/chrono.h>
@@ -25,139 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "torch_support.hpp"
+
 namespace ringfence::torch_backend {
-
-/// Adapts torch's c10d store (the one `init_process_group` created: TCPStore, FileStore or
-/// HashStore behind a PrefixStore) to `ringfence::Store`, so the communicator exchanges its
-/// addresses through torch's own rendezvous and opens no second port.
-class C10dStore final : public ringfence::Store {
- public:
-  /// `store` must not be null.
-  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
-
-  /// c10d `set`.
-  void set(std::string_view key, std::span<const std::byte> value) override {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(value.data());
-    store_->set(std::string(key), std::vector<std::uint8_t>(p, p + value.size()));
-  }
-
-  /// c10d `wait({key}, timeout)` then `get(key)`; a wait that fails becomes `TimeoutError`
-  /// naming the key (torch's own message appended).
-  Bytes get(std::string_view key, std::chrono::milliseconds timeout) override {
-    const std::string k(key);
-    try {
-      store_->wait({k}, timeout);
-    } catch (const std::exception& e) {
-      throw TimeoutError("torch store: key '" + k + "' not set within " + std::to_string(timeout.count()) +
-                         " ms (" + e.what() + ")");
-    }
-    const std::vector<std::uint8_t> v = store_->get(k);
-    Bytes out(v.size());
-    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size());
-    return out;
-  }
-
-  /// c10d `add`.
-  std::int64_t add(std::string_view key, std::int64_t delta) override {
-    return store_->add(std::string(key), delta);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Store> store_;
-};
-
-/// Work handle of one queued operation: completed by the process group's worker thread, with a
-/// future (what DDP's reducer and comm hooks wait on) holding the output tensors.
-class RingfenceWork final : public c10d::Work {
- public:
-  RingfenceWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs)
-      : c10d::Work(rank, type, title),
-        outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
-
-  /// The output tensors (valid once completed).
-  std::vector<at::Tensor> result() override { return outputs_; }
-  /// Completes when the worker finished the operation.
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
-  /// Called by the worker: marks the work and its future done (or failed with `error`).
-  void complete(std::exception_ptr error) {
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
-    finish(error);
-  }
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<at::ivalue::Future> future_;
-};
-
-namespace {
-
-// torch dtype -> ringfence dtype. Bool travels as Uint8 (sum is refused for it by the caller).
-DataType to_rf(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DataType::Float32;
-    case at::kDouble: return DataType::Float64;
-    case at::kHalf: return DataType::Float16;
-    case at::kBFloat16: return DataType::BFloat16;
-    case at::kChar: return DataType::Int8;
-    case at::kByte: return DataType::Uint8;
-    case at::kBool: return DataType::Uint8;
-    case at::kInt: return DataType::Int32;
-    case at::kLong: return DataType::Int64;
-    default: break;
-  }
-  TORCH_CHECK(false, "ringfence: unsupported tensor dtype ", t,
-              " (supported: float32, float64, float16, bfloat16, int8, uint8, bool, int32, int64)");
-}
-
-ReduceOp to_rf(const c10d::ReduceOp& op, at::ScalarType t) {
-  const bool is_bool = t == at::kBool;
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      TORCH_CHECK(!is_bool, "ringfence: SUM of bool tensors is not supported (use MAX for a logical or)");
-      return ReduceOp::Sum;
-    case c10d::ReduceOp::PRODUCT: return ReduceOp::Prod;
-    case c10d::ReduceOp::MIN: return ReduceOp::Min;
-    case c10d::ReduceOp::MAX: return ReduceOp::Max;
-    case c10d::ReduceOp::AVG:
-      TORCH_CHECK(!is_bool, "ringfence: AVG of bool tensors is not supported");
-      return ReduceOp::Avg;
-    default: break;
-  }
-  TORCH_CHECK(false, "ringfence: reduce op ", static_cast<int>(op.op_),
-              " is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG; not BAND/BOR/BXOR/PREMUL_SUM)");
-}
-
-void check_tensor(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.defined(), "ringfence: ", what, " is an undefined tensor");
-  TORCH_CHECK(t.device().is_cpu(), "ringfence: ", what, " is on ", t.device(),
-              "; this ringfence backend was built without CUDA and accepts CPU tensors only");
-  TORCH_CHECK(t.layout() == at::kStrided, "ringfence: ", what, " must be a dense (strided) tensor");
-  TORCH_CHECK(t.is_contiguous(), "ringfence: ", what, " must be contiguous (call .contiguous())");
-  (void)to_rf(t.scalar_type());
-}
-
-const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* what) {
-  TORCH_CHECK(ts.size() == 1, "ringfence: ", what, " must hold exactly one tensor per process (got ",
-              ts.size(), ")");
-  check_tensor(ts[0], what);
-  return ts[0];
-}
-
-void same_shape(const at::Tensor& a, const at::Tensor& b, const char* what) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "ringfence: ", what, ": dtype ", b.scalar_type(),
-              " differs from ", a.scalar_type());
-  TORCH_CHECK(a.numel() == b.numel(), "ringfence: ", what, ": ", b.numel(), " elements, expected ", a.numel());
-}
-
-std::size_t count(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
-
-}  // namespace
 
 /// `torch.distributed` process group running every operation on a ringfence `Communicator`.
 /// Operations are queued in issue order and run, one at a time, on one worker thread per
@@ -344,6 +215,120 @@ class ProcessGroupRingfence final : public c10d::ProcessGroup {
                    });
   }
 
+  /// All-to-all of tensor lists: `inputs[j]` goes to rank j, `outputs[r]` comes from rank r; the
+  /// tensors may differ in size from peer to peer (one dtype). One group of send/recv pairs; our
+  /// own block is copied.
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+                "ringfence: alltoall takes one input and one output tensor per rank (group size ", size_, ", got ",
+                inputs.size(), " inputs and ", outputs.size(), " outputs)");
+    for (int j = 0; j < size_; ++j) {
+      check_tensor(inputs[j], "alltoall input");
+      check_tensor(outputs[j], "alltoall output");
+      TORCH_CHECK(inputs[j].scalar_type() == inputs[0].scalar_type() && outputs[j].scalar_type() == inputs[0].scalar_type(),
+                  "ringfence: alltoall tensors must share one dtype (", inputs[0].scalar_type(), ")");
+    }
+    TORCH_CHECK(outputs[rank_].numel() == inputs[rank_].numel(), "ringfence: alltoall output ", rank_, " has ",
+                outputs[rank_].numel(), " elements, our own input block ", inputs[rank_].numel());
+    std::vector<at::Tensor> ins = inputs, outs = outputs;
+    return enqueue(c10d::OpType::ALLTOALL, "ringfence:alltoall", outs, [ins, outs, me = rank_, n = size_](Communicator& c) {
+      c.group_start();
+      for (int j = 0; j < n; ++j) {
+        if (j == me) continue;
+        if (ins[j].numel() > 0) c.send(ins[j].data_ptr(), count(ins[j]), to_rf(ins[j].scalar_type()), j);
+        if (outs[j].numel() > 0) c.recv(outs[j].data_ptr(), count(outs[j]), to_rf(outs[j].scalar_type()), j);
+      }
+      c.group_end();
+      outs[me].copy_(ins[me]);
+    });
+  }
+
+  /// Gather to `opts.rootRank`: the root's `outputs[0]` holds one tensor per rank; other ranks
+  /// pass no outputs. One group of transfers to the root.
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const at::Tensor in = single(inputs, "gather input");
+    check_root(opts.rootRank);
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> outs = root_list(outputs, root, in, "gather output");
+    return enqueue(c10d::OpType::GATHER, "ringfence:gather", outs, [in, outs, root, me = rank_, n = size_](Communicator& c) {
+      if (me != root) return c.send(in.data_ptr(), count(in), to_rf(in.scalar_type()), root);
+      c.group_start();
+      for (int r = 0; r < n; ++r)
+        if (r != root) c.recv(outs[r].data_ptr(), count(outs[r]), to_rf(outs[r].scalar_type()), r);
+      c.group_end();
+      outs[root].copy_(in);
+    });
+  }
+
+  /// Scatter from `opts.rootRank`: the root's `inputs[0]` holds one tensor per rank; other ranks
+  /// pass no inputs. One group of transfers from the root.
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const at::Tensor out = single(outputs, "scatter output");
+    check_root(opts.rootRank);
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<at::Tensor> ins = root_list(inputs, root, out, "scatter input");
+    return enqueue(c10d::OpType::SCATTER, "ringfence:scatter", {out}, [ins, out, root, me = rank_, n = size_](Communicator& c) {
+      if (me != root) return c.recv(out.data_ptr(), count(out), to_rf(out.scalar_type()), root);
+      c.group_start();
+      for (int r = 0; r < n; ++r)
+        if (r != root) c.send(ins[r].data_ptr(), count(ins[r]), to_rf(ins[r].scalar_type()), r);
+      c.group_end();
+      out.copy_(ins[root]);
+    });
+  }
+
+  /// Allgather of several tensors at once: `outputs[r][i]` becomes rank r's `inputs[i]` (one
+  /// allgather per tensor, in order).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) override {
+    TORCH_CHECK(!inputs.empty(), "ringfence: allgather_coalesced needs at least one input tensor");
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "ringfence: allgather_coalesced takes one output list per rank (",
+                size_, "), got ", outputs.size());
+    for (const auto& list : outputs) {
+      TORCH_CHECK(list.size() == inputs.size(), "ringfence: allgather_coalesced output lists need ", inputs.size(),
+                  " tensors (one per input), got ", list.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        check_tensor(list[i], "allgather_coalesced output");
+        same_shape(inputs[i], list[i], "allgather_coalesced output");
+      }
+    }
+    for (const auto& in : inputs) check_tensor(in, "allgather_coalesced input");
+    std::vector<at::Tensor> ins = inputs, flat_outs;
+    for (const auto& list : outputs) flat_outs.insert(flat_outs.end(), list.begin(), list.end());
+    auto lists = outputs;
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, "ringfence:allgather_coalesced", flat_outs, [ins, lists](Communicator& c) {
+      for (std::size_t i = 0; i < ins.size(); ++i) {
+        const at::Tensor& in = ins[i];
+        at::Tensor flat = at::empty({static_cast<std::int64_t>(lists.size()) * in.numel()}, in.options());
+        c.allgather(in.data_ptr(), flat.data_ptr(), count(in), to_rf(in.scalar_type()));
+        for (std::size_t r = 0; r < lists.size(); ++r)
+          lists[r][i].view({-1}).copy_(flat.narrow(0, static_cast<std::int64_t>(r) * in.numel(), in.numel()));
+      }
+    });
+  }
+
+  /// A barrier that fails, instead of hanging, when a rank does not arrive within `opts.timeout`
+  /// (torch's default: the group's timeout): the error names the ranks that did not reach it as
+  /// far as this rank can tell (its ring neighbours' links), not every missing rank as gloo's
+  /// `wait_all_ranks=True` does.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wait_all_ranks*/) override {
+    const auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(opts.timeout);
+    on_worker([limit](Communicator& c) {
+      c.set_timeout(limit.count() > 0 ? limit : std::chrono::milliseconds(0));  // 0: the group's own
+      try {
+        c.barrier();
+      } catch (...) {
+        c.set_timeout(std::chrono::milliseconds(0));
+        throw;
+      }
+      c.set_timeout(std::chrono::milliseconds(0));
+      return 0;
+    });
+  }
+
   /// Sends one tensor to `dst`. Tags are not supported (must be 0): messages between two ranks
   /// match in call order. Inside `batch_isend_irecv` (coalescing) the sends and receives run as
   /// one ringfence group, so any exchange pattern completes.
@@ -450,6 +435,24 @@ class ProcessGroupRingfence final : public c10d::ProcessGroup {
     TORCH_CHECK(peer >= 0 && peer < size_, "ringfence: peer rank ", peer, " out of range [0, ", size_, ")");
     TORCH_CHECK(tag == 0, "ringfence: send/recv tags are not supported (got tag ", tag,
                 "); messages between two ranks match in call order");
+  }
+
+  // The root's list of one tensor per rank (each like `like`: dtype and size), or nothing on
+  // other ranks: torch passes `[[t0, ..., tn-1]]` on the root and `[]` (or `[[]]`) elsewhere.
+  std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, int root, const at::Tensor& like,
+                                    const char* what) const {
+    if (rank_ != root) {
+      TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "ringfence: ", what,
+                  " list must be empty on non-root rank ", rank_);
+      return {};
+    }
+    TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size_, "ringfence: ", what,
+                " list on the root must hold one tensor per rank (", size_, ")");
+    for (const auto& t : lists[0]) {
+      check_tensor(t, what);
+      same_shape(like, t, what);
+    }
+    return lists[0];
   }
 
   // Element offsets of the `size_` row blocks of `t` along dim 0 (size_ + 1 entries).

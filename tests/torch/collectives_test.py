@@ -137,6 +137,71 @@ def main():
         r.wait()
     check("batch_isend_irecv ring 16 MiB", torch.equal(got, contribution(prv, large, torch.float32)))
 
+    # gather, scatter, list all_to_all, all_gather_coalesced: checked against the rank formula and
+    # against the same call on a gloo group of the same ranks.
+    gloo = dist.new_group(backend="gloo")
+
+    def both(fn):
+        """fn(group) -> tensors; returns (ringfence's, gloo's)."""
+        return fn(None), fn(gloo)
+
+    for root in range(world):
+        def do_gather(group, root=root):
+            outs = [torch.empty(n, dtype=torch.float32) for _ in range(world)] if rank == root else None
+            dist.gather(contribution(rank, n, torch.float32), gather_list=outs, dst=root, group=group)
+            return outs
+        rf_g, gl_g = both(do_gather)
+        if rank == root:
+            check(f"gather root {root}", all(torch.equal(rf_g[r], contribution(r, n, torch.float32)) for r in range(world)))
+            check(f"gather root {root} matches gloo", all(torch.equal(a, b) for a, b in zip(rf_g, gl_g)))
+
+        def do_scatter(group, root=root):
+            out = torch.empty(n, dtype=torch.int64)
+            ins = [contribution(r, n, torch.int64) * 3 for r in range(world)] if rank == root else None
+            dist.scatter(out, scatter_list=ins, src=root, group=group)
+            return out
+        rf_s, gl_s = both(do_scatter)
+        check(f"scatter root {root}", torch.equal(rf_s, contribution(rank, n, torch.int64) * 3))
+        check(f"scatter root {root} matches gloo", torch.equal(rf_s, gl_s))
+
+    # list all_to_all, a different size for every pair: rank r sends (r + j + 1) * 2 values to j.
+    # Gloo (torch 1.13) has no list all_to_all: its reference is all_to_all_single with the same
+    # splits, cut into the same blocks.
+    def do_all_to_all(group):
+        ins = [torch.full(((rank + j + 1) * 2,), 1000 * rank + j, dtype=torch.int32) for j in range(world)]
+        sizes = [(r + rank + 1) * 2 for r in range(world)]
+        if group is None:
+            outs = [torch.empty((k,), dtype=torch.int32) for k in sizes]
+            dist.all_to_all(outs, ins)
+            return outs
+        out = torch.empty((sum(sizes),), dtype=torch.int32)
+        dist.all_to_all_single(out, torch.cat(ins), output_split_sizes=sizes, input_split_sizes=[t.numel() for t in ins],
+                               group=group)
+        return list(out.split(sizes))
+    rf_a, gl_a = both(do_all_to_all)
+    check("all_to_all list uneven", all(torch.equal(rf_a[r], torch.full(((r + rank + 1) * 2,), 1000 * r + rank,
+                                                                        dtype=torch.int32)) for r in range(world)))
+    check("all_to_all list matches gloo", all(torch.equal(a, b) for a, b in zip(rf_a, gl_a)))
+
+    def do_coalesced(group):
+        ins = [contribution(rank, 7, torch.float64), contribution(rank, n, torch.float64) * 2]
+        outs = [[torch.empty(7, dtype=torch.float64), torch.empty(n, dtype=torch.float64)] for _ in range(world)]
+        dist.all_gather_coalesced(outs, ins, group=group)
+        return outs
+    rf_c, gl_c = both(do_coalesced)
+    check("all_gather_coalesced", all(torch.equal(rf_c[r][0], contribution(r, 7, torch.float64)) and
+                                      torch.equal(rf_c[r][1], contribution(r, n, torch.float64) * 2) for r in range(world)))
+    check("all_gather_coalesced matches gloo", all(torch.equal(a, b) for x, y in zip(rf_c, gl_c) for a, b in zip(x, y)))
+
+    # torch 1.13's dist.monitored_barrier refuses every backend but gloo in Python; the process
+    # group's own method is what it would call.
+    from datetime import timedelta
+    dist.distributed_c10d._get_default_group().monitored_barrier(timedelta(seconds=30))
+    check("monitored_barrier", True)
+    expect_error("all_to_all list of the wrong length",
+                 lambda: dist.all_to_all([torch.zeros(1)] * (world + 1), [torch.zeros(1)] * (world + 1)),
+                 "one input and one output tensor per rank")
+
     dist.barrier()
     check("barrier", True)
 
