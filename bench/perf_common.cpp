@@ -1,6 +1,8 @@
 // Shared driver of the nccl-tests-compatible benchmarks; see perf_common.hpp.
 #include "perf_common.hpp"
 
+#include "perf_pattern.hpp"
+
 #include <getopt.h>
 #include <unistd.h>
 
@@ -22,338 +24,11 @@ namespace {
 
 constexpr std::size_t kPageBytes = 4096;
 
-// ------------------------------------------------------------------------------------------
-// Command line
-// ------------------------------------------------------------------------------------------
-
-constexpr DataType kAllTypes[] = {DataType::Int8,  DataType::Uint8,   DataType::Int32,    DataType::Uint32,
-                                  DataType::Int64, DataType::Uint64,  DataType::Float16,  DataType::BFloat16,
-                                  DataType::Float32, DataType::Float64};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
-
 std::string str(std::string_view s) { return std::string(s); }
-
-// nccl-tests' parsesize: a decimal count with an optional K/M/G/T suffix (powers of 1024).
-std::optional<std::size_t> parse_size(std::string_view text) {
-  if (text.empty()) return std::nullopt;
-  std::size_t value = 0;
-  std::size_t i = 0;
-  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
-    const std::size_t digit = static_cast<std::size_t>(text[i] - '0');
-    if (value > (std::numeric_limits<std::size_t>::max() - digit) / 10) return std::nullopt;
-    value = value * 10 + digit;
-  }
-  if (i == 0) return std::nullopt;
-  std::size_t shift = 0;
-  if (i < text.size()) {
-    switch (text[i]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      case 't': case 'T': shift = 40; break;
-      default: return std::nullopt;
-    }
-    ++i;
-    if (i < text.size() && (text[i] == 'b' || text[i] == 'B')) ++i;  // "64KB" too
-  }
-  if (i != text.size()) return std::nullopt;
-  if (shift != 0 && value > (std::numeric_limits<std::size_t>::max() >> shift)) return std::nullopt;
-  return value << shift;
-}
-
-std::optional<int> parse_int(std::string_view text, int lo, int hi) {
-  const auto v = parse_size(text);  // plain decimal; suffixes are harmless for counts
-  if (!v || *v < static_cast<std::size_t>(lo) || *v > static_cast<std::size_t>(hi)) return std::nullopt;
-  return static_cast<int>(*v);
-}
-
-void print_usage(const char* program) {
-  std::printf(
-      "USAGE: %s\n"
-      "  -b,--minbytes <min size in bytes>      (default 32M; K/M/G/T suffixes)\n"
-      "  -e,--maxbytes <max size in bytes>      (default 32M)\n"
-      "  -i,--stepbytes <increment size>        (default 1M; used when -f <= 1)\n"
-      "  -f,--stepfactor <increment factor>     (default 1)\n"
-      "  -n,--iters <iteration count>           (default 20)\n"
-      "  -w,--warmup_iters <warmup count>       (default 5, before each measurement)\n"
-      "  -c,--check <check iteration count>     (default 1; 0 = no #wrong check)\n"
-      "  -o,--op <sum/prod/min/max/avg/all>     (default sum)\n"
-      "  -d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/bfloat16/float/double/all>\n"
-      "                                         (default float)\n"
-      "  -r,--root <root rank>                  broadcast and reduce (default 0)\n"
-      "  -a,--average <0/1/2/3>                 time reported: rank 0/avg/min/max over ranks (default 3)\n"
-      "  -m,--memory <user/alloc/device>        buffers: page-aligned heap memory, the\n"
-      "                                         communicator's allocator, or device memory\n"
-      "                                         (default user; device for --backend nccl)\n"
-      "  --backend <ringfence/nccl>             collectives of ringfence, or of the NCCL in\n"
-      "                                         --nccl-lib loaded with dlopen (default ringfence)\n"
-      "  --nccl-lib <path>                      NCCL library for --backend nccl (default libnccl.so.2)\n"
-      "  -h,--help\n",
-      program);
-}
 
 }  // namespace
 
-ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose) {
-  constexpr int kBackendOption = 1000, kNcclLibOption = 1001;  // long options without a letter
-  static const option kLong[] = {
-      {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
-      {"stepbytes", required_argument, nullptr, 'i'}, {"stepfactor", required_argument, nullptr, 'f'},
-      {"iters", required_argument, nullptr, 'n'},     {"warmup_iters", required_argument, nullptr, 'w'},
-      {"check", required_argument, nullptr, 'c'},     {"op", required_argument, nullptr, 'o'},
-      {"datatype", required_argument, nullptr, 'd'},  {"average", required_argument, nullptr, 'a'},
-      {"memory", required_argument, nullptr, 'm'},    {"help", no_argument, nullptr, 'h'},
-      {"root", required_argument, nullptr, 'r'},      {"backend", required_argument, nullptr, kBackendOption},
-      {"nccl-lib", required_argument, nullptr, kNcclLibOption},
-      {nullptr, 0, nullptr, 0}};
-  PerfArgs args;
-  ParseOutcome out;
-  auto fail = [&](const char* flag, const char* value, const char* expected) {
-    if (verbose) std::fprintf(stderr, "%s: invalid value '%s' for %s: expected %s\n", program, value, flag, expected);
-    out.exit_code = 2;
-    return out;
-  };
-  ::opterr = verbose ? 1 : 0;
-  ::optind = 1;
-  for (;;) {
-    const int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:a:m:r:h", kLong, nullptr);
-    if (c == -1) break;
-    const std::string_view v = ::optarg ? ::optarg : "";
-    switch (c) {
-      case 'b':
-        if (auto s = parse_size(v)) args.min_bytes = *s; else return fail("-b", ::optarg, "a size like 8, 64K, 1M");
-        break;
-      case 'e':
-        if (auto s = parse_size(v)) args.max_bytes = *s; else return fail("-e", ::optarg, "a size like 8, 64K, 1M");
-        break;
-      case 'i':
-        if (auto s = parse_size(v)) args.step_bytes = *s; else return fail("-i", ::optarg, "a size");
-        break;
-      case 'f':
-        if (auto s = parse_size(v); s && *s <= 1024) args.step_factor = *s; else return fail("-f", ::optarg, "0..1024");
-        break;
-      case 'n':
-        if (auto s = parse_int(v, 1, 1 << 30)) args.iters = *s; else return fail("-n", ::optarg, ">= 1");
-        break;
-      case 'w':
-        if (auto s = parse_int(v, 0, 1 << 30)) args.warmup = *s; else return fail("-w", ::optarg, ">= 0");
-        break;
-      case 'c':
-        if (auto s = parse_int(v, 0, 1 << 30)) args.check = *s; else return fail("-c", ::optarg, ">= 0");
-        break;
-      case 'a':
-        if (auto s = parse_int(v, 0, 3)) args.aggregate = static_cast<TimeAggregate>(*s);
-        else return fail("-a", ::optarg, "0 (rank 0), 1 (avg), 2 (min) or 3 (max)");
-        break;
-      case 'o':
-        if (v == "all") {
-          args.ops.assign(std::begin(kAllOps), std::end(kAllOps));
-        } else if (auto op = parse_reduce_op(v)) {
-          args.ops = {*op};
-        } else {
-          return fail("-o", ::optarg, "sum, prod, min, max, avg or all");
-        }
-        break;
-      case 'd':
-        if (v == "all") {
-          args.types.assign(std::begin(kAllTypes), std::end(kAllTypes));
-        } else if (auto t = parse_data_type(v)) {
-          args.types = {*t};
-        } else {
-          return fail("-d", ::optarg, "int8, uint8, int32, uint32, int64, uint64, half, bfloat16, float, double or all");
-        }
-        break;
-      case 'r':
-        if (auto s = parse_int(v, 0, 1 << 20)) args.root = *s; else return fail("-r", ::optarg, "a rank >= 0");
-        break;
-      case 'm':
-        if (v == "user") args.memory = MemoryMode::User;
-        else if (v == "alloc") args.memory = MemoryMode::Alloc;
-        else if (v == "device") args.memory = MemoryMode::Device;
-        else return fail("-m", ::optarg, "user, alloc or device");
-        args.memory_set = true;
-        break;
-      case kBackendOption:
-        if (v == "ringfence" || v == "nccl") args.backend = std::string(v);
-        else return fail("--backend", ::optarg, "ringfence or nccl");
-        break;
-      case kNcclLibOption:
-        if (v.empty()) return fail("--nccl-lib", ::optarg, "a library path or name");
-        args.nccl_library = std::string(v);
-        break;
-      case 'h':
-        if (verbose) print_usage(program);
-        out.exit_code = 0;
-        return out;
-      default:  // getopt already printed the offending option when verbose
-        if (verbose) print_usage(program);
-        out.exit_code = 2;
-        return out;
-    }
-  }
-  if (::optind < argc) {
-    if (verbose) std::fprintf(stderr, "%s: unexpected argument '%s' (see -h)\n", program, argv[::optind]);
-    out.exit_code = 2;
-    return out;
-  }
-  if (args.min_bytes > args.max_bytes) {
-    if (verbose)
-      std::fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", program, args.min_bytes, args.max_bytes);
-    out.exit_code = 2;
-    return out;
-  }
-  if (args.step_factor <= 1 && args.step_bytes == 0 && args.min_bytes != args.max_bytes) {
-    if (verbose) std::fprintf(stderr, "%s: -i 0 with -f <= 1 never reaches -e\n", program);
-    out.exit_code = 2;
-    return out;
-  }
-  out.args = std::move(args);
-  return out;
-}
-
 namespace {
-
-// ------------------------------------------------------------------------------------------
-// Verifiable data
-//
-// Every input is a small integer, so each reduction is exact in any association order and
-// ranks can be checked bit for bit against a host reference (nccl-tests' `verifiable` idea,
-// without a device). Element i of rank r uses j = i mod kPeriod and b(j) = j*j + 7*j:
-//   sum, avg : (b(j) + 3r) mod M, M = 7 for 8-bit integers and 16-bit floats, else 13
-//   prod     : 2 when (b(j) + r) mod 5 == 0, else 1 (at most ceil(n/5) twos per element)
-//   min, max : (13*b(j) + 7r) mod 101, minus 50 for signed and floating types
-// Exactness limits: sums stay exact while 6n <= 256 for bfloat16 (n <= 42) and 6n <= 127 for
-// int8 (n <= 21; beyond that integer sums wrap, which ringfence defines and the reference
-// models); products stay finite in half while ceil(n/5) <= 15 (n <= 75).
-// kPeriod is prime, so no power-of-two shift (chunk, slot or segment offset) maps the pattern
-// onto itself: a block written to the wrong place shows up as wrong elements.
-// ------------------------------------------------------------------------------------------
-
-constexpr std::size_t kPeriod = 4099;
-
-bool is_unsigned(DataType t) { return t == DataType::Uint8 || t == DataType::Uint32 || t == DataType::Uint64; }
-bool is_small(DataType t) {
-  return t == DataType::Int8 || t == DataType::Uint8 || t == DataType::Float16 || t == DataType::BFloat16;
-}
-
-std::int64_t input_value(std::size_t j, int r, DataType t, ReduceOp op) {
-  const std::uint64_t b = static_cast<std::uint64_t>(j) * j + 7 * j;
-  const auto ur = static_cast<std::uint64_t>(r);
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: return static_cast<std::int64_t>((b + 3 * ur) % (is_small(t) ? 7 : 13));
-    case ReduceOp::Prod: return (b + ur) % 5 == 0 ? 2 : 1;
-    case ReduceOp::Min:
-    case ReduceOp::Max: {
-      const auto v = static_cast<std::int64_t>((13 * b + 7 * ur) % 101);
-      return is_unsigned(t) ? v : v - 50;
-    }
-  }
-  return 0;
-}
-
-// Converts an exact integer to the element type: integers wrap modulo 2^bits (ringfence's and
-// NCCL's integer semantics), floats round once to nearest even.
-template <class T>
-T from_exact(std::int64_t v) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(v);
-  else return static_cast<T>(static_cast<std::uint64_t>(v));
-}
-
-// 2^k in the element type (integers modulo 2^bits; floats overflow to +inf, as a per-step
-// rounded product of powers of two does).
-template <class T>
-T pow2(int k) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(std::ldexp(1.0f, k));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(std::ldexp(1.0f, k));
-  else if constexpr (std::is_floating_point_v<T>) return std::ldexp(static_cast<T>(1), k);
-  else return static_cast<T>(k < 64 ? std::uint64_t{1} << k : 0);
-}
-
-// ringfence's avg: the exact sum (held in the element type, wrapping for integers), then one
-// division by the rank count (truncating for integers; in float for the 16-bit floats).
-template <class T>
-T divide(T sum, int n) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(to_float(sum) / static_cast<float>(n));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(to_float(sum) / static_cast<float>(n));
-  else return static_cast<T>(sum / static_cast<T>(n));
-}
-
-template <class T>
-void make_input(T* out, int rank, DataType t, ReduceOp op) {
-  for (std::size_t j = 0; j < kPeriod; ++j) out[j] = from_exact<T>(input_value(j, rank, t, op));
-}
-
-template <class T>
-void make_expected(T* out, int n, DataType t, ReduceOp op) {
-  for (std::size_t j = 0; j < kPeriod; ++j) {
-    std::int64_t sum = 0, lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
-    int twos = 0;
-    for (int r = 0; r < n; ++r) {
-      const std::int64_t v = input_value(j, r, t, op);
-      sum += v;
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-      twos += v == 2;
-    }
-    switch (op) {
-      case ReduceOp::Sum: out[j] = from_exact<T>(sum); break;
-      case ReduceOp::Avg: out[j] = divide<T>(from_exact<T>(sum), n); break;
-      case ReduceOp::Prod: out[j] = pow2<T>(twos); break;
-      case ReduceOp::Min: out[j] = from_exact<T>(lo); break;
-      case ReduceOp::Max: out[j] = from_exact<T>(hi); break;
-    }
-  }
-}
-
-// Calls f.template operator()<T>() with T the storage type of `t`.
-template <class F>
-void dispatch(DataType t, F&& f) {
-  switch (t) {
-    case DataType::Int8: f.template operator()<std::int8_t>(); break;
-    case DataType::Uint8: f.template operator()<std::uint8_t>(); break;
-    case DataType::Int32: f.template operator()<std::int32_t>(); break;
-    case DataType::Uint32: f.template operator()<std::uint32_t>(); break;
-    case DataType::Int64: f.template operator()<std::int64_t>(); break;
-    case DataType::Uint64: f.template operator()<std::uint64_t>(); break;
-    case DataType::Float16: f.template operator()<Half>(); break;
-    case DataType::BFloat16: f.template operator()<BFloat16>(); break;
-    case DataType::Float32: f.template operator()<float>(); break;
-    case DataType::Float64: f.template operator()<double>(); break;
-  }
-}
-
-// One period (kPeriod elements) of a rank's input and of the expected result.
-struct Pattern {
-  std::vector<std::byte> input;
-  std::vector<std::byte> expected;
-  std::size_t elem = 0;
-};
-
-Pattern make_pattern(DataType t, ReduceOp op, int rank, int n) {
-  Pattern p;
-  p.elem = size_of(t);
-  p.input.resize(kPeriod * p.elem);
-  p.expected.resize(kPeriod * p.elem);
-  dispatch(t, [&]<class T>() {
-    make_input(reinterpret_cast<T*>(p.input.data()), rank, t, op);
-    make_expected(reinterpret_cast<T*>(p.expected.data()), n, t, op);
-  });
-  return p;
-}
-
-// Formats element `i` of `buf` as a number (for the first-mismatch diagnostic).
-std::string element_string(const void* buf, std::size_t i, DataType t) {
-  std::string s;
-  dispatch(t, [&]<class T>() {
-    const T v = static_cast<const T*>(buf)[i];
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) s = std::to_string(to_float(v));
-    else s = std::to_string(v);
-  });
-  return s;
-}
 
 // ------------------------------------------------------------------------------------------
 // Buffers
@@ -550,13 +225,13 @@ struct Row {
   const std::vector<std::byte>* reduced;              // one period of the reduction of all inputs
 };
 
-// Writes `n` elements of `period` starting at global index `first` (tiled modulo kPeriod).
+// Writes `n` elements of `period` starting at global index `first` (tiled modulo kPatternPeriod).
 void fill_from(void* buf, std::size_t n, const std::vector<std::byte>& period, std::size_t elem, std::size_t first) {
   auto* dst = static_cast<std::byte*>(buf);
   std::size_t i = 0;
   while (i < n) {
-    const std::size_t j = (first + i) % kPeriod;
-    const std::size_t run = std::min(n - i, kPeriod - j);
+    const std::size_t j = (first + i) % kPatternPeriod;
+    const std::size_t run = std::min(n - i, kPatternPeriod - j);
     std::memcpy(dst + i * elem, period.data() + j * elem, run * elem);
     i += run;
   }
@@ -570,8 +245,8 @@ std::uint64_t wrong_in(const void* buf, std::size_t n, const std::vector<std::by
   std::uint64_t wrong = 0;
   std::size_t i = 0;
   while (i < n) {
-    const std::size_t j = (first + i) % kPeriod;
-    const std::size_t run = std::min(n - i, kPeriod - j);
+    const std::size_t j = (first + i) % kPatternPeriod;
+    const std::size_t run = std::min(n - i, kPatternPeriod - j);
     if (std::memcmp(got + i * elem, period.data() + j * elem, run * elem) != 0)
       for (std::size_t k = 0; k < run; ++k)
         if (std::memcmp(got + (i + k) * elem, period.data() + (j + k) * elem, elem) != 0) {
@@ -851,11 +526,5 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
 
 int run_all_reduce_perf(const PerfArgs& a, Backend& b) { return run_perf(Collective::AllReduce, a, b); }
 
-void divide_by_ranks(void* data, std::size_t count, DataType type, int ranks) {
-  dispatch(type, [&]<class T>() {
-    T* d = static_cast<T*>(data);
-    for (std::size_t i = 0; i < count; ++i) d[i] = divide<T>(d[i], ranks);
-  });
-}
 
 }  // namespace ringfence::bench
