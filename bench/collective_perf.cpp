@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       return 77;
 #endif
     }
-    // -m device also registers the GPU transports (nvlink, pcie), so the stream-ordered calls
+    // --memory device also registers the GPU transports (nvlink, pcie), so the stream-ordered calls
     // may run on device regions (docs/device.md; RINGFENCE_DEVICE_REGIONS=off: host-staged).
     rf::Communicator comm = [&] {
       if (parsed.args->memory != bench::MemoryMode::Device) return rf::Communicator::from_env();
@@ -123,17 +123,18 @@ int main(int argc, char** argv) {
                  : std::string();
     };
     backend.barrier = [&comm] { comm.barrier(); };
+    backend.set_timeout = [&comm](std::chrono::milliseconds t) { comm.set_timeout(t); };
     backend.alloc = [&comm](std::size_t bytes) { return comm.alloc(bytes); };
     backend.free = [&comm](void* ptr) { comm.free(ptr); };
     backend.notes = describe(comm);
-    // -m device: CUDA buffers and the stream-ordered calls (device regions or host-staged,
+    // --memory device: CUDA buffers and the stream-ordered calls (device regions or host-staged,
     // docs/device.md) on one stream per rank; ranks share GPUs round-robin. Skipped (77)
     // without a usable runtime.
     rf::tools::CudaRt cuda;
     void* stream = nullptr;
     if (parsed.args->memory == bench::MemoryMode::Device) {
       if (const std::string why = cuda.load(comm.options().cuda_runtime); !why.empty()) {
-        if (rank == 0) std::printf("# %s -m device: %s: skipped (exit 77)\n", program.c_str(), why.c_str());
+        if (rank == 0) std::printf("# %s --memory device: %s: skipped (exit 77)\n", program.c_str(), why.c_str());
         return 77;
       }
       cuda.check(cuda.set_device(comm.rank() % cuda.devices), "cudaSetDevice");

@@ -1,5 +1,5 @@
 // The copy bandwidths the device path is measured against (scripts/device-check.sh prints them
-// next to all_reduce_perf -m device): device-to-device cudaMemcpy, and pinned host <-> device
+// next to all_reduce_perf --memory device): device-to-device cudaMemcpy, and pinned host <-> device
 // (the host-staged stream-ordered calls cross PCIe twice per call). Bytes copied per second
 // (a device-to-device copy reads and writes each byte: its memory traffic is twice that).
 //   device_memcpy_bw [MiB] [ITERS]   default 256 MiB, 20 copies; CUDA runtime from

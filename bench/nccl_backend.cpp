@@ -127,7 +127,7 @@ int run_nccl_perf(Collective c, const PerfArgs& args_in, const std::string& prog
   // Reasons to skip are printed by every rank: the launcher may stop the others as soon as the
   // first one exits, before rank 0 has written its line.
   if (args.memory == MemoryMode::Alloc) {
-    if (talk) std::fprintf(stderr, "%s: --backend nccl: -m alloc is not offered (use -m device, or -m user with the ringfence shim)\n", program.c_str());
+    if (talk) std::fprintf(stderr, "%s: --backend nccl: --memory alloc is not offered (use --memory device, or --memory user with the ringfence shim)\n", program.c_str());
     return 2;
   }
   const bool device = args.memory == MemoryMode::Device;

@@ -21,7 +21,7 @@ namespace ringfence::bench {
 
 /// Runs the benchmark of `c` over NCCL as described above. `program` names the binary in
 /// messages, `launcher_rank` decides who prints before the communicator exists. Returns the
-/// exit code: `run_perf`'s (0, 1 or 2), 2 for `-m alloc`, 77 when it cannot run here (no CUDA
+/// exit code: `run_perf`'s (0, 1 or 2), 2 for `--memory alloc`, 77 when it cannot run here (no CUDA
 /// device for device buffers, or the library cannot be loaded). Throws what the bootstrap
 /// communicator throws.
 int run_nccl_perf(Collective c, const PerfArgs& args, const std::string& program, int launcher_rank);

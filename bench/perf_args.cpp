@@ -59,19 +59,34 @@ std::optional<int> parse_int(std::string_view text, int lo, int hi) {
 void print_usage(const char* program) {
   std::printf(
       "USAGE: %s\n"
+      "  nccl-tests options (same meanings and defaults):\n"
+      "  -t,--nthreads <num threads>            (default 1; ranks are processes here: only 1)\n"
+      "  -g,--ngpus <gpus per thread>           (default 1; one device or host buffer set per rank: only 1)\n"
       "  -b,--minbytes <min size in bytes>      (default 32M; K/M/G/T suffixes)\n"
       "  -e,--maxbytes <max size in bytes>      (default 32M)\n"
       "  -i,--stepbytes <increment size>        (default 1M; used when -f <= 1)\n"
       "  -f,--stepfactor <increment factor>     (default 1)\n"
       "  -n,--iters <iteration count>           (default 20)\n"
-      "  -w,--warmup_iters <warmup count>       (default 5, before each measurement)\n"
+      "  -m,--agg_iters <aggregated iteration count>  collectives per timed iteration (default 1)\n"
+      "  -w,--warmup_iters <warmup iteration count>   (default 1, before each measurement)\n"
+      "  -N,--run_cycles <cycle count>          run and print each cycle (default 1; 0 = until killed)\n"
+      "  -p,--parallel_init <0/1>               (accepted; one thread per rank initialises)\n"
       "  -c,--check <check iteration count>     (default 1; 0 = no #wrong check)\n"
       "  -o,--op <sum/prod/min/max/avg/all>     (default sum)\n"
-      "  -d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/bfloat16/float/double/all>\n"
-      "                                         (default float)\n"
-      "  -r,--root <root rank>                  broadcast and reduce (default 0)\n"
-      "  -a,--average <0/1/2/3>                 time reported: rank 0/avg/min/max over ranks (default 3)\n"
-      "  -m,--memory <user/alloc/device>        buffers: page-aligned heap memory, the\n"
+      "  -d,--datatype <nccltype/all>           int8, uint8, int32, uint32, int64, uint64, half,\n"
+      "                                         bfloat16, float, double (default float)\n"
+      "  -r,--root <root>                       broadcast and reduce (default 0)\n"
+      "  -z,--blocking <0/1>                    (accepted; host collectives block anyway)\n"
+      "  -y,--stream_null <0/1>                 (accepted; host collectives use no stream)\n"
+      "  -T,--timeout <time in seconds>         a call waiting longer for a peer fails (default: the backend's)\n"
+      "  -G,--cudagraph <num graph launches>    (only 0: no CUDA graphs in this driver)\n"
+      "  -C,--report_cputime <0/1>              (accepted; times are CPU wall-clock times anyway)\n"
+      "  -a,--average <0/1/2/3>                 report time of rank 0/avg/min/max over ranks (default 1)\n"
+      "  -R,--local_register <0/1/2>            1: buffers registered (ringfence registers on first use);\n"
+      "                                         2 (symmetric) is refused\n"
+      "  -J,--output_file <file>                also write the results as JSON (bench/README.md)\n"
+      "  ringfence options:\n"
+      "  --memory <user/alloc/device>           buffers: page-aligned heap memory, the\n"
       "                                         communicator's allocator, or device memory\n"
       "                                         (default user; device for --backend nccl)\n"
       "  --backend <ringfence/nccl>             collectives of ringfence, or of the NCCL in\n"
@@ -84,15 +99,23 @@ void print_usage(const char* program) {
 }  // namespace
 
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose) {
-  constexpr int kBackendOption = 1000, kNcclLibOption = 1001;  // long options without a letter
+  // Long options without a letter.
+  constexpr int kBackendOption = 1000, kNcclLibOption = 1001, kMemoryOption = 1002;
   static const option kLong[] = {
-      {"minbytes", required_argument, nullptr, 'b'},  {"maxbytes", required_argument, nullptr, 'e'},
-      {"stepbytes", required_argument, nullptr, 'i'}, {"stepfactor", required_argument, nullptr, 'f'},
-      {"iters", required_argument, nullptr, 'n'},     {"warmup_iters", required_argument, nullptr, 'w'},
-      {"check", required_argument, nullptr, 'c'},     {"op", required_argument, nullptr, 'o'},
-      {"datatype", required_argument, nullptr, 'd'},  {"average", required_argument, nullptr, 'a'},
-      {"memory", required_argument, nullptr, 'm'},    {"help", no_argument, nullptr, 'h'},
-      {"root", required_argument, nullptr, 'r'},      {"backend", required_argument, nullptr, kBackendOption},
+      {"nthreads", required_argument, nullptr, 't'},      {"ngpus", required_argument, nullptr, 'g'},
+      {"minbytes", required_argument, nullptr, 'b'},      {"maxbytes", required_argument, nullptr, 'e'},
+      {"stepbytes", required_argument, nullptr, 'i'},     {"stepfactor", required_argument, nullptr, 'f'},
+      {"iters", required_argument, nullptr, 'n'},         {"agg_iters", required_argument, nullptr, 'm'},
+      {"warmup_iters", required_argument, nullptr, 'w'},  {"run_cycles", required_argument, nullptr, 'N'},
+      {"parallel_init", required_argument, nullptr, 'p'}, {"check", required_argument, nullptr, 'c'},
+      {"op", required_argument, nullptr, 'o'},            {"datatype", required_argument, nullptr, 'd'},
+      {"root", required_argument, nullptr, 'r'},          {"blocking", required_argument, nullptr, 'z'},
+      {"stream_null", required_argument, nullptr, 'y'},   {"timeout", required_argument, nullptr, 'T'},
+      {"cudagraph", required_argument, nullptr, 'G'},     {"report_cputime", required_argument, nullptr, 'C'},
+      {"average", required_argument, nullptr, 'a'},       {"local_register", required_argument, nullptr, 'R'},
+      {"output_file", required_argument, nullptr, 'J'},   {"help", no_argument, nullptr, 'h'},
+      {"memory", required_argument, nullptr, kMemoryOption},
+      {"backend", required_argument, nullptr, kBackendOption},
       {"nccl-lib", required_argument, nullptr, kNcclLibOption},
       {nullptr, 0, nullptr, 0}};
   PerfArgs args;
@@ -102,13 +125,30 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
     out.exit_code = 2;
     return out;
   };
+  // An nccl-tests option whose value cannot apply to this driver: one line, exit 2.
+  auto cannot = [&](const char* flag, const char* value, const char* why) {
+    if (verbose) std::fprintf(stderr, "%s: %s %s cannot apply here: %s\n", program, flag, value, why);
+    out.exit_code = 2;
+    return out;
+  };
   ::opterr = verbose ? 1 : 0;
   ::optind = 1;
   for (;;) {
-    const int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:a:m:r:h", kLong, nullptr);
+    const int c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:J:h", kLong, nullptr);
     if (c == -1) break;
     const std::string_view v = ::optarg ? ::optarg : "";
+    const auto flag01 = [&](const char* flag) -> bool {  // a 0/1 value nccl-tests accepts
+      return v == "0" || v == "1" || (fail(flag, ::optarg, "0 or 1"), false);
+    };
     switch (c) {
+      case 't':
+        if (auto s = parse_int(v, 1, 1 << 20); !s) return fail("-t", ::optarg, ">= 1");
+        else if (*s != 1) return cannot("-t", ::optarg, "ranks are processes (one thread each): start more ranks instead");
+        break;
+      case 'g':
+        if (auto s = parse_int(v, 1, 1 << 20); !s) return fail("-g", ::optarg, ">= 1");
+        else if (*s != 1) return cannot("-g", ::optarg, "one GPU (or host buffer set) per rank: start one rank per GPU");
+        break;
       case 'b':
         if (auto s = parse_size(v)) args.min_bytes = *s; else return fail("-b", ::optarg, "a size like 8, 64K, 1M");
         break;
@@ -124,8 +164,20 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       case 'n':
         if (auto s = parse_int(v, 1, 1 << 30)) args.iters = *s; else return fail("-n", ::optarg, ">= 1");
         break;
+      case 'm':
+        if (auto s = parse_int(v, 1, 1 << 20)) args.agg_iters = *s;
+        else if (v == "user" || v == "alloc" || v == "device")
+          return fail("-m", ::optarg, "a count: -m is nccl-tests' --agg_iters; buffers are chosen with --memory");
+        else return fail("-m", ::optarg, ">= 1 (aggregated iterations)");
+        break;
       case 'w':
         if (auto s = parse_int(v, 0, 1 << 30)) args.warmup = *s; else return fail("-w", ::optarg, ">= 0");
+        break;
+      case 'N':
+        if (auto s = parse_int(v, 0, 1 << 30)) args.run_cycles = *s; else return fail("-N", ::optarg, ">= 0 (0 = until killed)");
+        break;
+      case 'p':
+        if (!flag01("-p")) return out;
         break;
       case 'c':
         if (auto s = parse_int(v, 0, 1 << 30)) args.check = *s; else return fail("-c", ::optarg, ">= 0");
@@ -139,6 +191,8 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
           args.ops.assign(std::begin(kAllOps), std::end(kAllOps));
         } else if (auto op = parse_reduce_op(v)) {
           args.ops = {*op};
+        } else if (v == "mulsum") {
+          return cannot("-o", ::optarg, "no pre-multiplied sum (ncclRedOpCreatePreMulSum) in ringfence");
         } else {
           return fail("-o", ::optarg, "sum, prod, min, max, avg or all");
         }
@@ -148,6 +202,8 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
           args.types.assign(std::begin(kAllTypes), std::end(kAllTypes));
         } else if (auto t = parse_data_type(v)) {
           args.types = {*t};
+        } else if (v == "f8e4m3" || v == "f8e5m2" || v == "fp8_e4m3" || v == "fp8_e5m2") {
+          return cannot("-d", ::optarg, "no float8 types in ringfence");
         } else {
           return fail("-d", ::optarg, "int8, uint8, int32, uint32, int64, uint64, half, bfloat16, float, double or all");
         }
@@ -155,11 +211,35 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       case 'r':
         if (auto s = parse_int(v, 0, 1 << 20)) args.root = *s; else return fail("-r", ::optarg, "a rank >= 0");
         break;
-      case 'm':
+      case 'z':
+        if (!flag01("-z")) return out;
+        break;
+      case 'y':
+        if (!flag01("-y")) return out;
+        break;
+      case 'T':
+        if (auto s = parse_int(v, 0, 1 << 30)) args.timeout_s = *s; else return fail("-T", ::optarg, "seconds >= 0");
+        break;
+      case 'G':
+        if (auto s = parse_int(v, 0, 1 << 30); !s) return fail("-G", ::optarg, ">= 0");
+        else if (*s != 0) return cannot("-G", ::optarg, "no CUDA graphs in this driver (collectives are host calls)");
+        break;
+      case 'C':
+        if (!flag01("-C")) return out;
+        break;
+      case 'R':
+        if (v == "0" || v == "1") break;
+        if (v == "2") return cannot("-R", ::optarg, "no symmetric memory windows in ringfence");
+        return fail("-R", ::optarg, "0, 1 or 2");
+      case 'J':
+        if (v.empty()) return fail("-J", ::optarg, "a file name");
+        args.json_file = std::string(v);
+        break;
+      case kMemoryOption:
         if (v == "user") args.memory = MemoryMode::User;
         else if (v == "alloc") args.memory = MemoryMode::Alloc;
         else if (v == "device") args.memory = MemoryMode::Device;
-        else return fail("-m", ::optarg, "user, alloc or device");
+        else return fail("--memory", ::optarg, "user, alloc or device");
         args.memory_set = true;
         break;
       case kBackendOption:

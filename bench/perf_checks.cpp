@@ -57,7 +57,7 @@ std::string size_note(Collective c, const PerfArgs& a, int ranks) {
 }
 
 std::string check_memory(const PerfArgs& a, int ranks_on_host, std::size_t host_bytes) {
-  // A send and a receive buffer of -e bytes per rank in host memory (with -m device, the host
+  // A send and a receive buffer of -e bytes per rank in host memory (with --memory device, the host
   // copies the driver fills and checks); the reference data is small next to them.
   const double need = 2.0 * double(a.max_bytes) * ranks_on_host;
   if (need <= double(host_bytes)) return {};

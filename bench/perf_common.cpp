@@ -1,6 +1,7 @@
 // Shared driver of the nccl-tests-compatible benchmarks; see perf_common.hpp.
 #include "perf_common.hpp"
 
+#include "perf_json.hpp"
 #include "perf_pattern.hpp"
 
 #include <getopt.h>
@@ -36,7 +37,7 @@ namespace {
 
 // A benchmark buffer from the heap or the backend's allocator; pre-faulted so first-touch
 // page faults never land inside a timed loop.
-// With `-m device` the buffer lives in device memory and `host()` is a host copy that the driver
+// With `--memory device` the buffer lives in device memory and `host()` is a host copy that the driver
 // fills and checks; `upload()` / `download()` move the whole buffer between the two.
 class Buffer {
  public:
@@ -72,7 +73,7 @@ class Buffer {
   }
   // What the collectives are given.
   void* get() const { return ptr_; }
-  // What the driver fills and checks (the same memory unless -m device).
+  // What the driver fills and checks (the same memory unless --memory device).
   void* host() const { return host_ != nullptr ? host_ : ptr_; }
   // Copies the first `bytes` (all by default) between the host copy and the device buffer.
   void upload(std::size_t bytes = SIZE_MAX) {
@@ -139,7 +140,7 @@ const char* aggregate_name(TimeAggregate a) {
   return "?";
 }
 
-// "#  Rank  0 Pid  1234 on host" lines, gathered through the backend's own allreduce. Returns
+// "#  Rank  0 Group  0 Pid  1234 on host device -1 [host]" lines (nccl-tests' shape), gathered through the backend's own allreduce. Returns
 // how many ranks share this rank's host (this one included).
 int print_ranks(Backend& b) {
   constexpr std::size_t kHostBytes = 64;
@@ -156,11 +157,11 @@ int print_ranks(Backend& b) {
   for (std::size_t r = 0; r < n; ++r)
     on_host += std::memcmp(&hosts[r * kHostBytes], &hosts[static_cast<std::size_t>(b.rank) * kHostBytes], kHostBytes) == 0;
   if (b.rank != 0) return on_host;
-  std::printf("# Using ranks\n");
+  std::printf("# Using devices\n");  // nccl-tests' heading; a host rank has no device
   for (std::size_t r = 0; r < n; ++r) {
     hosts[r * kHostBytes + kHostBytes - 1] = 0;
-    std::printf("#  Rank %2zu Pid %6lld on %s\n", r, static_cast<long long>(pids[r]),
-                reinterpret_cast<const char*>(&hosts[r * kHostBytes]));
+    std::printf("#  Rank %2zu Group  0 Pid %6lld on %10s device %2d [host]\n", r, static_cast<long long>(pids[r]),
+                reinterpret_cast<const char*>(&hosts[r * kHostBytes]), -1);
   }
   return on_host;
 }
@@ -168,11 +169,13 @@ int print_ranks(Backend& b) {
 // Returns how many ranks share this rank's host.
 int print_header(Collective c, const PerfArgs& a, Backend& b) {
   if (b.rank == 0) {
-    std::printf("# %s %s_perf: nRanks %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
-                "validation: %d time: %s memory: %s\n",
-                b.name.c_str(), collective_name(c), b.size, a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes,
-                a.step_factor > 1 ? "factor" : "bytes", a.warmup, a.iters, a.check, aggregate_name(a.aggregate),
-                memory_name(a.memory));
+    // nccl-tests' first line (scripts read it), then ours.
+    std::printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: %d "
+                "validation: %d graph: 0\n",
+                a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes, a.step_factor > 1 ? "factor" : "bytes",
+                a.warmup, a.iters, a.agg_iters, a.check);
+    std::printf("# %s %s_perf: nRanks %d time: %s memory: %s\n", b.name.c_str(), collective_name(c), b.size,
+                aggregate_name(a.aggregate), memory_name(a.memory));
     for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
     std::printf("#\n");
   }
@@ -336,13 +339,13 @@ std::uint64_t verify(const Row& w, int rank, int n, const Placement& at, std::si
 
 // One measurement (out-of-place or in-place) of one row: warm-up, timed loop, then `check`
 // verified runs. Prints its four columns on rank 0.
-// With -m device the data is prepared and checked in the buffers' host copies (`host`) while the
+// With --memory device the data is prepared and checked in the buffers' host copies (`host`) while the
 // collective runs on the device buffers (`at`); otherwise both are the same memory.
-void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buffer& send, Buffer& recv, Totals& totals) {
+Measured measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buffer& send, Buffer& recv, Totals& totals) {
   const std::string unsupported = in_place && b.in_place_unsupported ? b.in_place_unsupported(w.c) : std::string();
   if (!unsupported.empty()) {
     if (b.rank == 0) std::printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
-    return;
+    return {};
   }
   const Placement at = place(w, b.rank, in_place, send.get(), recv.get());
   const Placement host = place(w, b.rank, in_place, send.host(), recv.host());
@@ -356,10 +359,12 @@ void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buffer&
   synchronize(b);
   b.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.iters; ++i) invoke(w, b, at);
+  // -m: each timed iteration issues agg_iters calls; the time is per call, as in nccl-tests.
+  for (int i = 0; i < a.iters; ++i)
+    for (int k = 0; k < a.agg_iters; ++k) invoke(w, b, at);
   synchronize(b);
   const auto t1 = std::chrono::steady_clock::now();
-  const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters;
+  const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters / a.agg_iters;
   const double us = aggregate_time(b, local_us, a.aggregate);
 
   std::uint64_t wrong = 0;
@@ -393,6 +398,7 @@ void measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buffer&
     if (a.check != 0) std::printf("  %7s  %6.2f  %6.2f  %5g", t, algbw, busbw, static_cast<double>(wrong));
     else std::printf("  %7s  %6.2f  %6.2f  %5s", t, algbw, busbw, "N/A");
   }
+  return Measured{true, us, algbw, busbw, a.check != 0 ? static_cast<std::int64_t>(wrong) : -1};
 }
 
 bool offered(Collective c, const Backend& b) {
@@ -443,12 +449,19 @@ double busbw_factor(Collective c, int ranks) {
 
 int run_perf(Collective c, const PerfArgs& a, Backend& b) {
   if (a.memory == MemoryMode::Alloc && !b.alloc) {
-    if (b.rank == 0) std::fprintf(stderr, "# -m alloc is not supported by %s\n", b.name.c_str());
+    if (b.rank == 0) std::fprintf(stderr, "# --memory alloc is not supported by %s\n", b.name.c_str());
     return 2;
   }
   if (a.memory == MemoryMode::Device && !(b.alloc && b.upload && b.download)) {
-    if (b.rank == 0) std::fprintf(stderr, "# -m device is not supported by %s\n", b.name.c_str());
+    if (b.rank == 0) std::fprintf(stderr, "# --memory device is not supported by %s\n", b.name.c_str());
     return 2;
+  }
+  if (a.timeout_s > 0) {
+    if (!b.set_timeout) {
+      if (b.rank == 0) std::fprintf(stderr, "# -T is not supported by %s\n", b.name.c_str());
+      return 2;
+    }
+    b.set_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout_s * 1000)));
   }
   if (!offered(c, b)) {
     if (b.rank == 0) std::fprintf(stderr, "# %s is not offered by %s\n", collective_name(c), b.name.c_str());
@@ -478,6 +491,8 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
   const bool blocks = c == Collective::ReduceScatter || c == Collective::AllGather || c == Collective::AllToAll;
   const auto n = static_cast<std::size_t>(b.size);
   Totals totals;
+  std::vector<ResultRow> rows;  // for -J
+  for (int cycle = 0; a.run_cycles == 0 || cycle < a.run_cycles; ++cycle)  // -N
   for (DataType type : a.types) {
     const std::string why = b.unsupported ? b.unsupported(type) : std::string();
     if (!why.empty()) {
@@ -504,8 +519,11 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
           std::printf("%12zu  %12zu  %8s  %6s  %6i", count * elem, count, str(to_string(type)).c_str(),
                       has_op(c) ? str(to_string(op)).c_str() : "none",
                       c == Collective::Broadcast || c == Collective::Reduce ? a.root : -1);
-        measure(a, b, w, false, send, recv, totals);
-        measure(a, b, w, true, send, recv, totals);
+        ResultRow row{cycle, count * elem, count, str(to_string(type)), has_op(c) ? str(to_string(op)) : "none",
+                      c == Collective::Broadcast || c == Collective::Reduce ? a.root : -1, {}, {}};
+        row.out_of_place = measure(a, b, w, false, send, recv, totals);
+        row.in_place = measure(a, b, w, true, send, recv, totals);
+        if (!a.json_file.empty() && b.rank == 0) rows.push_back(std::move(row));
         if (b.rank == 0) {
           std::printf("\n");
           std::fflush(stdout);
@@ -519,7 +537,14 @@ int run_perf(Collective c, const PerfArgs& a, Backend& b) {
                 totals.wrong ? "FAILED" : "OK");
     std::printf("# Avg bus bandwidth    : %g\n", avg);
     std::printf("#\n");
+    std::printf("# Collective test concluded: %s_perf\n", collective_name(c));
     std::fflush(stdout);
+    if (!a.json_file.empty()) {
+      if (const std::string why = write_json(a.json_file, c, a, b, rows, totals.wrong, avg); !why.empty()) {
+        std::fprintf(stderr, "# %s\n", why.c_str());
+        return 1;
+      }
+    }
   }
   return totals.wrong ? 1 : 0;
 }

@@ -9,6 +9,7 @@
 /// Not a library API: lives in bench/, compiled into the benchmark executables only.
 
 #include <cstddef>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <ringfence/types.hpp>
@@ -47,10 +48,14 @@ struct PerfArgs {
   std::size_t step_bytes = std::size_t{1} << 20;   ///< -i (used when step_factor <= 1)
   std::size_t step_factor = 1;                     ///< -f (multiplicative step when > 1)
   int iters = 20;                                  ///< -n timed iterations per measurement
-  int warmup = 5;                                  ///< -w untimed iterations before each measurement
+  int agg_iters = 1;                               ///< -m collectives per timed iteration (nccl-tests' aggregation)
+  int warmup = 1;                                  ///< -w untimed iterations before each measurement
+  int run_cycles = 1;                              ///< -N sweeps over the sizes (0 = until killed)
   int check = 1;                                   ///< -c verified runs per measurement (0 = off)
-  TimeAggregate aggregate = TimeAggregate::Max;    ///< -a
-  MemoryMode memory = MemoryMode::User;            ///< -m
+  TimeAggregate aggregate = TimeAggregate::Avg;    ///< -a
+  double timeout_s = 0;                            ///< -T per-call deadline in seconds (0 = the backend's own)
+  std::string json_file;                           ///< -J write the results as JSON here too
+  MemoryMode memory = MemoryMode::User;            ///< --memory
   std::vector<DataType> types{DataType::Float32};  ///< -d
   std::vector<ReduceOp> ops{ReduceOp::Sum};        ///< -o
   int root = 0;                                    ///< -r root of broadcast and reduce
@@ -66,8 +71,11 @@ struct ParseOutcome {
   int exit_code = 0;
 };
 
-/// Parses nccl-tests flags (`-b -e -i -f -n -w -c -a -o -d -r -m -h`, plus their long forms),
-/// and `--backend`, `--nccl-lib` (programs without backends refuse values other than the default).
+/// Parses nccl-tests' options with their meanings and defaults (`-t -g -b -e -i -f -n -m -w -N -p
+/// -c -o -d -r -z -y -T -G -C -a -R -J -h`, plus their long forms; bench/README.md says what
+/// each does here) and ringfence's own long options `--memory`, `--backend`, `--nccl-lib`
+/// (programs without backends refuse values other than the default). Options that cannot apply
+/// on a host backend (`-t 2`, `-g 2`, `-G 1`, `-R 2`) are refused in one line naming them.
 /// Sizes accept K/M/G/T (binary) suffixes. Prints help (stdout) or errors (stderr) only when
 /// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
@@ -98,19 +106,22 @@ struct Backend {
   std::function<void()> barrier;
   /// Why `type` cannot be benchmarked (empty or unset = supported).
   std::function<std::string(DataType type)> unsupported;
-  /// Allocator for `-m alloc`; unset = `-m alloc` is refused.
+  /// Allocator for `--memory alloc`; unset = `--memory alloc` is refused.
   std::function<void*(std::size_t bytes)> alloc;
   /// Frees what `alloc` returned.
   std::function<void(void* ptr)> free;
   /// Extra header lines (without the leading '#'), printed by rank 0.
   std::vector<std::string> notes;
-  /// `-m device`: copy `bytes` from host memory to a buffer from `alloc` and back. Both unset =
-  /// `-m device` is refused.
+  /// `--memory device`: copy `bytes` from host memory to a buffer from `alloc` and back. Both unset =
+  /// `--memory device` is refused.
   std::function<void(void* device, const void* host, std::size_t bytes)> upload;
   std::function<void(void* host, const void* device, std::size_t bytes)> download;
   /// Waits until every collective issued so far has completed (stream-ordered backends: before
   /// the clock stops and before results are read); unset = calls complete before returning.
   std::function<void()> synchronize;
+  /// `-T`: from now on a call that waits longer than this for a peer fails. Unset = `-T` is
+  /// refused for this backend.
+  std::function<void(std::chrono::milliseconds)> set_timeout;
   /// Allreduce of host memory for the driver's own numbers (times, #wrong, the rank table);
   /// unset = `allreduce` (which must then accept host memory).
   std::function<void(const void* send, void* recv, std::size_t count, DataType type, ReduceOp op)> host_allreduce;

@@ -17,7 +17,7 @@
 #      nvlink/pcie links, the kernel module's reductions), 2 and 4 ranks, exact; the NCCL shim's
 #      API test on device buffers with streams, on device regions, 2 ranks (what frameworks run);
 #   3. compute-sanitizer --tool memcheck on one small device collective (2 ranks);
-#   4. all_reduce_perf -m device for 2 and 4 ranks, on device regions (checksums off) and with
+#   4. all_reduce_perf --memory device for 2 and 4 ranks, on device regions (checksums off) and with
 #      the defaults (checksums on, host-staged), next to the device-to-device and pinned
 #      host<->device cudaMemcpy bandwidths, and NCCL's ncclAllReduce (all_reduce_perf --backend
 #      nccl) on the same GPUs when there are at least 2.
@@ -187,13 +187,13 @@ timeout 60 "$bin/device_memcpy_bw" "${DEVICE_CHECK_COPY_MIB:-256}" 20 ${RINGFENC
 status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
 for n in 2 4; do
   # Device regions verify no checksums yet (docs/device.md): they run with checksums off.
-  RINGFENCE_CHECKSUM=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" -f 4 \
+  RINGFENCE_CHECKSUM=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" -f 4 \
     -n 10 -w 2 >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
-  status "all_reduce_perf -m device, $n ranks ($(grep -ao 'device path: [a-z -]*' "$out/all_reduce_perf_${n}ranks.txt" | head -1))" $? \
+  status "all_reduce_perf --memory device, $n ranks ($(grep -ao 'device path: [a-z -]*' "$out/all_reduce_perf_${n}ranks.txt" | head -1))" $? \
     "$out/all_reduce_perf_${n}ranks.txt"
-  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" -m device -b 1M -e "$max" \
+  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" \
     -f 4 -n 10 -w 2 >"$out/all_reduce_perf_staged_${n}ranks.txt" 2>&1
-  status "all_reduce_perf -m device, $n ranks, the defaults (checksums on: host-staged, every chunk checked)" $? \
+  status "all_reduce_perf --memory device, $n ranks, the defaults (checksums on: host-staged, every chunk checked)" $? \
     "$out/all_reduce_perf_staged_${n}ranks.txt"
 done
 if [ "$gpus" -ge 2 ]; then

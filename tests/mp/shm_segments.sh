@@ -37,7 +37,7 @@ await_segments() {
 # ignored signal never reaches the launcher's signalfd.
 set -m
 for how in kill-rank interrupt-launcher; do
-  "$run" -n 4 --timeout 120 "$perf" -b 1M -e 1M -n 1000000 -w 1 -c 0 -m alloc >/dev/null 2>&1 &
+  "$run" -n 4 --timeout 120 "$perf" -b 1M -e 1M -n 1000000 -w 1 -c 0 --memory alloc >/dev/null 2>&1 &
   launcher=$!
   pids=$(await_segments $launcher 4) || { kill -9 $launcher; fail "$how: the job's segments never appeared"; }
   before=$(segments_of $pids | grep -c .)
@@ -58,7 +58,7 @@ if ! unshare -p -f --mount-proc true 2>/dev/null; then
   exit 77
 fi
 # Job A checks its results (-c 1) and runs well past the neighbour.
-"$run" -n 2 --timeout 120 "$perf" -b 1M -e 1M -n 20000 -w 1 -c 1 -m alloc >/tmp/rf-shm-seg-a.$$ 2>&1 &
+"$run" -n 2 --timeout 120 "$perf" -b 1M -e 1M -n 20000 -w 1 -c 1 --memory alloc >/tmp/rf-shm-seg-a.$$ 2>&1 &
 launcher=$!
 pids=$(await_segments $launcher 2) || { kill -9 $launcher; fail "job A's segments never appeared"; }
 before=$(segments_of $pids | sort)
