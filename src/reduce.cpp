@@ -1,12 +1,20 @@
-// Host reduction kernels. Compiled with -O3 (and -march=${RINGFENCE_ARCH}) so the element loops
-// in reduce_ops.hpp vectorise; this is the only place the element-type templates are
-// instantiated for the host, 10 types x 5 ops.
+// Host reduction kernels. Compiled with -O3 so the element loops in reduce_ops.hpp vectorise;
+// this is the only place the element-type templates are instantiated for the host, 10 types x
+// 5 ops. Compiled twice (docs/tuning.md, "CPU features"): as it is, for the build's baseline
+// (namespace detail::baseline), and by reduce_x86_64_v3.cpp with -march=x86-64-v3 (namespace
+// detail::x86_64_v3); reduce_dispatch.cpp picks one at run time. Everything here has internal
+// linkage or lives in the variant's namespace, so the two objects share no inline function
+// (tests/build_checks/check_simd.sh checks that neither defines a weak symbol).
 #include <cstring>
 #include <ringfence/reduce_ops.hpp>
 
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
+#ifndef RINGFENCE_REDUCE_VARIANT
+#define RINGFENCE_REDUCE_VARIANT baseline
+#endif
+
 #if defined(__F16C__) && defined(__AVX__)
 #define RINGFENCE_HAVE_F16C 1
 #else
@@ -185,7 +193,9 @@ Reducer make(ReduceOp op) noexcept {
 
 }  // namespace
 
-namespace {
+namespace detail::RINGFENCE_REDUCE_VARIANT {
+
+/// This variant's reducer of `type` and `op` (combine/finish and element size only).
 Reducer host_reducer_of(DataType type, ReduceOp op) noexcept {
   switch (type) {
     case DataType::Int8: return make<std::int8_t>(op);
@@ -209,17 +219,8 @@ Reducer host_reducer_of(DataType type, ReduceOp op) noexcept {
   }
   return Reducer{};
 }
-}  // namespace
 
-Reducer host_reducer(DataType type, ReduceOp op) noexcept {
-  Reducer r = host_reducer_of(type, op);
-  if (r.combine != nullptr) {
-    r.type = type;
-    r.op = op;
-  }
-  return r;
-}
-
+/// This variant's `copy_bytes`.
 void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
 #if defined(__AVX2__)
   // Up to a default pipeline chunk: the vector loop. Larger copies (whole blocks) stay with
@@ -245,4 +246,5 @@ void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   std::memcpy(dst, src, n);
 }
 
+}  // namespace detail::RINGFENCE_REDUCE_VARIANT
 }  // namespace ringfence

@@ -118,9 +118,11 @@ struct SumDivOp {
 };
 
 /// Applies `op` element-wise: `dst[i] = op(a[i], b[i])` for i < n. `dst` may equal `a` or `b`
-/// exactly; any other overlap is undefined. Written so the host compiler vectorises it.
+/// exactly; any other overlap is undefined. Written so the host compiler vectorises it. Always
+/// inlined: src/reduce.cpp compiles it once per CPU variant, and an out-of-line copy would be
+/// one weak symbol that the linker could take from the AVX2 variant for every caller.
 template <class T, class Op>
-RINGFENCE_HOST_DEVICE inline void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, Op op) noexcept {
+RINGFENCE_HOST_DEVICE RINGFENCE_FORCEINLINE void reduce_loop(T* dst, const T* a, const T* b, std::size_t n, Op op) noexcept {
   if (dst == b) {
     T* __restrict d = dst;
     const T* __restrict x = a;
@@ -216,6 +218,11 @@ struct Reducer {
 /// Returns the host reducer for (type, op). Thread-safe; returns a reducer with null
 /// functions for out-of-range enumerators.
 Reducer host_reducer(DataType type, ReduceOp op) noexcept;
+/// The same from the build's baseline kernels, whatever the CPU has (tests compare the two).
+Reducer host_reducer_baseline(DataType type, ReduceOp op) noexcept;
+/// Which compiled kernels `host_reducer` and `copy_bytes` use on this CPU: "x86-64-v3" (AVX2,
+/// F16C, FMA; x86-64 builds) or "baseline" (what the build targets). Chosen once, at first use.
+const char* reduce_kernels() noexcept;
 
 /// `memcpy` for the data path (staging writes, receive copies). From 512 bytes to 256 KiB it
 /// uses a 32-byte vector loop where the build targets AVX2: glibc picks `rep movsb` for mid-sized

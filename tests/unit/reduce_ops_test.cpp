@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 #include <ringfence/reduce_ops.hpp>
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -331,4 +332,49 @@ TEST_CASE("reduce_vec16 as a grid of threads equals the scalar loop at every ali
           }
   INFO(runs << " runs");
   REQUIRE(bad == 0);
+}
+
+// The run-time choice between the baseline kernels and the x86-64-v3 copy (src/reduce_dispatch.cpp):
+// the fast copy is chosen where the CPU has it, and both give the same bits for every type and op
+// (random bit patterns, so NaNs, infinities and subnormals of every float type are included;
+// float16 NaN inputs are left out: F16C keeps a NaN's payload where the scalar path does not).
+TEST_CASE("reduction kernels: x86-64-v3 chosen where the CPU has it, bit-identical to the baseline", "[reduce][dispatch]") {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  CHECK(std::string(reduce_kernels()) == (__builtin_cpu_supports("x86-64-v3") ? "x86-64-v3" : "baseline"));
+#else
+  CHECK(std::string(reduce_kernels()) == "baseline");
+#endif
+  std::mt19937_64 rng(7);
+  const DataType types[] = {DataType::Int8,    DataType::Uint8,    DataType::Int32,   DataType::Uint32,  DataType::Int64,
+                            DataType::Uint64,  DataType::Float16,  DataType::BFloat16, DataType::Float32, DataType::Float64};
+  const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg};
+  for (DataType t : types)
+    for (ReduceOp op : ops) {
+      const Reducer fast = host_reducer(t, op), base = host_reducer_baseline(t, op);
+      REQUIRE(fast.combine != nullptr);
+      REQUIRE(base.combine != nullptr);
+      REQUIRE(fast.elem_size == base.elem_size);
+      const std::size_t n = 1000 + 37;  // vector bodies and scalar tails
+      std::vector<std::uint8_t> a(n * fast.elem_size), b(a.size()), x(a.size()), y(a.size());
+      for (auto& v : a) v = static_cast<std::uint8_t>(rng());
+      for (auto& v : b) v = static_cast<std::uint8_t>(rng());
+      if (t == DataType::Float16)  // NaN inputs: F16C keeps their payload, the scalar path does not (docs/tuning.md)
+        for (auto* buf : {&a, &b})
+          for (std::size_t i = 1; i < buf->size(); i += 2)
+            if (((*buf)[i] & 0x7c) == 0x7c && (((*buf)[i] & 0x03) | (*buf)[i - 1]) != 0) (*buf)[i] &= 0xfb;  // NaN -> finite
+      for (CombineFn Reducer::*fn : {&Reducer::combine, &Reducer::finish}) {
+        (fast.*fn)(x.data(), a.data(), b.data(), n, 3);
+        (base.*fn)(y.data(), a.data(), b.data(), n, 3);
+        INFO(to_string(t) << " " << to_string(op));
+        CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
+      }
+    }
+  // copy_bytes (dispatched too) copies exactly, across its vector and glibc ranges.
+  for (std::size_t n : {std::size_t{1}, std::size_t{511}, std::size_t{4099}, std::size_t{300000}}) {
+    std::vector<std::uint8_t> src(n), dst(n, 0);
+    for (auto& v : src) v = static_cast<std::uint8_t>(rng());
+    copy_bytes(dst.data(), src.data(), n);
+    CHECK(dst == src);
+  }
 }

@@ -1,0 +1,63 @@
+// Which compiled variant of the host reduction kernels (reduce.cpp) runs: chosen once, at the
+// first call, from the CPU's features, and never changed (docs/tuning.md, "CPU features"). The
+// build's baseline runs anywhere it was built for; x86-64-v3 needs AVX2, F16C and FMA.
+#include <ringfence/reduce_ops.hpp>
+
+namespace ringfence {
+namespace detail {
+namespace baseline {
+Reducer host_reducer_of(DataType type, ReduceOp op) noexcept;
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
+}  // namespace baseline
+#if RINGFENCE_REDUCE_X86_64_V3
+namespace x86_64_v3 {
+Reducer host_reducer_of(DataType type, ReduceOp op) noexcept;
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
+}  // namespace x86_64_v3
+#endif
+}  // namespace detail
+
+namespace {
+
+struct Kernels {
+  Reducer (*reducer)(DataType, ReduceOp) noexcept;
+  void (*copy)(void*, const void*, std::size_t) noexcept;
+  const char* name;
+};
+
+constexpr Kernels kBaseline{&detail::baseline::host_reducer_of, &detail::baseline::copy_bytes, "baseline"};
+
+Kernels pick() noexcept {
+#if RINGFENCE_REDUCE_X86_64_V3
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v3"))
+    return {&detail::x86_64_v3::host_reducer_of, &detail::x86_64_v3::copy_bytes, "x86-64-v3"};
+#endif
+  return kBaseline;
+}
+
+// Chosen once (thread-safe static initialisation), never changed.
+const Kernels& chosen() noexcept {
+  static const Kernels kernels = pick();
+  return kernels;
+}
+
+Reducer finished(Reducer r, DataType type, ReduceOp op) noexcept {
+  if (r.combine != nullptr) {
+    r.type = type;
+    r.op = op;
+  }
+  return r;
+}
+
+}  // namespace
+
+Reducer host_reducer(DataType type, ReduceOp op) noexcept { return finished(chosen().reducer(type, op), type, op); }
+
+Reducer host_reducer_baseline(DataType type, ReduceOp op) noexcept { return finished(kBaseline.reducer(type, op), type, op); }
+
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept { chosen().copy(dst, src, n); }
+
+const char* reduce_kernels() noexcept { return chosen().name; }
+
+}  // namespace ringfence
