@@ -6,7 +6,7 @@
 # (`-g 8`) must be refused in one line with exit 2; -m (aggregated iterations), -N (cycles) and
 # -J (JSON) must do what nccl-tests' do.
 #
-# usage: nccl_tests_cli.sh RINGFENCE_RUN BIN_DIR
+# usage: nccl_tests_cli.sh RINGFENCE_RUN BIN_DIR   (NCCL_TESTS_CLI_RANKS="2" narrows the rank counts)
 set -uo pipefail
 run=${1:?usage: nccl_tests_cli.sh RINGFENCE_RUN BIN_DIR}
 bin=${2:?usage: nccl_tests_cli.sh RINGFENCE_RUN BIN_DIR}
@@ -71,4 +71,14 @@ PY
 "$run" -n 2 "$bin/all_reduce_perf" -b 8 -e 8 -T 30 >"$tmp/t.txt" 2>&1 || { cat "$tmp/t.txt"; fail "-T 30"; }
 "$run" -n 1 "$bin/all_reduce_perf" -T soon >"$tmp/t2.txt" 2>&1
 [ $? = 2 ] && grep -q "invalid value 'soon' for -T" "$tmp/t2.txt" || { cat "$tmp/t2.txt"; fail "-T soon"; }
+# Under ringfence-run the output has the shape it has under mpirun (no prefix): the same lines
+# once every number is masked.
+if command -v mpirun >/dev/null; then
+  "$run" -n 2 "$bin/all_reduce_perf" -b 8 -e 1K -f 4 >"$tmp/rf.txt" 2>&1 || fail "all_reduce_perf under ringfence-run"
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$bin/all_reduce_perf" -b 8 -e 1K -f 4 >"$tmp/mpi.txt" 2>&1 ||
+    { cat "$tmp/mpi.txt"; fail "all_reduce_perf under mpirun"; }
+  shape() { sed -E 's/[0-9]+(\.[0-9]+)?/N/g; s/ +/ /g' "$1"; }
+  diff <(shape "$tmp/rf.txt") <(shape "$tmp/mpi.txt") || fail "output shape differs between ringfence-run and mpirun"
+  echo "ringfence-run and mpirun: same output shape ($(wc -l <"$tmp/rf.txt") lines)"
+fi
 echo "nccl-tests command lines: all passed"
