@@ -2,9 +2,11 @@
 // named with %h/%p/%r, and the error for a file that cannot be opened.
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <sstream>
+#include <vector>
 #include <ringfence/communicator.hpp>
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
@@ -25,6 +27,32 @@ std::string host_name() {
   return s.substr(0, s.find('.'));
 }
 Environment env(const std::map<std::string, std::string>& vars) { return Environment(vars); }
+// Lines of `text`. (No std::regex here: GCC 12 warns inside <regex> at -O1, the ASan build.)
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+// True when `line` is `head`, then one or more digits (a thread id), then `tail`.
+bool head_tid_tail(const std::string& line, const std::string& head, const std::string& tail) {
+  if (line.size() <= head.size() + tail.size() || !line.starts_with(head) || !line.ends_with(tail)) return false;
+  const std::string mid = line.substr(head.size(), line.size() - head.size() - tail.size());
+  return !mid.empty() && mid.find_first_not_of("0123456789") == std::string::npos;
+}
+bool any_line(const std::string& text, const std::string& head, const std::string& tail) {
+  for (const auto& l : lines_of(text))
+    if (head_tid_tail(l, head, tail)) return true;
+  return false;
+}
+// "2026-12-02T13:40:01.123456Z ": digits where the pattern has 9.
+bool is_timestamp(const std::string& s) {
+  const std::string pattern = "9999-99-99T99:99:99.999999Z ";
+  if (s.size() != pattern.size()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i)
+    if (pattern[i] == '9' ? !std::isdigit(static_cast<unsigned char>(s[i])) : s[i] != pattern[i]) return false;
+  return true;
+}
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -50,13 +78,16 @@ TEST_CASE("log lines read host:pid:tid [rank] LEVEL subsystem: message", "[log]"
   captured.logger().debug("not shown at info");
   const std::string text = captured.text();
   const std::string head = host_name() + ":" + std::to_string(::getpid()) + ":";
-  CHECK(std::regex_search(text, std::regex("(^|\n)" + head + "[0-9]+ \\[3\\] WARN ringfence: fenced link 0-1\n")));
-  CHECK(std::regex_search(text, std::regex("(^|\n)" + head + "[0-9]+ \\[3\\] INFO store: refused a stranger\n")));
+  CHECK(any_line(text, head, " [3] WARN ringfence: fenced link 0-1"));
+  CHECK(any_line(text, head, " [3] INFO store: refused a stranger"));
+  CHECK(lines_of(text).size() == 2);
   CHECK(text.find("not shown") == std::string::npos);
   // No rank: no bracket. The thread id is this thread's.
   test::CapturedLog unranked(LogLevel::Warn);
   unranked.logger().error("boom");
-  CHECK(std::regex_match(unranked.text(), std::regex(head + "[0-9]+ ERROR ringfence: boom\n")));
+  CHECK(unranked.text().ends_with("\n"));
+  CHECK(lines_of(unranked.text()).size() == 1);
+  CHECK(any_line(unranked.text(), head, " ERROR ringfence: boom"));
   CHECK(unranked.text().find(":" + std::to_string(::gettid()) + " ") != std::string::npos);
 }
 
@@ -64,8 +95,11 @@ TEST_CASE("log timestamps are UTC to the microsecond", "[log]") {
   test::CapturedLog captured(LogLevel::Warn, 0);
   captured.logger().set_timestamps(true);
   captured.logger().warn("stamped");
-  CHECK(std::regex_match(captured.text(), std::regex("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\\.[0-9]{6}Z "
-                                                     "[^ ]+ \\[0\\] WARN ringfence: stamped\n")));
+  const std::string line = captured.text();
+  REQUIRE(line.size() > 28);
+  CHECK(is_timestamp(line.substr(0, 28)));
+  CHECK(line.starts_with("20"));
+  CHECK(line.ends_with(" [0] WARN ringfence: stamped\n"));
   const CommOptions o = CommOptions::from_env(env({{"RINGFENCE_LOG_TIMESTAMP", "on"}}));
   CHECK(o.log_timestamps);
   CHECK_FALSE(CommOptions{}.log_timestamps);
@@ -91,7 +125,12 @@ TEST_CASE("a log file is appended to by every logger that names it", "[log]") {
   }
   make_logger(LogLevel::Info, 2, pattern, true).info("third, later");
   const std::string text = read_file(dir / "job.2.log");
-  CHECK(std::regex_search(text, std::regex("\\[2\\] INFO ringfence: first\n.*\\[2\\] WARN health: second\n.*Z .*\\[2\\] INFO ringfence: third, later\n")));
+  const auto lines = lines_of(text);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].ends_with(" [2] INFO ringfence: first"));
+  CHECK(lines[1].ends_with(" [2] WARN health: second"));
+  CHECK(is_timestamp(lines[2].substr(0, 28)));
+  CHECK(lines[2].ends_with(" [2] INFO ringfence: third, later"));
   CHECK_FALSE(std::filesystem::exists(dir / "job.%r.log"));
   // A file that cannot be opened: InvalidUsage naming the variable, the rank and the path.
   const std::string bad = (dir / "missing" / "x.log").string();
