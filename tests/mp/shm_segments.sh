@@ -61,7 +61,15 @@ fi
 "$run" -n 2 --timeout 120 "$perf" -b 1M -e 1M -n 20000 -w 1 -c 1 --memory alloc >/tmp/rf-shm-seg-a.$$ 2>&1 &
 launcher=$!
 pids=$(await_segments $launcher 2) || { kill -9 $launcher; fail "job A's segments never appeared"; }
+# Job A makes more segments after its first ones (its --memory alloc buffers come after setup):
+# compare against a set that stopped changing (two looks 0.5 s apart), not a partial one.
 before=$(segments_of $pids | sort)
+for _ in $(seq 40); do
+  sleep 0.5
+  now=$(segments_of $pids | sort)
+  [ "$now" = "$before" ] && break
+  before=$now
+done
 kill -0 $launcher 2>/dev/null || { cat /tmp/rf-shm-seg-a.$$; fail "job A ended before the neighbour started (make it longer)"; }
 unshare -p -f --mount-proc "$run" -n 2 --timeout 60 "$perf" -b 1K -e 1K -n 2 -w 1 -c 1 >/dev/null 2>&1 ||
   fail "the neighbour job in a new PID namespace failed"
