@@ -523,7 +523,14 @@ TEST_CASE("TcpStoreServer under a flood of silent connections still lets the job
   ringfence::TcpStoreClient rank("127.0.0.1", server.port(), token, 5000ms);
   rank.set("k", to_bytes("v"));
   CHECK(to_string(rank.get("k", 0ms)) == "v");
+  // Under 1 s: sooner than the server's hello timeout would free a slot, so the oldest silent
+  // connection was closed for it. ASan's build makes the 4,200 accepts several times slower
+  // (1,077 ms seen on a loaded 2-core VM), so there only "well inside the deadline" is checked.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  CHECK(elapsed_ms(start) < 3000);
+#else
   CHECK(elapsed_ms(start) < 1000);
+#endif
   for (int fd : flood) ::close(fd);
   // Thousands of refusals, a handful of lines: three per 10 s, the next one with the count.
   const std::string text = log.text();
