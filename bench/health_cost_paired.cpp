@@ -35,23 +35,13 @@
 #include <thread>
 #include <vector>
 
+#include "perf_common.hpp"
+
 namespace {
 
+using ringfence::bench::parse_size;
 using ringfence::Communicator;
 using Clock = std::chrono::steady_clock;
-
-std::size_t parse_size(const char* text) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (end == text) return 0;
-  switch (*end) {
-    case '\0': return v;
-    case 'k': case 'K': return v << 10;
-    case 'm': case 'M': return v << 20;
-    case 'g': case 'G': return v << 30;
-    default: return 0;
-  }
-}
 
 struct Args {
   int ranks = 2;
@@ -114,8 +104,8 @@ int main(int argc, char** argv) {
   for (int c; (c = getopt_long(argc, argv, "n:b:e:r:t:h", longs, nullptr)) != -1;) {
     switch (c) {
       case 'n': args.ranks = std::atoi(optarg); break;
-      case 'b': args.min_bytes = parse_size(optarg); break;
-      case 'e': args.max_bytes = parse_size(optarg); break;
+      case 'b': args.min_bytes = parse_size(optarg).value_or(0); break;
+      case 'e': args.max_bytes = parse_size(optarg).value_or(0); break;
       case 'r': args.rounds = std::atoi(optarg); break;
       case 't': args.transport = optarg; break;
       case 'B':

@@ -11,16 +11,6 @@
 #include "perf_common.hpp"
 
 namespace ringfence::bench {
-namespace {
-
-// ------------------------------------------------------------------------------------------
-// Command line
-// ------------------------------------------------------------------------------------------
-
-constexpr DataType kAllTypes[] = {DataType::Int8,  DataType::Uint8,   DataType::Int32,    DataType::Uint32,
-                                  DataType::Int64, DataType::Uint64,  DataType::Float16,  DataType::BFloat16,
-                                  DataType::Float32, DataType::Float64};
-constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
 
 // nccl-tests' parsesize: a decimal count with an optional K/M/G/T suffix (powers of 1024).
 std::optional<std::size_t> parse_size(std::string_view text) {
@@ -49,6 +39,17 @@ std::optional<std::size_t> parse_size(std::string_view text) {
   if (shift != 0 && value > (std::numeric_limits<std::size_t>::max() >> shift)) return std::nullopt;
   return value << shift;
 }
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// Command line
+// ------------------------------------------------------------------------------------------
+
+constexpr DataType kAllTypes[] = {DataType::Int8,  DataType::Uint8,   DataType::Int32,    DataType::Uint32,
+                                  DataType::Int64, DataType::Uint64,  DataType::Float16,  DataType::BFloat16,
+                                  DataType::Float32, DataType::Float64};
+constexpr ReduceOp kAllOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
 
 std::optional<int> parse_int(std::string_view text, int lo, int hi) {
   const auto v = parse_size(text);  // plain decimal; suffixes are harmless for counts

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <string_view>
 #include <ringfence/types.hpp>
 #include <string>
 #include <vector>
@@ -79,6 +80,10 @@ struct ParseOutcome {
 /// Sizes accept K/M/G/T (binary) suffixes. Prints help (stdout) or errors (stderr) only when
 /// `verbose`, so that only one rank of a job talks. Not thread-safe (uses getopt).
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose);
+
+/// A byte count with an optional K/M/G/T suffix (powers of 1024, "KB" too); nullopt when malformed
+/// or too large. What `-b`/`-e` accept.
+std::optional<std::size_t> parse_size(std::string_view text);
 
 /// The collective under test plus the service calls the driver needs. Every callback is
 /// called collectively (all ranks, same order, same arguments except the buffers) from the
