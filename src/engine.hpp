@@ -24,8 +24,14 @@ inline constexpr std::size_t kMailHeader = 12;
 /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
 /// receivers copies them to the retained areas and returns instead of waiting.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
-/// Bytes reserved after every staging slot for the chunk trailer (checksum mode).
+/// Bytes reserved after every staging slot for the chunk trailer (checksum mode): one cache
+/// line, with the trailer in its last 16 bytes (EngineConfig::trailer_offset).
 inline constexpr std::size_t kTrailerBytes = 64;
+/// Checksum mode: a chunk of at most this many bytes is packed against its trailer (it ends
+/// where the trailer starts; EngineConfig::data_offset), so its last bytes and the trailer
+/// share a cache line and the receiver pays no separate miss for the trailer. Larger chunks
+/// start at the slot (aligned, for the reduction kernels).
+inline constexpr std::size_t kPackedMaxBytes = 4096;
 /// Messages remembered by a sender for re-sends (>= the largest slot count).
 inline constexpr std::size_t kSentLog = 64;
 
@@ -292,6 +298,15 @@ struct EngineConfig {
   int max_attempts = 256;
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
+  /// Where a slot's trailer lies, from the slot's start: the end of the line after the payload.
+  /// Fixed whatever the chunk, so a relay finds it before it knows the chunk's length.
+  std::size_t trailer_offset() const noexcept { return slot_bytes + kTrailerBytes - sizeof(ChunkTrailer); }
+  /// Where a chunk of `bytes` lies, from its slot's start: packed against the trailer when
+  /// checksums are on and it is small (kPackedMaxBytes), else at the start. Sender, receiver
+  /// and relays derive it from the length alone (checksum is the same on every rank).
+  std::size_t data_offset(std::size_t bytes) const noexcept {
+    return checksum && bytes <= kPackedMaxBytes && bytes <= slot_bytes ? trailer_offset() - bytes : 0;
+  }
   std::chrono::nanoseconds timeout{};
   /// `slots + 1` x `slot_bytes` of scratch for partial results that are sent on, not kept.
   std::byte* scratch = nullptr;

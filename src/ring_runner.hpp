@@ -75,7 +75,7 @@ class RingRunner {
   template <class Make>
   Status run(Make make, const void* send, void* recv) noexcept {
     if (dev_ && (c_.checksum || c_.trailers || relays_.count > 0 || direct_.enabled))
-      return fail(Status(ErrorCode::InvalidUsage), self_connection_,
+      return fail_self(Status(ErrorCode::InvalidUsage),
                   "device regions without checksums, trailers, relays or direct writes (they read chunks on the host)", 0);
     const std::size_t elem = reducer_.elem_size;
     const auto* in = static_cast<const std::byte*>(send);
@@ -133,9 +133,9 @@ class RingRunner {
         }
         case StepKind::RecvCopy:
           if (own_out_direct) {  // the chunk landed in our output: nothing to copy
-            const std::byte* slot = nullptr;
+            const std::byte* data = nullptr;
             std::uint32_t crc = 0;
-            RINGFENCE_TRY(wait_chunk(rx, slot, out + oo, bytes, &crc));
+            RINGFENCE_TRY(wait_chunk(rx, data, out + oo, bytes, &crc));
             known_ = KnownCrc{out + oo, bytes, crc};
             RINGFENCE_TRY(release_chunk(rx));
           } else {
@@ -195,7 +195,7 @@ class RingRunner {
       return Status::ok();
     }
     const int err = dev_->cuda->memcpy_async(dst, src, bytes, kCudaMemcpyDefault, dev_->stream);
-    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "enqueueing a device copy (cudaMemcpyAsync)", 0);
+    if (err != kCudaSuccess) return fail_self(Status(ErrorCode::Cuda, err), "enqueueing a device copy (cudaMemcpyAsync)", 0);
     dev_pending_ = true;
     return Status::ok();
   }
@@ -207,7 +207,7 @@ class RingRunner {
       return Status::ok();
     }
     const int err = dev_->kernels->launch(reducer_.type, reducer_.op, last, c_.size, dst, a, b, count, dev_->stream);
-    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "launching a device reduction", 0);
+    if (err != kCudaSuccess) return fail_self(Status(ErrorCode::Cuda, err), "launching a device reduction", 0);
     dev_pending_ = true;
     return Status::ok();
   }
@@ -245,7 +245,7 @@ class RingRunner {
   Status settle_device() noexcept {
     if (!dev_ || !dev_pending_) return Status::ok();
     const int err = dev_->cuda->stream_synchronize(dev_->stream);
-    if (err != kCudaSuccess) return fail(Status(ErrorCode::Cuda, err), self_connection_, "device copies and reductions (cudaStreamSynchronize)", 0);
+    if (err != kCudaSuccess) return fail_self(Status(ErrorCode::Cuda, err), "device copies and reductions (cudaStreamSynchronize)", 0);
     dev_pending_ = false;
     return Status::ok();
   }
@@ -284,6 +284,12 @@ class RingRunner {
       return failure_.status;
     }
     return Status::ok();
+  }
+
+  // A failure of our own (bad usage, a device error): no peer to name.
+  Status fail_self(Status s, const char* what, std::uint64_t message) noexcept {
+    failure_ = Failure{s, -1, what, message};
+    return s;
   }
 
   Status fail(Status s, const Connection& ch, const char* what, std::uint64_t message) noexcept {
@@ -339,12 +345,12 @@ class RingRunner {
 
   Status await_chunk(Connection& ch, const std::byte*& slot) noexcept;
 
-  Status wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes,
+  Status wait_chunk(Connection& ch, const std::byte*& data, const std::byte* landed, std::size_t bytes,
                     std::uint32_t* crc = nullptr) noexcept;
 
   bool intact(const Connection& ch, const std::byte* slot, std::size_t bytes, std::uint32_t crc) const noexcept {
     ChunkTrailer t;
-    std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+    std::memcpy(&t, slot + c_.trailer_offset(), sizeof t);
     return t.message == ch.received && t.bytes == bytes && t.crc == crc;
   }
 
@@ -371,7 +377,6 @@ class RingRunner {
   std::uint64_t relay_target_[kMaxRelayDuties] = {};
   Connection* const* nack_all_ = nullptr;  // point-to-point mode: connection per rank (null for ourselves)
   Connection* const* by_position_ = nullptr;  // tree mode: connection per ring position (null for ourselves)
-  Connection self_connection_;                // names ourselves in failures
   CallCheck* check_ = nullptr;          // this call's fingerprint check, when left to us
   bool settling_ = false;               // settle_call() is waiting
   const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)

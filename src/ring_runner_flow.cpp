@@ -12,9 +12,13 @@ Status RingRunner::finish_call() noexcept {
   // ones stay to re-send (copying would cost more than the wait). A ring sends to its right
   // neighbour only.
   if (c_.checksum && c_.size > 1) {
-    if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) retain_unaccepted(c_.retained_peers);
-    else if (by_position_) RINGFENCE_TRY(await_all_acceptance());
-    else RINGFENCE_TRY(await_acceptance(*right_));
+    if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) {
+      retain_unaccepted(c_.retained_peers);
+    } else if (by_position_) {
+      RINGFENCE_TRY(await_all_acceptance());
+    } else {
+      RINGFENCE_TRY(await_acceptance(*right_));
+    }
   }
   // A relay stays until it forwarded this call's chunks, the receiver accepted them, and the
   // sender got its credits back.
@@ -184,7 +188,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
   if (piece != 0) return put_piece(ch, m, decode_piece(piece, c.bytes), slot);
   WriteOp w = c.dst ? WriteOp{c.src, nullptr, c.dst, c.dst_offset, c.bytes, m}
-                    : WriteOp{c.src, nullptr, &ch.peer_inbox, slot, c.bytes, m};
+                    : WriteOp{c.src, nullptr, &ch.peer_inbox, slot + c_.data_offset(c.bytes), c.bytes, m};
   // A chunk without a known CRC: the link may compute it in the pass that copies it.
   WriteCrc crc_of_write;
   if (c_.checksum && !c.has_crc) w.crc = &crc_of_write;
@@ -217,11 +221,11 @@ Status RingRunner::write_data(Connection& ch, const WriteOp& w, const char* what
   return s.is_ok() ? s : fail(s, ch, what, m);
 }
 
-// The trailer {crc, bytes, m} after slot `slot` of message m (for a chunk, or a re-sent piece).
+// The trailer {crc, bytes, m} of slot `slot`, for message m (a chunk, or a re-sent piece).
 Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept {
   ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives an asynchronous write
   t = ChunkTrailer{crc, static_cast<std::uint32_t>(bytes), m};
-  const Status s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.slot_bytes, sizeof t, m});
+  const Status s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.trailer_offset(), sizeof t, m});
   return s.is_ok() ? s : fail(s, ch, "writing a chunk trailer", m);
 }
 
@@ -276,14 +280,15 @@ Status RingRunner::redeliver(Connection& ch, int attempt, const std::byte* data,
   return wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent chunk", m);
 }
 
-// Waits for message m from `ch` and, in checksum mode, verifies it before it is used (asking
-// for re-sends until it arrives intact); `*crc` gets its CRC. `landed` is where the data went
-// when written directly (else the slot).
-Status RingRunner::wait_chunk(Connection& ch, const std::byte*& slot, const std::byte* landed, std::size_t bytes,
+// Waits for message m (`bytes` long) from `ch` and, in checksum mode, verifies it before it is
+// used (asking for re-sends until it arrives intact); `*crc` gets its CRC. `landed` is where
+// the data went when written directly; otherwise `data` is where it lies in its slot.
+Status RingRunner::wait_chunk(Connection& ch, const std::byte*& data, const std::byte* landed, std::size_t bytes,
                               std::uint32_t* crc) noexcept {
+  const std::byte* slot = nullptr;
   RINGFENCE_TRY(await_chunk(ch, slot));
+  data = landed ? landed : slot + c_.data_offset(bytes);
   if (!c_.checksum) return Status::ok();
-  const std::byte* data = landed ? landed : slot;
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     const std::uint32_t c = crc32c(data, bytes);
@@ -306,22 +311,24 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   const std::byte* slot = nullptr;
   const bool in_place = b && dst < b + bytes && b < dst + bytes;
   if (!c_.checksum || dev_ || in_place) {
-    RINGFENCE_TRY(wait_chunk(ch, slot, nullptr, bytes));
-    RINGFENCE_TRY(produce(dst, slot, b, count, last));
+    const std::byte* data = nullptr;
+    RINGFENCE_TRY(wait_chunk(ch, data, nullptr, bytes));
+    RINGFENCE_TRY(produce(dst, data, b, count, last));
     return release_chunk(ch);
   }
   RINGFENCE_TRY(await_chunk(ch, slot));
+  const std::byte* const data = slot + c_.data_offset(bytes);
   const CombineFn fn = last ? reducer_.finish : reducer_.combine;
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
-    if (b) combine_with_crc(fn, dst, slot, b, count, elem, c_.size, &crc_in, &crc_out);
-    else crc_in = crc_out = copy_bytes_crc(dst, slot, bytes);
+    if (b) combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, &crc_out);
+    else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
     if (repaired || intact(ch, slot, bytes, crc_in)) {
       known_ = KnownCrc{dst, bytes, crc_out};
       return release_chunk(ch);
     }
-    RINGFENCE_TRY(redeliver(ch, attempt, slot, bytes, repaired));
+    RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));
   }
 }
 

@@ -42,9 +42,10 @@ Status RingRunner::service_relays() noexcept {
       if (k >= slots &&
           !reached(flags_.credit[out.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(k + 1 - slots)))
         break;
-      const std::byte* slot = in.inbox + static_cast<std::size_t>(in.received % slots) * c_.slot_stride();
+      const std::byte* const slot_start = in.inbox + static_cast<std::size_t>(in.received % slots) * c_.slot_stride();
       ChunkTrailer t;
-      std::memcpy(&t, slot + c_.slot_bytes, sizeof t);
+      std::memcpy(&t, slot_start + c_.trailer_offset(), sizeof t);
+      const std::byte* const slot = slot_start + c_.data_offset(t.bytes);  // the chunk's bytes (checked below)
       if (c_.checksum) {
         // Every hop is checked: a chunk damaged on the way to us is asked for again from the
         // sender (and counted against that link), never forwarded, so each corrupting hop is

@@ -12,7 +12,7 @@ namespace ringfence::detail {
 Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept {
   nack_all_ = connection_of;
   if (dev_ && (c_.checksum || c_.trailers || direct.enabled))
-    return fail(Status(ErrorCode::InvalidUsage), self_connection_,
+    return fail_self(Status(ErrorCode::InvalidUsage),
                 "device regions without checksums, trailers or direct transfers (they read chunks on the host)", 0);
   // Sends to ourselves pair with receives from ourselves, k-th with k-th. The copy is done by
   // the send op, piece by piece whenever the transfers to peers cannot move (so it overlaps
@@ -21,7 +21,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     if (!ops[i].send || ops[i].peer != c_.rank) continue;
     while (j < n && (ops[j].send || ops[j].peer != c_.rank)) ++j;
     if (j == n || ops[j].bytes != ops[i].bytes)
-      return fail(Status(ErrorCode::InvalidUsage), self_connection_, "a matching receive from ourselves", 0);
+      return fail_self(Status(ErrorCode::InvalidUsage), "a matching receive from ourselves", 0);
     ops[i].local_dst = ops[j].buf;
     if (ops[j].buf == ops[i].buf || c_.size == 1) {  // alone: nothing to overlap with
       if (ops[j].buf != ops[i].buf) RINGFENCE_TRY(copy(ops[j].buf, ops[i].buf, ops[i].bytes));
@@ -67,9 +67,9 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       } else {
         if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
           continue;
-        const std::byte* slot = nullptr;
-        RINGFENCE_TRY(wait_chunk(ch, slot, op.landed ? op.buf + op.done : nullptr, len));
-        if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, slot, len));
+        const std::byte* data = nullptr;
+        RINGFENCE_TRY(wait_chunk(ch, data, op.landed ? op.buf + op.done : nullptr, len));
+        if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, data, len));
         RINGFENCE_TRY(release_chunk(ch));
       }
       op.done += len;

@@ -16,7 +16,7 @@ constexpr int kPieceTries = 6;
 
 Status RingRunner::repair_in_pieces(Connection& ch, const std::byte* data, std::size_t bytes) noexcept {
   const std::uint64_t m = ch.received;
-  const std::byte* trailer = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride() + c_.slot_bytes;
+  const std::byte* trailer = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride() + c_.trailer_offset();
   std::size_t piece = ch.repair_piece ? ch.repair_piece : std::min(kLargestPiece, bytes / 2);
   piece = std::max(kPieceUnit, piece / kPieceUnit * kPieceUnit);
   for (std::size_t first = 0; first < bytes;) {
@@ -50,7 +50,7 @@ Status RingRunner::put_piece(Connection& ch, std::uint64_t m, PieceRange p, std:
   const Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t len = p.end - p.first;
   WriteOp w = c.dst ? WriteOp{c.src + p.first, nullptr, c.dst, c.dst_offset + p.first, len, m}
-                    : WriteOp{c.src + p.first, nullptr, &ch.peer_inbox, slot + p.first, len, m};
+                    : WriteOp{c.src + p.first, nullptr, &ch.peer_inbox, slot + c_.data_offset(c.bytes) + p.first, len, m};
   WriteCrc crc;
   w.crc = &crc;
   RINGFENCE_TRY(write_data(ch, w, "writing a piece of a chunk", m));
