@@ -9,7 +9,7 @@ packages=(
   openmpi-bin libopenmpi-dev libgloo-dev
   libibverbs-dev rdma-core
   iproute2 procps
-  gnuplot-nox
+  gnuplot-nox nlohmann-json3-dev python3-prometheus-client
   clang libclang-rt-14-dev
   python3-torch libtorch-dev pybind11-dev
 )

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <nlohmann/json.hpp>
 #include <ringfence/events.hpp>
 
 namespace ringfence {
@@ -40,35 +41,6 @@ std::string escape(std::string_view s) {
   return out;
 }
 
-// Finds `"key":` and returns the raw value text (string without quotes, or number).
-std::optional<std::string> field(std::string_view line, std::string_view key) {
-  const std::string pattern = fmt::format("\"{}\":", key);
-  const auto at = line.find(pattern);
-  if (at == std::string_view::npos) return std::nullopt;
-  std::string_view rest = line.substr(at + pattern.size());
-  if (!rest.empty() && rest.front() == '"') {
-    std::string out;
-    for (std::size_t i = 1; i < rest.size(); ++i) {
-      if (rest[i] == '\\' && i + 1 < rest.size()) {
-        out.push_back(rest[++i]);
-      } else if (rest[i] == '"') {
-        return out;
-      } else {
-        out.push_back(rest[i]);
-      }
-    }
-    return std::nullopt;
-  }
-  const auto end = rest.find_first_of(",}");
-  return std::string(rest.substr(0, end));
-}
-
-template <class T>
-bool number(const std::optional<std::string>& text, T& out) {
-  if (!text) return false;
-  const auto [p, ec] = std::from_chars(text->data(), text->data() + text->size(), out);
-  return ec == std::errc() && p == text->data() + text->size();
-}
 }  // namespace
 
 std::string to_json(const HealthEvent& e) {
@@ -78,26 +50,44 @@ std::string to_json(const HealthEvent& e) {
       escape(e.detail), e.unix_time);
 }
 
+// A real JSON parser: a log that a shipper re-formatted (spaces, another key order, escapes)
+// reads the same; anything that is not one event object is rejected.
 std::optional<HealthEvent> parse_event_json(std::string_view line) noexcept {
   try {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return std::nullopt;
+    auto text = [&](const char* key) -> const std::string* {
+      const auto it = j.find(key);
+      return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
+    };
+    auto unsigned_number = [&](const char* key, auto& out) {
+      const auto it = j.find(key);
+      if (it == j.end() || !it->is_number_unsigned()) return false;
+      out = it->template get<std::remove_reference_t<decltype(out)>>();
+      return true;
+    };
     HealthEvent e;
-    const auto kind = field(line, "event");
-    if (!kind) return std::nullopt;
-    const auto k = parse_event_kind(*kind);
+    const std::string* kind = text("event");
+    const auto k = kind ? parse_event_kind(*kind) : std::nullopt;
     if (!k) return std::nullopt;
     e.kind = *k;
-    if (!number(field(line, "rank"), e.rank) || !number(field(line, "seq"), e.sequence) ||
-        !number(field(line, "epoch"), e.epoch) || !number(field(line, "count"), e.count))
+    const auto rank = j.find("rank");
+    if (rank == j.end() || !rank->is_number_integer()) return std::nullopt;
+    e.rank = rank->get<int>();
+    if (!unsigned_number("seq", e.sequence) || !unsigned_number("epoch", e.epoch) || !unsigned_number("count", e.count))
       return std::nullopt;
-    const auto link = field(line, "link");
-    if (link && !link->empty()) {
+    if (const std::string* link = text("link"); link && !link->empty()) {
       const auto dash = link->find('-');
-      if (dash == std::string::npos || !number(std::optional<std::string>(link->substr(0, dash)), e.a) ||
-          !number(std::optional<std::string>(link->substr(dash + 1)), e.b))
+      if (dash == std::string::npos) return std::nullopt;
+      const auto parse = [](std::string_view s, int& out) {
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+        return ec == std::errc() && p == s.data() + s.size() && !s.empty();
+      };
+      if (!parse(std::string_view(*link).substr(0, dash), e.a) || !parse(std::string_view(*link).substr(dash + 1), e.b))
         return std::nullopt;
     }
-    e.detail = field(line, "detail").value_or("");
-    if (const auto t = field(line, "time")) e.unix_time = std::strtod(t->c_str(), nullptr);
+    if (const std::string* detail = text("detail")) e.detail = *detail;
+    if (const auto t = j.find("time"); t != j.end() && t->is_number()) e.unix_time = t->get<double>();
     return e;
   } catch (...) {
     return std::nullopt;

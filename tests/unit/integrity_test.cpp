@@ -655,29 +655,6 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
   }
 }
 
-TEST_CASE("health events round-trip through JSON", "[health][events]") {
-  HealthEvent e{EventKind::LinkFenced, 2, 0, 1, 1008, 1, 73, "agreed \"by\" all", 1700000000.25};
-  const std::string line = to_json(e);
-  REQUIRE(line.find('\n') == std::string::npos);
-  const auto back = parse_event_json(line);
-  REQUIRE(back.has_value());
-  REQUIRE(back->kind == EventKind::LinkFenced);
-  REQUIRE(back->rank == 2);
-  REQUIRE(back->a == 0);
-  REQUIRE(back->b == 1);
-  REQUIRE(back->sequence == 1008);
-  REQUIRE(back->epoch == 1);
-  REQUIRE(back->count == 73);
-  REQUIRE(back->detail == "agreed \"by\" all");
-  HealthEvent r{EventKind::Replanned, 0, -1, -1, 5, 2, 0, "0-2-1-3", 0};
-  const auto rb = parse_event_json(to_json(r));
-  REQUIRE(rb.has_value());
-  REQUIRE(rb->a == -1);
-  REQUIRE(rb->detail == "0-2-1-3");
-  for (const char* bad : {"", "{}", "not json", "{\"event\":\"nope\",\"rank\":1}", "{\"event\":\"replanned\",\"rank\":x}"})
-    REQUIRE_FALSE(parse_event_json(bad).has_value());
-}
-
 namespace {
 // Options for thread ranks on the fake NVML with the automatic NVLink map (`map`) or none, on
 // host `host`, agreements every 2 collectives, no background sampling.
