@@ -239,7 +239,8 @@ struct Connection {
   // previous fence agreement, which judges the differences (the link's own from zero again
   // when the connection gets a new link).
   double expected_gbps = 0.0;
-  std::uint64_t timed_bytes = 0, timed_ns = 0;
+  // Atomic (one writer, relaxed) because links() reads them from any thread for the metrics.
+  std::atomic<std::uint64_t> timed_bytes{0}, timed_ns{0};
   /// The same timed writes, one by one, for the median speed the agreement compares across the
   /// job's links (cleared by each agreement).
   WriteSpeeds speeds;

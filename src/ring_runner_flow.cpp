@@ -199,8 +199,8 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   RINGFENCE_TRY(write_data(ch, w, "writing a chunk", m));
   if (timed) {
     const auto ns = static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
-    ch.timed_ns += ns;
-    ch.timed_bytes += c.bytes;
+    ch.timed_ns.store(ch.timed_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    ch.timed_bytes.store(ch.timed_bytes.load(std::memory_order_relaxed) + c.bytes, std::memory_order_relaxed);
     ch.speeds.add(c.bytes, ns);
   }
   if (c_.checksum && !c.has_crc) {  // kept for re-sends (the source stays as it was)

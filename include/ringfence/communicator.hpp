@@ -46,6 +46,10 @@ struct LinkInfo {
   std::uint64_t retries = 0;        ///< chunks we re-sent because the peer found them corrupted
   std::uint64_t checksum_errors = 0;  ///< corrupted chunks received from the peer (checksum mode)
   double wait_ms = 0.0;             ///< time spent waiting on the peer, milliseconds
+  /// Writes of at least 32 KiB are timed (the health layer's bandwidth evidence): their bytes
+  /// and nanoseconds so far. Two readings a second apart give the link's recent GB/s.
+  std::uint64_t timed_bytes = 0;
+  std::uint64_t timed_ns = 0;       ///< see timed_bytes
   int channels_used = 0;            ///< channels (lanes, RINGFENCE_CHANNELS) whose link to the peer carried data
   /// A link of the device lane (stream-ordered collectives on device memory, docs/device.md
   /// "Device regions in the engine"; listed after the host lanes' links once it is built),

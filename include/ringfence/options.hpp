@@ -213,9 +213,13 @@ struct CommOptions {
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;
   /// Prometheus text file (node-exporter textfile collector format) rewritten atomically at every
-  /// fence agreement and when the communicator closes; `{rank}` in the path is replaced by the
-  /// rank. Empty = none. Env: RINGFENCE_HEALTH_PROMETHEUS.
+  /// fence agreement, every `health_prometheus_interval` (checked when a collective starts), and
+  /// when the communicator closes; `{rank}` in the path is replaced by the rank. Empty = none.
+  /// `ringfence-health --live DIR` reads these files. Env: RINGFENCE_HEALTH_PROMETHEUS.
   std::string health_prometheus;
+  /// How often the Prometheus file is refreshed while collectives run; 0 = only at agreements
+  /// and close. Env: RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS.
+  std::chrono::milliseconds health_prometheus_interval{2000};
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.
   std::string fault;

@@ -51,12 +51,21 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
     settle_call(call);
     Failure failure;
     if (!p_.agreement.run(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
-    if (!ctx.options.health_prometheus.empty()) {
-      const HealthMonitor* monitor = p_.agreement.monitor();
-      write_prometheus(ctx.options.health_prometheus, ctx.rank,
-                       make_snapshot(ctx.rank, ctx.seq, p_.plan, monitor ? monitor->background_samples() : 0, p_.lanes.links()), ctx.log);
-    }
+    if (!ctx.options.health_prometheus.empty()) write_metrics();
   }
+  // The timed refresh: a scrape (or `ringfence-health --live`) during a run sees current figures,
+  // not only those of the last agreement. One clock read per call, only with the file set.
+  if (!ctx.options.health_prometheus.empty() && ctx.options.health_prometheus_interval.count() > 0 &&
+      std::chrono::steady_clock::now() >= metrics_due_)
+    write_metrics();
+}
+
+void Dispatch::write_metrics() {
+  const CommContext& ctx = p_.ctx;
+  const HealthMonitor* monitor = p_.agreement.monitor();
+  write_prometheus(ctx.options.health_prometheus, ctx.rank,
+                   make_snapshot(ctx.rank, ctx.seq, p_.plan, monitor ? monitor->background_samples() : 0, p_.lanes.links()), ctx.log);
+  metrics_due_ = std::chrono::steady_clock::now() + ctx.options.health_prometheus_interval;
 }
 
 // Compares the fingerprints now, before the call moves data: for calls that cannot leave it to

@@ -127,6 +127,8 @@ class Dispatch {
   void apply_timeout(std::chrono::milliseconds t) noexcept;
   void refuse_in_group(const char* call) const;
   void begin_collective(const char* call, CallFingerprint fp);
+  // Rewrites the Prometheus file (RINGFENCE_HEALTH_PROMETHEUS) and schedules the next refresh.
+  void write_metrics();
   void settle_call(const char* call);
   void judge_call(const char* call);
   void run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct = false);
@@ -140,6 +142,7 @@ class Dispatch {
   DispatchParts p_;
   const Heartbeat* heartbeat_ = nullptr;
   TunerModel tuner_;
+  std::chrono::steady_clock::time_point metrics_due_{};  // next timed refresh of the Prometheus file
   std::function<void()> next_gate_;            // a stream-ordered call's input gate
   std::chrono::milliseconds call_timeout_{0};  // set_timeout()
   std::vector<std::byte> oneshot_copy_;        // in-place one-shot allreduce input (one slot)

@@ -67,12 +67,14 @@ void AgreementRound::observe() {
     const std::uint64_t link_bytes = st.timed_bytes.load(std::memory_order_relaxed);
     const std::uint64_t link_ns = st.timed_ns.load(std::memory_order_relaxed);
     const std::uint64_t checksum_errors = ch.checksum_errors.load(std::memory_order_relaxed);
+    const std::uint64_t timed_bytes = ch.timed_bytes.load(std::memory_order_relaxed);
+    const std::uint64_t timed_ns = ch.timed_ns.load(std::memory_order_relaxed);
     o.checksum_mismatches += checksum_errors - j.checksum_errors;
     o.successes += (ch.sent - j.sent) + (ch.received - j.received);
     o.timeouts += timeouts - j.timeouts;
-    t.first += (ch.timed_bytes - j.timed_bytes) + (link_bytes - j.link_timed_bytes);
-    t.second += (ch.timed_ns - j.timed_ns) + (link_ns - j.link_timed_ns);
-    j = {checksum_errors, ch.sent, ch.received, ch.timed_bytes, ch.timed_ns, timeouts, link_bytes, link_ns};
+    t.first += (timed_bytes - j.timed_bytes) + (link_bytes - j.link_timed_bytes);
+    t.second += (timed_ns - j.timed_ns) + (link_ns - j.link_timed_ns);
+    j = {checksum_errors, ch.sent, ch.received, timed_bytes, timed_ns, timeouts, link_bytes, link_ns};
   };
   // Bytes over time spent in writes: the speed of one write stream, against the transport's.
   auto ratio = [](const std::pair<std::uint64_t, std::uint64_t>& t, double expected_gbps) -> std::optional<double> {

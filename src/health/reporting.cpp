@@ -66,6 +66,8 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
     info.retries += s.retries.load(std::memory_order_relaxed) + c.resends.load(std::memory_order_relaxed);
     info.checksum_errors += c.checksum_errors.load(std::memory_order_relaxed);
     info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
+    info.timed_bytes += c.timed_bytes.load(std::memory_order_relaxed) + s.timed_bytes.load(std::memory_order_relaxed);
+    info.timed_ns += c.timed_ns.load(std::memory_order_relaxed) + s.timed_ns.load(std::memory_order_relaxed);
   };
   for (const auto& ch : lane0.connections) {
     LinkInfo info = entry(*ch, false);
@@ -145,6 +147,21 @@ std::string HealthSnapshot::prometheus() const {
   metric("ringfence_link_resends_total", "chunks re-sent to the peer", "counter");
   for (const auto& l : links)
     out += fmt::format("ringfence_link_resends_total{{rank=\"{}\",peer=\"{}\"{}}} {}\n", l.rank, l.peer, lane(l), l.retries);
+  metric("ringfence_link_timed_bytes_total", "bytes of the timed writes (32 KiB and larger) to the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_timed_bytes_total{{rank=\"{}\",peer=\"{}\"{}}} {}\n", l.rank, l.peer, lane(l), l.timed_bytes);
+  metric("ringfence_link_timed_seconds_total", "time spent in the timed writes to the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_timed_seconds_total{{rank=\"{}\",peer=\"{}\"{}}} {:.9f}\n", l.rank, l.peer, lane(l),
+                       static_cast<double>(l.timed_ns) / 1e9);
+  metric("ringfence_link_write_gbps", "average speed of the timed writes to the peer so far, GB/s", "gauge");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_write_gbps{{rank=\"{}\",peer=\"{}\"{}}} {:.4f}\n", l.rank, l.peer, lane(l),
+                       l.timed_ns ? static_cast<double>(l.timed_bytes) / static_cast<double>(l.timed_ns) : 0.0);
+  metric("ringfence_link_wait_seconds_total", "time spent waiting on the peer", "counter");
+  for (const auto& l : links)
+    out += fmt::format("ringfence_link_wait_seconds_total{{rank=\"{}\",peer=\"{}\"{}}} {:.6f}\n", l.rank, l.peer, lane(l),
+                       l.wait_ms / 1e3);
   metric("ringfence_collectives_total", "collectives issued", "counter");
   out += fmt::format("ringfence_collectives_total{{rank=\"{}\"}} {}\n", rank, sequence);
   metric("ringfence_epoch", "plan epoch (re-plans so far)", "gauge");
@@ -153,6 +170,9 @@ std::string HealthSnapshot::prometheus() const {
   out += fmt::format("ringfence_fenced_links{{rank=\"{}\"}} {}\n", rank, fenced.size());
   metric("ringfence_relays", "fenced ring hops carried through a third rank", "gauge");
   out += fmt::format("ringfence_relays{{rank=\"{}\"}} {}\n", rank, relays.size());
+  metric("ringfence_snapshot_unix_seconds", "when these figures were taken (wall clock)", "gauge");
+  out += fmt::format("ringfence_snapshot_unix_seconds{{rank=\"{}\"}} {:.3f}\n", rank,
+                     std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   return out;
 }
 
