@@ -7,6 +7,7 @@
 #                    [--collectives "all_reduce reduce_scatter ..."] [--metric busbw|time]
 #                    [--timeout SEC] [--log-dir DIR]
 #                    [--transport shm|tcp] [--ifname NAME] [--gloo | --no-gloo]
+#                    [--plot OUT.png]
 #
 # For each collective and rank count it runs <collective>_perf under ringfence-run and
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
@@ -22,6 +23,9 @@
 # libgloo-dev is found; all_reduce only, a fresh FileStore directory per run) as a third column
 # with ratio-gloo = ringfence / Gloo (time: Gloo / ringfence). On by default with --transport tcp
 # when the program exists; --no-gloo turns it off.
+# --plot OUT.png also draws the results with gnuplot (needed: exit 2 without it), one panel per
+# collective: busbw (or time) against size on a log axis, one line per library measured and
+# rank count, and the memory bound B(n-1)/n^2 as a horizontal line where memcpy_bw measured B.
 # Exits 1 if any run fails (non-zero exit, timeout or no rows), 2 on a usage error.
 set -uo pipefail
 
@@ -43,9 +47,10 @@ collectives="all_reduce reduce_scatter all_gather broadcast reduce alltoall send
 transport=shm
 ifname=lo
 gloo=auto   # auto: on with --transport tcp when gloo_all_reduce_perf exists
+plot=""     # --plot OUT.png
 
 usage() {
-  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
@@ -68,6 +73,7 @@ while [[ $# -gt 0 ]]; do
     --ifname) ifname=${2:?}; shift 2 ;;
     --gloo) gloo=1; shift ;;
     --no-gloo) gloo=0; shift ;;
+    --plot) plot=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -83,6 +89,11 @@ IFS=: read -r min_b max_b factor <<<"$sizes"
 factor=${factor:-4}
 [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || die "--repeat expects a positive integer"
 [[ "$transport" == shm || "$transport" == tcp ]] || die "--transport expects shm or tcp"
+# Checked before any run: a long sweep should not end in "cannot draw".
+if [[ -n "$plot" ]]; then
+  command -v gnuplot >/dev/null || die "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)"
+  [[ -d "$(dirname -- "$plot")" ]] || die "--plot: the directory of '$plot' does not exist"
+fi
 
 rf_run="$build/bin/ringfence-run"
 memcpy_bw="$build/bin/memcpy_bw"
@@ -112,12 +123,22 @@ else
 fi
 [[ "$(id -u)" == 0 ]] && mpirun_cmd+=(--allow-run-as-root)
 
+cleanup=()   # temporary directories, removed on exit
+trap 'rm -rf ${cleanup[@]+"${cleanup[@]}"}' EXIT
 if [[ -n "$log_dir" ]]; then
   mkdir -p "$log_dir" || die "cannot create $log_dir"
   logs=$log_dir
 else
   logs=$(mktemp -d "${TMPDIR:-/tmp}/ringfence-compare.XXXXXX")
-  trap 'rm -rf "$logs"' EXIT
+  cleanup+=("$logs")
+fi
+plot_blocks=()   # per gnuplot data block, in file order: "collective ranks has", has = 0/1 per library
+if [[ -n "$plot" ]]; then
+  # Apart from --log-dir, which keeps only the programs' own output.
+  plot_tmp=$(mktemp -d "${TMPDIR:-/tmp}/ringfence-compare-plot.XXXXXX") || die "mktemp failed"
+  cleanup+=("$plot_tmp")
+  plot_data="$plot_tmp/data.txt"
+  : >"$plot_data"
 fi
 
 perf_flags=(-b "$min_b" -e "$max_b" -f "$factor" -d "$dtype" -o "$op" -n "$iters" -w "$warmup" -c 0)
@@ -145,6 +166,102 @@ best() {
   cat "$@" 2>/dev/null | sed -E 's/^\[[0-9]+\] //' | awk -v c="$column" -v m="$metric" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {
       if (!($1 in bw)) bw[$1] = $c + 0
       else if (m == "time" ? ($c + 0 < bw[$1]) : ($c + 0 > bw[$1])) bw[$1] = $c + 0 } END { for (s in bw) printf "%s %.2f\n", s, bw[s] }' | sort -n
+}
+
+# size_label BYTES: the size as the -b/-e flags write it (8B, 64K, 1M, 1.5M, 256M).
+size_label() {
+  awk -v s="$1" 'BEGIN { u = "B"; split("K M G T", us, " ")
+    for (i = 1; i <= 4 && s >= 1024; i++) { s /= 1024; u = us[i] }
+    printf (s == int(s) ? "%d%s" : "%.1f%s"), s, u }'
+}
+
+# gp_str TEXT: TEXT as a gnuplot single-quoted string (a quote inside is doubled).
+gp_str() { printf "'%s'" "${1//\'/\'\'}"; }
+
+# draw_plot: draws $plot_data (blocks described by plot_blocks) into $plot with gnuplot; 1 when
+# there is nothing to draw or gnuplot fails.
+draw_plot() {
+  if [[ ${#plot_blocks[@]} -eq 0 ]] || ! grep -q '^[0-9]' "$plot_data"; then
+    echo "compare.sh: --plot: no results to draw, $plot not written" >&2
+    return 1
+  fi
+  local script="$plot_tmp/plot.gp" term=png font=""
+  # pngcairo (anti-aliased, scalable fonts) where this gnuplot has it; libgd's png otherwise.
+  if gnuplot -e 'set terminal' 2>&1 | grep -qw pngcairo; then term=pngcairo; font=' font "Sans,11"'; fi
+  local -a names=("" "" ringfence "Open MPI" Gloo) colors=("" "" "#1f6fd1" "#e07b00" "#2a9d3a")
+  local -a collectives_seen=() ranks_seen=()
+  local b c n has
+  for b in "${plot_blocks[@]}"; do
+    read -r c n has <<<"$b"
+    [[ " ${collectives_seen[*]} " == *" $c "* ]] || collectives_seen+=("$c")
+    [[ " ${ranks_seen[*]} " == *" $n "* ]] || ranks_seen+=("$n")
+  done
+  local panels=${#collectives_seen[@]} ncol=1
+  ((panels > 1)) && ncol=2
+  local nrow=$(((panels + ncol - 1) / ncol))
+
+  # Size labels at measured sizes, at most ~10, counted from the largest (the sizes that
+  # matter most for bandwidth). Sizes within 25% of a larger one (allgather's 60 next to 64:
+  # counts rounded to the rank count) share its label; 0 has no place on a log axis.
+  local -a sizes
+  mapfile -t sizes < <(awk '/^[0-9]/ && $1 > 0 { print $1 }' "$plot_data" | sort -n -r -u |
+    awk 'NR == 1 || $1 * 1.25 <= last { print; last = $1 }' | sort -n)
+  local step=$(((${#sizes[@]} + 9) / 10)) tics="" i
+  for ((i = ${#sizes[@]} - 1; i >= 0; i -= step)); do
+    tics+="${tics:+, }\"$(size_label "${sizes[i]}")\" ${sizes[i]}"
+  done
+  local ylabel="busbw (GB/s)" yscale="set yrange [0:*]; set offsets 0, 0, graph 0.05, 0"
+  if [[ $metric == time ]]; then
+    ylabel="time per call (us, lower is better)"
+    yscale="set logscale y"
+  fi
+  {
+    # noenhanced: names such as all_reduce are text, not subscripts.
+    echo "set terminal $term noenhanced size $((ncol * 960)),$((nrow * 560))$font"
+    echo "set output $(gp_str "$plot")"
+    echo "set datafile missing '-'"
+    echo "set logscale x 2"
+    echo "set xrange [${sizes[0]} / 1.4 : ${sizes[-1]} * 1.4]"
+    echo "set xtics ($tics)"
+    echo "set xlabel 'message size (bytes)'"
+    echo "set ylabel '$ylabel'"
+    echo "$yscale"
+    echo "set grid xtics ytics lc rgb '#c0c0c0' lw 1 dt 3"
+    # Outside: inside, the key would hide the bound line or a curve.
+    echo "set key outside right top vertical Left reverse box samplen 3"
+    ((panels > 1)) && echo "set multiplot layout $nrow,$ncol"
+    local k idx col dt plots
+    for c in "${collectives_seen[@]}"; do
+      echo "set title $(gp_str "$c: $dtype $op, $placement, $transport, best of $repeat")"
+      plots=() idx=0
+      for b in "${plot_blocks[@]}"; do
+        read -r k n has <<<"$b"
+        if [[ $k == "$c" ]]; then
+          # Rank counts differ by dash and point type, libraries by colour.
+          dt=1
+          for ((i = 0; i < ${#ranks_seen[@]}; i++)); do [[ ${ranks_seen[i]} == "$n" ]] && dt=$((i + 1)); done
+          for col in 2 3 4; do
+            [[ ${has:col-2:1} == 1 ]] || continue
+            plots+=("$(gp_str "$plot_data") index $idx using 1:$col with linespoints lw 2 dt $dt pt $((dt * 2 + 5)) ps 1.2 lc rgb '${colors[col]}' title '${names[col]}, n=$n'")
+          done
+          if [[ $metric == busbw && ${bounds[$n]:--} != - ]]; then
+            plots+=("${bounds[$n]} with lines lw 1.5 dt $dt lc rgb '#606060' title 'bound B(n-1)/n^2, n=$n'")
+          fi
+        fi
+        idx=$((idx + 1))
+      done
+      ((${#plots[@]} > 0)) || plots=("NaN title 'no results'")
+      printf 'plot %s' "${plots[0]}"
+      for ((i = 1; i < ${#plots[@]}; i++)); do printf ', \\\n     %s' "${plots[i]}"; done
+      printf '\n'
+    done
+    ((panels > 1)) && echo "unset multiplot"
+  } >"$script"
+  if ! gnuplot "$script" >/dev/null; then
+    echo "compare.sh: gnuplot failed (messages above), $plot not written" >&2
+    return 1
+  fi
+  echo "# plot: $plot" >&2
 }
 
 cores=$(nproc)
@@ -211,8 +328,18 @@ for c in $collectives; do
     table=$(join -a 1 -a 2 -e - -o 0,1.2,2.2 <(best "${rf_logs[@]}" | sort -k1,1) \
         <( ( [[ ${#mpi_logs[@]} -gt 0 ]] && best "${mpi_logs[@]}" ) | sort -k1,1))
     if [[ $gloo == 1 ]]; then
-      join -a 1 -a 2 -e - -o 0,1.2,1.3,2.2 <(lines "$table" | sort -k1,1) \
-          <( ( [[ ${#gloo_logs[@]} -gt 0 ]] && best "${gloo_logs[@]}" ) | sort -k1,1) | sort -n |
+      table=$(join -a 1 -a 2 -e - -o 0,1.2,1.3,2.2 <(lines "$table" | sort -k1,1) \
+          <( ( [[ ${#gloo_logs[@]} -gt 0 ]] && best "${gloo_logs[@]}" ) | sort -k1,1))
+    fi
+    if [[ -n "$plot" ]]; then
+      # One gnuplot data block per (collective, ranks), "size ringfence MPI Gloo" with '-' where
+      # a library has no value; two blank lines end a block (gnuplot's `index`).
+      { lines "$table" | sort -n | awk 'NF > 0 { print $1, $2, $3, (NF >= 4 ? $4 : "-") }'; printf '\n\n'; } >>"$plot_data"
+      plot_blocks+=("$c $n $(lines "$table" | awk '{ for (i = 2; i <= NF; i++) if ($i != "-") has[i] = 1 }
+          END { printf "%d%d%d", has[2], has[3], has[4] }')")
+    fi
+    if [[ $gloo == 1 ]]; then
+      lines "$table" | sort -n |
         awk -v c="$c" -v n="$n" -v m="$metric" -v bound="${bounds[$n]}" 'NF > 0 {
           ratio = ($2 != "-" && $3 != "-" && $3 > 0 && $2 > 0) ? sprintf("%.2f", m == "time" ? $3 / $2 : $2 / $3) : "-"
           rg = ($2 != "-" && $4 != "-" && $4 > 0 && $2 > 0) ? sprintf("%.2f", m == "time" ? $4 / $2 : $2 / $4) : "-"
@@ -227,5 +354,6 @@ for c in $collectives; do
     fi
   done
 done
+[[ -n "$plot" ]] && { draw_plot || status=1; }
 [[ $status -ne 0 ]] && echo "# some runs failed (see above)" >&2
 exit $status

@@ -110,7 +110,7 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_HEALTH_AGREE_BYTES", "RINGFENCE_HEALTH_SLOW_FACTOR", "RINGFENCE_FALLBACK",
     "RINGFENCE_HEALTH_FENCE_CRC_ERRORS", "RINGFENCE_HEALTH_LOG", "RINGFENCE_DIGEST_EVERY", "RINGFENCE_DIGEST_ACTION",
     "RINGFENCE_SYSFS_ROOT",   "RINGFENCE_NVML_LIBRARY", "RINGFENCE_HEALTH_WINDOW_MS", "RINGFENCE_HEALTH_LINK_MAP", "RINGFENCE_HEALTH_GPU",
-    "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", "RINGFENCE_HEALTH_CONFIG",
+    "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", "RINGFENCE_HEALTH_LEDGER", "RINGFENCE_HEALTH_LEDGER_QUARANTINE_S", "RINGFENCE_HEALTH_CONFIG",
     "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
     "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
     "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS"};
@@ -213,6 +213,9 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
                                        : std::chrono::milliseconds(parse_integer("RINGFENCE_HEARTBEAT_MS", *v, 0, 3600 * 1000));
   if (auto v = env.get("RINGFENCE_HEALTH_LOG")) o.health_log = *v;
   if (auto v = env.get("RINGFENCE_HEALTH_PROMETHEUS")) o.health_prometheus = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_LEDGER")) o.health_ledger = *v;
+  if (auto v = env.get("RINGFENCE_HEALTH_LEDGER_QUARANTINE_S"))
+    o.health_ledger_quarantine = std::chrono::seconds(parse_integer("RINGFENCE_HEALTH_LEDGER_QUARANTINE_S", *v, 0, 1ll << 40));
   if (auto v = env.get("RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS"))
     o.health_prometheus_interval = std::chrono::milliseconds(parse_integer("RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", *v, 0, 1ll << 40));
   // The config file first: the single-setting variables below override it.

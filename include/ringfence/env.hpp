@@ -30,6 +30,8 @@
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer within the checksum storm window (10 s) that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |
 /// | RINGFENCE_HEALTH_PROMETHEUS | Prometheus text file per rank (`{rank}` in the path) | none |
+/// | RINGFENCE_HEALTH_LEDGER | health ledger shared by jobs: fences outlive the job (docs/health.md) | none |
+/// | RINGFENCE_HEALTH_LEDGER_QUARANTINE_S | how long a fenced link in the ledger stays fenced for later jobs | 86400 |
 /// | RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS | refresh of that file while collectives run (0: agreements and close only) | 2000 |
 /// | RINGFENCE_HEALTH_CONFIG | file of health thresholds and timings (`key = value`, see health/config.hpp) | none |
 /// | RINGFENCE_SYSFS_ROOT | root of the sysfs tree the health sources read | / |

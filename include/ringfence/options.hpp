@@ -217,6 +217,14 @@ struct CommOptions {
   /// when the communicator closes; `{rank}` in the path is replaced by the rank. Empty = none.
   /// `ringfence-health --live DIR` reads these files. Env: RINGFENCE_HEALTH_PROMETHEUS.
   std::string health_prometheus;
+  /// Health ledger (docs/health.md "Health ledger"): a file shared by jobs where every fence,
+  /// move and readmission is appended with the link's ends named by host and GPU (or place on
+  /// the host); at init a job fences (agreed, from collective #1) the links still in quarantine
+  /// there. Empty = none. Env: RINGFENCE_HEALTH_LEDGER.
+  std::string health_ledger;
+  /// How long a link fenced or moved in the ledger stays fenced for later jobs, unless
+  /// `ringfence-health ledger clear` clears it first. Env: RINGFENCE_HEALTH_LEDGER_QUARANTINE_S.
+  std::chrono::seconds health_ledger_quarantine{24 * 3600};
   /// How often the Prometheus file is refreshed while collectives run; 0 = only at agreements
   /// and close. Env: RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS.
   std::chrono::milliseconds health_prometheus_interval{2000};

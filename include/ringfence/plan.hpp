@@ -19,6 +19,7 @@ struct LinkId {
   /// Normalises the order of the two ranks.
   static LinkId of(int x, int y) noexcept { return x < y ? LinkId{x, y} : LinkId{y, x}; }
   friend bool operator==(LinkId, LinkId) = default;
+  friend auto operator<=>(LinkId, LinkId) = default;  ///< by a, then b (for ordered containers)
 };
 
 /// Finds a ring of `size` ranks that uses none of `fenced`, starting at rank 0 and preferring

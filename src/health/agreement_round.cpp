@@ -24,6 +24,7 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
+  if (enabled()) ledger_.load(ctx_);
 }
 
 void AgreementRound::stop() noexcept {
@@ -38,7 +39,8 @@ bool AgreementRound::due(std::uint64_t bytes) noexcept {
   ++calls_since_;
   bytes_since_ += bytes;
   const std::size_t every_bytes = ctx_.options.health_agree_bytes;
-  if (calls_since_ < static_cast<std::uint64_t>(ctx_.options.health_agree_every) && (every_bytes == 0 || bytes_since_ < every_bytes))
+  // Links the ledger holds in quarantine are fenced before the first collective moves data.
+  if (!ledger_.first_vote_pending() && calls_since_ < static_cast<std::uint64_t>(ctx_.options.health_agree_every) && (every_bytes == 0 || bytes_since_ < every_bytes))
     return false;
   calls_since_ = bytes_since_ = 0;
   return true;
@@ -51,6 +53,7 @@ void AgreementRound::observe() {
   const int rank = ctx_.rank;
   auto propose = [&](LinkId l, std::uint64_t count, const std::string& why) {
     ballot_.vote(l, Vote::Fence);
+    ledger_.note_reason(l, why);
     ctx_.log.warn("proposing to fence link {}-{}: {}", l.a, l.b, why);
     emit(HealthEvent{EventKind::FenceProposed, rank, l.a, l.b, 0, 0, count, why, 0});
   };
@@ -165,6 +168,7 @@ std::vector<LinkId> AgreementRound::judge_slowness() {
       ctx_.log.warn("link {}-{} is slow: {}", s.link.a, s.link.b, why);
       emit(HealthEvent{EventKind::LinkSlow, ctx_.rank, s.link.a, s.link.b, 0, 0, 0, why, 0});
     }
+    ledger_.note_reason(s.link, "slow: " + why);
     ballot_.vote(s.link, Vote::Fence);
     voted.push_back(s.link);
   }
@@ -190,6 +194,7 @@ Status AgreementRound::run(Failure& failure) {
   const int rank = ctx_.rank;
   ballot_.clear();
   if (monitor_) observe();
+  ledger_.vote(ballot_);
   // Where each of our links may move instead of being fenced.
   for (int p = 0; p < ctx_.size; ++p)
     if (p != rank) ballot_.offer_fallback(rank, p, mover_.fallback_of(p));
@@ -209,6 +214,7 @@ Status AgreementRound::run(Failure& failure) {
                                    DirectWrite{}, lane0.relay_duties, failure));
   const std::vector<LinkId> slow = judge_slowness();
   const Decision d = decide(ballot_, plan_, slow);
+  ledger_.record(ctx_, d);
   if (!d.moves.empty()) mover_.apply(d.moves, monitor_.get());
   if (!d.moves.empty() || !d.added.empty() || !d.unroutable.empty()) {
     std::vector<LinkId> bad = d.added;

@@ -14,6 +14,7 @@
 #include "../comm/plan_state.hpp"
 #include "../device/device_lane.hpp"
 #include "agreement.hpp"
+#include "ledger_keeper.hpp"
 #include "link_mover.hpp"
 #include "monitor.hpp"
 #include "reporting.hpp"
@@ -77,6 +78,7 @@ class AgreementRound {
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
   std::vector<std::uint64_t> digests_;
+  LedgerKeeper ledger_;  // RINGFENCE_HEALTH_LEDGER: fences that outlive the job
   std::uint64_t calls_since_ = 0, bytes_since_ = 0;  // since the last agreement
   // Agreements in a row at which link (a, b) (index a * n + b) or rank r was judged slow.
   std::vector<std::uint8_t> slow_streak_, straggler_streak_;

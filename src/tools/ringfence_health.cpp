@@ -9,6 +9,9 @@
 ///       a running job's per-link table (GB/s, state, CRC errors, re-sends, wait), from the
 ///       Prometheus files its ranks refresh in DIR (RINGFENCE_HEALTH_PROMETHEUS=DIR/x-{rank}.prom),
 ///       every S seconds (1), N times (0: until interrupted).
+///   ringfence-health ledger [--ledger PATH] list [--all] [--json] | clear LINK | export --json
+///       the health ledger (RINGFENCE_HEALTH_LEDGER): fences, moves and readmissions that
+///       outlive the job; `list` exits 2 while some link is in quarantine.
 ///
 /// `--json` prints one JSON object per summary or reading instead of tables. Exit status, in
 /// every mode: 0 healthy, 1 suspect, 2 fenced, 3 no data (no file, no event, no link), 4 usage.
@@ -17,7 +20,9 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
+#include "health_ledger_cli.hpp"
 #include "health_live.hpp"
 #include "health_log.hpp"
 
@@ -27,6 +32,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: ringfence-health [--events] [--json] LOGFILE|-\n"
                "       ringfence-health --live DIR [--interval S] [--count N] [--json]\n"
+               "       ringfence-health ledger [--ledger PATH] list [--all] [--json] | clear LINK | export --json\n"
                "exit status: 0 healthy, 1 suspect, 2 fenced, 3 no data, 4 usage\n");
   return ringfence::tools::kUsageError;
 }
@@ -35,6 +41,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   using namespace ringfence::tools;
+  if (argc > 1 && std::string(argv[1]) == "ledger") return run_ledger(std::vector<std::string>(argv + 2, argv + argc));
   bool show_events = false, json = false;
   std::string path;
   LiveOptions live;
