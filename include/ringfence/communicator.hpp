@@ -57,6 +57,18 @@ struct LinkInfo {
   bool device_lane = false;
 };
 
+/// One hardware counter the health policy reads for a mapped link (RINGFENCE_HEALTH_LINK_MAP):
+/// an NVLink CRC/replay/recovery counter, an IB port error counter, a PCIe AER counter.
+struct HardwareCounter {
+  LinkId link;             ///< the communicator link it describes
+  std::string source;      ///< "nvml", "ib" or "pcie"
+  std::string device;      ///< GPU index, IB device or PCI address
+  int port = 0;            ///< NVLink index or IB port (0 for device-wide counters)
+  std::string name;        ///< the counter's name within its source
+  std::optional<std::uint64_t> value;       ///< the last raw value read; nullopt = unreadable
+  std::optional<std::uint64_t> window_sum;  ///< events in the policy's window; nullopt = unknown
+};
+
 /// A point-in-time view of the health layer of one rank.
 struct HealthSnapshot {
   int rank = -1;
@@ -67,6 +79,7 @@ struct HealthSnapshot {
   std::vector<Relay> relays;    ///< fenced ring hops carried through a third rank
   std::uint64_t background_samples = 0;  ///< counter-source samples taken by the background sampler
   std::vector<LinkInfo> links;  ///< this rank's links
+  std::vector<HardwareCounter> counters;  ///< raw counters of this rank's mapped links (empty without a link map)
   /// Human-readable summary plus the link table.
   std::string table() const;
   /// Prometheus text exposition of the same facts (link state, traffic, checksum errors,

@@ -86,6 +86,22 @@ void HealthMonitor::sample_locked(health::TimePoint now) {
   if (sysfs_) bank_.update(sysfs_->read_counters(), now);
 }
 
+std::vector<ringfence::HardwareCounter> HealthMonitor::counter_values() const {
+  std::vector<ringfence::HardwareCounter> out;
+  std::lock_guard lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  bank_.for_each([&](const health::CounterId& id, const health::CounterTracker& tracker) {
+    for (const LinkSource& s : map_) {
+      const char* source = s.kind == LinkSource::Kind::Nvml ? "nvml" : s.kind == LinkSource::Kind::Ib ? "ib" : "pcie";
+      if (id.source != source || id.device != s.device || (s.kind != LinkSource::Kind::Pcie && id.port != s.port)) continue;
+      const health::WindowStats w = tracker.stats(now);
+      out.push_back(ringfence::HardwareCounter{s.link, id.source, id.device, id.port, id.name, tracker.last_value(),
+                                    w.sum ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(*w.sum)) : std::nullopt});
+    }
+  });
+  return out;
+}
+
 void HealthMonitor::sample(health::TimePoint now) {
   std::lock_guard lock(mutex_);
   sample_locked(now);

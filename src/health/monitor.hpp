@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <ringfence/communicator.hpp>
 #include <ringfence/health/counters.hpp>
 #include <ringfence/health/nvml_source.hpp>
 #include <ringfence/health/options.hpp>
@@ -92,6 +93,9 @@ class HealthMonitor {
   void start(std::chrono::milliseconds interval);
   /// Stops and joins the sampler. Idempotent, never throws.
   void stop() noexcept;
+  /// The raw value and window sum of every counter of every mapped link, as last sampled.
+  /// Thread-safe.
+  std::vector<ringfence::HardwareCounter> counter_values() const;
   /// Background samples taken so far.
   std::uint64_t background_samples() const noexcept { return background_samples_.load(std::memory_order_relaxed); }
 
@@ -100,7 +104,7 @@ class HealthMonitor {
  private:
   void sample_locked(health::TimePoint now);
 
-  std::mutex mutex_;  // guards the sources, the bank and the policies
+  mutable std::mutex mutex_;  // guards the sources, the bank and the policies
   std::condition_variable wake_;
   bool stopping_ = false;
   std::thread sampler_;

@@ -86,7 +86,7 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
   return out;
 }
 
-HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, std::uint64_t background_samples,
+HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor,
                              std::vector<LinkInfo> links) {
   HealthSnapshot h;
   h.rank = rank;
@@ -95,7 +95,8 @@ HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan,
   h.ring = plan.ring().empty() ? std::vector<int>{0} : plan.ring();
   h.fenced = plan.fenced();
   h.relays = plan.relays();
-  h.background_samples = background_samples;
+  h.background_samples = monitor ? monitor->background_samples() : 0;
+  if (monitor) h.counters = monitor->counter_values();
   h.links = std::move(links);
   return h;
 }
@@ -170,6 +171,16 @@ std::string HealthSnapshot::prometheus() const {
   out += fmt::format("ringfence_fenced_links{{rank=\"{}\"}} {}\n", rank, fenced.size());
   metric("ringfence_relays", "fenced ring hops carried through a third rank", "gauge");
   out += fmt::format("ringfence_relays{{rank=\"{}\"}} {}\n", rank, relays.size());
+  metric("ringfence_hw_counter", "raw value of a hardware counter the health policy reads for a mapped link", "gauge");
+  for (const auto& c : counters)
+    if (c.value)
+      out += fmt::format("ringfence_hw_counter{{rank=\"{}\",link=\"{}-{}\",source=\"{}\",device=\"{}\",port=\"{}\",counter=\"{}\"}} {}\n", rank,
+                         c.link.a, c.link.b, c.source, c.device, c.port, c.name, *c.value);
+  metric("ringfence_hw_counter_window_events", "events of that counter inside the policy's window", "gauge");
+  for (const auto& c : counters)
+    if (c.window_sum)
+      out += fmt::format("ringfence_hw_counter_window_events{{rank=\"{}\",link=\"{}-{}\",source=\"{}\",device=\"{}\",port=\"{}\",counter=\"{}\"}} {}\n",
+                         rank, c.link.a, c.link.b, c.source, c.device, c.port, c.name, *c.window_sum);
   metric("ringfence_snapshot_unix_seconds", "when these figures were taken (wall clock)", "gauge");
   out += fmt::format("ringfence_snapshot_unix_seconds{{rank=\"{}\"}} {:.3f}\n", rank,
                      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());

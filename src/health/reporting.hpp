@@ -11,6 +11,7 @@
 
 #include "../comm/lane.hpp"
 #include "../comm/plan_state.hpp"
+#include "monitor.hpp"
 
 namespace ringfence::detail {
 
@@ -45,7 +46,7 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
 
 /// A snapshot of ring, fences and `links` (`Communicator::health()`); `background_samples` from
 /// the health monitor (0 without one).
-HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, std::uint64_t background_samples,
+HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor,
                              std::vector<LinkInfo> links);
 
 /// Rewrites the Prometheus text file `path_template` ("{rank}" replaced by the rank) with `h`

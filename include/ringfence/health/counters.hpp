@@ -200,6 +200,11 @@ class CounterBank {
   const CounterTracker* find(const CounterId& id) const;
   /// Number of counters tracked.
   std::size_t size() const noexcept { return trackers_.size(); }
+  /// Calls `f(id, tracker)` for every counter, in id order (for reports).
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [id, tracker] : trackers_) f(id, tracker);
+  }
 
  private:
   Duration window_;
