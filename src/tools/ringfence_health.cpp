@@ -9,6 +9,9 @@
 ///       a running job's per-link table (GB/s, state, CRC errors, re-sends, wait), from the
 ///       Prometheus files its ranks refresh in DIR (RINGFENCE_HEALTH_PROMETHEUS=DIR/x-{rank}.prom),
 ///       every S seconds (1), N times (0: until interrupted).
+///   ringfence-health --plot LOGFILE OUT.png
+///       each link's state over time from a health-event log (gnuplot), with fence, readmit,
+///       move, slow and corrupted-chunk marks.
 ///   ringfence-health ledger [--ledger PATH] list [--all] [--json] | clear LINK | export --json
 ///       the health ledger (RINGFENCE_HEALTH_LEDGER): fences, moves and readmissions that
 ///       outlive the job; `list` exits 2 while some link is in quarantine.
@@ -24,6 +27,7 @@
 
 #include "health_ledger_cli.hpp"
 #include "health_live.hpp"
+#include "health_plot.hpp"
 #include "health_log.hpp"
 
 namespace {
@@ -32,6 +36,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: ringfence-health [--events] [--json] LOGFILE|-\n"
                "       ringfence-health --live DIR [--interval S] [--count N] [--json]\n"
+               "       ringfence-health --plot LOGFILE OUT.png\n"
                "       ringfence-health ledger [--ledger PATH] list [--all] [--json] | clear LINK | export --json\n"
                "exit status: 0 healthy, 1 suspect, 2 fenced, 3 no data, 4 usage\n");
   return ringfence::tools::kUsageError;
@@ -42,6 +47,10 @@ int usage() {
 int main(int argc, char** argv) {
   using namespace ringfence::tools;
   if (argc > 1 && std::string(argv[1]) == "ledger") return run_ledger(std::vector<std::string>(argv + 2, argv + argc));
+  if (argc > 1 && std::string(argv[1]) == "--plot") {
+    if (argc != 4) return usage();
+    return plot_health_log(argv[2], argv[3]);  // 0, 3 without events, 1 when gnuplot fails
+  }
   bool show_events = false, json = false;
   std::string path;
   LiveOptions live;
