@@ -252,9 +252,25 @@ Verdict LinkPolicy::judge(const Evidence& e, TimePoint now) {
 
 Transition LinkPolicy::move(PolicyState to, TimePoint now, std::vector<std::string> reasons) {
   Transition t{state_, to, now, std::move(reasons)};
+  const PolicyState from = state_;
   state_ = to;
   entered_ = now;
   clean_since_.reset();
+  if (to == PolicyState::Fenced && healed_at_) {
+    // Fenced again soon after a probation healed it: a relapse. A fenced link carries no
+    // traffic, so its probation could not show what only traffic shows (a slow link is slow
+    // again as soon as it is used): count it as a failed probation, so the cool-downs grow
+    // instead of the link flapping at the base cool-down.
+    if (now - *healed_at_ <= 2 * (relapse_cooldown_ + timings_.probation_duration)) {
+      failed_probations_ = relapse_failed_ + 1;
+      const double next = std::chrono::duration<double>(relapse_cooldown_).count() * std::max(1.0, timings_.cooldown_backoff);
+      const double cap = std::chrono::duration<double>(timings_.max_fence_cooldown).count();
+      cooldown_ = duration_cast<Duration>(std::chrono::duration<double>(std::min(next, cap)));
+      t.reasons.push_back(fmt::format("fenced again {} ms after it healed (relapse {}); next cool-down {} ms", ms(now - *healed_at_),
+                                      failed_probations_, ms(cooldown_)));
+    }
+    healed_at_.reset();
+  }
   if (to == PolicyState::Fenced) {
     // A fence starts a fresh history: a fenced link carries no traffic, and probation must
     // earn its way back on evidence gathered after the fence.
@@ -264,6 +280,11 @@ Transition LinkPolicy::move(PolicyState to, TimePoint now, std::vector<std::stri
     slow_since_.reset();
   }
   if (to == PolicyState::Healthy) {
+    if (from == PolicyState::Probation) {  // healed: remembered for a relapse (above)
+      healed_at_ = now;
+      relapse_cooldown_ = cooldown_;
+      relapse_failed_ = failed_probations_;
+    }
     failed_probations_ = 0;
     cooldown_ = timings_.fence_cooldown;
   }

@@ -397,3 +397,40 @@ TEST_CASE("Xid events: fatal fences, warn is suspect, 0 disables, unknown is unk
   REQUIRE(tr);
   REQUIRE(tr->to == PolicyState::Fenced);
 }
+
+TEST_CASE("a link fenced again soon after probation healed it relapsed: the cool-downs grow, later fences start afresh",
+          "[health][policy]") {
+  // A slow link: fenced, nothing wrong while it carries no traffic, readmitted, slow again at
+  // once. Without the relapse rule it would flap at the base cool-down for ever.
+  PolicyTimings timings;
+  timings.fence_cooldown = 10s;
+  timings.cooldown_backoff = 2.0;
+  timings.max_fence_cooldown = 30s;
+  timings.probation_duration = 5s;
+  LinkPolicy p({}, timings);
+  TimePoint now = t0;
+  REQUIRE(p.fence("slow", now)->to == PolicyState::Fenced);
+  const std::chrono::seconds expected[] = {20s, 30s, 30s};  // 10 -> 20 -> 40 capped at 30
+  std::chrono::seconds served = 10s;
+  for (std::chrono::seconds next : expected) {
+    now += served;
+    REQUIRE(p.observe(clean(), now)->to == PolicyState::Probation);
+    REQUIRE(feed(p, clean(), now + 1s, 5s)->to == PolicyState::Healthy);
+    REQUIRE(p.current_cooldown() == 10s);  // healed: the base again, unless it relapses
+    now += 8s;                             // slow again a few agreements after the readmission
+    const auto tr = p.fence("slow again", now);
+    REQUIRE(tr);
+    REQUIRE(tr->to == PolicyState::Fenced);
+    CHECK(p.current_cooldown() == next);
+    served = next;
+  }
+  CHECK(p.failed_probations() == 3);
+  // Healed, and fenced again only long after: a new fault, the base cool-down.
+  now += served;
+  REQUIRE(p.observe(clean(), now)->to == PolicyState::Probation);
+  REQUIRE(feed(p, clean(), now + 1s, 5s)->to == PolicyState::Healthy);
+  now += 10min;
+  REQUIRE(p.fence("corrupting", now)->to == PolicyState::Fenced);
+  CHECK(p.current_cooldown() == 10s);
+  CHECK(p.failed_probations() == 0);
+}

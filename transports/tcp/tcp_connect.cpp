@@ -272,6 +272,9 @@ class TcpPending final : public PendingLink {
     for (int fd : fds) tune_socket(fd, t_.options().buffer_bytes);
     auto link = std::make_unique<TcpLink>(t_, t_.self().rank, peer_.rank, std::move(fds), t_.timeout(),
                                           t_.options().stripe_min_bytes);
+    // A peer in this very process (ncclCommInitAll: several ranks per process) is closed by the
+    // same program, perhaps right after us on the same thread: the linger must not wait for it.
+    link->set_same_process(peer_.pid == t_.self().pid && peer_.host_id == t_.self().host_id);
     t_.add_link(link.get());
     out = std::move(link);
     return Status::ok();

@@ -17,7 +17,7 @@ Status TcpLink::wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanose
 TcpLink::~TcpLink() {
   (void)flush();
   transport_.remove_link(this);
-  transport_.linger(fds_, abandon_);
+  transport_.linger(fds_, abandon_, same_process_);
 }
 
 }  // namespace ringfence::transports::tcp::detail

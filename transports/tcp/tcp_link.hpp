@@ -59,6 +59,8 @@ class TcpLink final : public Link {
     for (std::size_t s = 0; s < fds_.size(); ++s) rx_.push_back(Rx{frame::FrameReader(s), false});
   }
   ~TcpLink() override;
+  /// The peer is a rank of this same process: its sockets linger without holding up the close.
+  void set_same_process(bool same) noexcept { same_process_ = same; }
 
   Status write(const WriteOp& op) noexcept override {
     RINGFENCE_TRY(check_usable());
@@ -279,6 +281,7 @@ class TcpLink final : public Link {
   std::size_t pending_len_ = 0;
   std::atomic<LinkState> state_{LinkState::Up};  // read by links() from other threads
   bool abandon_ = false;  // fenced with FenceReason::Error: the destructor lingers briefly
+  bool same_process_ = false;  // the peer lives in this process (see TcpTransport::linger)
   std::atomic<std::uint32_t> broken_code_{0};
   LinkStats stats_;
   transport_util::CompletionQueue<> queue_;

@@ -40,11 +40,15 @@ void TcpTransport::remove_link(TcpLink* link) noexcept {
 // or the linger deadline passes when the transport goes (see ~TcpTransport).
 // `abandoned`: the link's communicator failed (its peer may be dead or stopped and never
 // close): linger only kShortLinger, so destroying a failed communicator does not wait on it.
-void TcpTransport::linger(const std::vector<int>& fds, bool abandoned) noexcept {
+// `same_process`: the peer is a rank of this process, whose program may close it only after
+// this transport is gone (ncclCommInitAll, then ncclCommDestroy of each in a loop): waiting for
+// its FIN would hold every destroy for kLinger. Those sockets linger on a thread of their own
+// instead; should the process end first, the peer ends with it.
+void TcpTransport::linger(const std::vector<int>& fds, bool abandoned, bool same_process) noexcept {
   std::lock_guard lock(linger_mutex_);
   for (int fd : fds) {
     (void)::shutdown(fd, SHUT_WR);
-    lingering_.push_back(Lingering{fd, abandoned});
+    lingering_.push_back(Lingering{fd, abandoned, same_process});
   }
 }
 
@@ -62,11 +66,27 @@ void TcpTransport::start() {
 // Reads and discards until every lingering socket saw the peer's FIN (or an error), at most
 // kLinger; then closes them.
 void TcpTransport::close_lingering() noexcept {
-  std::lock_guard lock(linger_mutex_);
+  std::vector<Lingering> here, background;
+  {
+    std::lock_guard lock(linger_mutex_);
+    for (const Lingering& l : lingering_) (l.same_process ? background : here).push_back(l);
+    lingering_.clear();
+  }
+  if (!background.empty()) {
+    try {
+      std::thread([sockets = std::move(background)]() mutable { linger_then_close(std::move(sockets)); }).detach();
+    } catch (...) {  // no thread: linger here after all
+      here.insert(here.end(), background.begin(), background.end());
+    }
+  }
+  linger_then_close(std::move(here));
+}
+
+void TcpTransport::linger_then_close(std::vector<Lingering> sockets) noexcept {
   const auto start = std::chrono::steady_clock::now();
   std::vector<pollfd> open;
   std::vector<bool> abandoned;
-  for (const Lingering& l : lingering_) open.push_back(pollfd{l.fd, POLLIN, 0}), abandoned.push_back(l.abandoned);
+  for (const Lingering& l : sockets) open.push_back(pollfd{l.fd, POLLIN, 0}), abandoned.push_back(l.abandoned);
   char sink[65536];
   while (!open.empty() && std::chrono::steady_clock::now() < start + kLinger) {
     (void)::poll(open.data(), open.size(), 50);
@@ -83,8 +103,7 @@ void TcpTransport::close_lingering() noexcept {
       }
     }
   }
-  for (const Lingering& l : lingering_) ::close(l.fd);
-  lingering_.clear();
+  for (const Lingering& l : sockets) ::close(l.fd);
 }
 
 void TcpTransport::stop() noexcept {

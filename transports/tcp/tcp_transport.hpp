@@ -75,7 +75,7 @@ class TcpTransport final : public Transport {
     return ::epoll_ctl(epoll_, EPOLL_CTL_ADD, link.fds()[s], &ev) == 0;
   }
   void remove_link(TcpLink* link) noexcept;
-  void linger(const std::vector<int>& fds, bool abandoned) noexcept;
+  void linger(const std::vector<int>& fds, bool abandoned, bool same_process) noexcept;
 
   // Link::wait: the calling thread reads the link's sockets itself until `flag` reaches
   // `target`, the link breaks, or min(max, 20 ms) passed; the progress thread leaves the link
@@ -305,8 +305,10 @@ class TcpTransport final : public Transport {
   std::mutex linger_mutex_;
   struct Lingering {
     int fd;
-    bool abandoned;  // its communicator failed: linger kShortLinger only
+    bool abandoned;     // its communicator failed: linger kShortLinger only
+    bool same_process;  // the peer is in this process: linger in the background
   };
+  static void linger_then_close(std::vector<Lingering> sockets) noexcept;
   std::vector<Lingering> lingering_;  // sockets of closed links (see linger)
 };
 

@@ -172,6 +172,11 @@ struct Transition {
 /// - Probation → Fenced on Warn or Fail (probation failed: the next cool-down is multiplied
 ///   by `cooldown_backoff`, capped at `max_fence_cooldown`); Probation → Healthy after Clean
 ///   observations spanning `probation_duration` (the cool-down then returns to its base).
+/// - A relapse (Fenced again, by evidence or `fence()`, within twice the served cool-down plus
+///   `probation_duration` after probation healed it) counts as a failed probation: the
+///   cool-down it served is multiplied by `cooldown_backoff`. A fenced link carries no traffic,
+///   so its probation cannot show slowness; without this a persistently slow link would be
+///   readmitted and fenced again at the base cool-down for ever.
 class LinkPolicy {
  public:
   /// A Healthy link judged by `thresholds` and `timings` (copied).
@@ -194,7 +199,7 @@ class LinkPolicy {
   const Verdict& last_verdict() const noexcept { return last_verdict_; }
   /// The cool-down the link serves on its next (or current) fence.
   Duration current_cooldown() const noexcept { return cooldown_; }
-  /// Number of failed probations since the link was last Healthy.
+  /// Number of failed probations (relapses included) since the link was last Healthy.
   int failed_probations() const noexcept { return failed_probations_; }
 
  private:
@@ -213,6 +218,9 @@ class LinkPolicy {
   int consecutive_timeouts_ = 0;
   int failed_probations_ = 0;
   Duration cooldown_;
+  std::optional<TimePoint> healed_at_;  // when probation last healed the link (for relapses)
+  Duration relapse_cooldown_{};         // the cool-down it had served then
+  int relapse_failed_ = 0;              // and its failed probations
 };
 
 }  // namespace ringfence::health
