@@ -66,6 +66,7 @@ struct LiveLink {
   std::string transport;
   int state = -1;  // LinkState as a number; -1 unknown
   double checksum_errors = 0, resends = 0, timed_bytes = 0, timed_s = 0, wait_s = 0;
+  double hw_events = 0;  // events of the link's hardware counters in the policy's window (mapped links)
   double gbps = -1;  // recent (or average, on the first reading); -1 = no timed writes
   std::string verdict_state;
 };
@@ -89,6 +90,15 @@ Reading read_dir(const std::string& dir) {
       const auto s = parse_sample(line);
       if (!s || !s->labels.count("rank")) continue;
       const int rank = std::atoi(s->labels.at("rank").c_str());
+      if (s->name == "ringfence_hw_counter_window_events" && s->labels.count("link")) {
+        // Counters are per link "a-b": this rank's end of it.
+        const std::string& link = s->labels.at("link");
+        const auto dash = link.find('-');
+        if (dash == std::string::npos) continue;
+        const int a = std::atoi(link.substr(0, dash).c_str()), b = std::atoi(link.substr(dash + 1).c_str());
+        r.links[{rank, rank == a ? b : a, false}].hw_events += s->value;
+        continue;
+      }
       if (s->labels.count("peer")) {
         LiveLink& l = r.links[{rank, std::atoi(s->labels.at("peer").c_str()), s->labels.count("lane") > 0}];
         if (s->name == "ringfence_link_state") {
@@ -153,7 +163,7 @@ Verdict judge(Reading& now, History& history) {
     if (l.state == 3) {
       l.verdict_state = "fenced";
       v = worse(v, Verdict::Fenced);
-    } else if (l.state == 2 || l.checksum_errors > 0 || slow) {
+    } else if (l.state == 2 || l.checksum_errors > 0 || l.hw_events > 0 || slow) {
       l.verdict_state = slow ? "slow" : "suspect";
       v = worse(v, Verdict::Suspect);
     } else {
@@ -180,6 +190,7 @@ void print(const Reading& r, Verdict v, const LiveOptions& o, bool tty) {
                               {"gbps", l.gbps >= 0 ? nlohmann::json(l.gbps) : nlohmann::json(nullptr)},
                               {"checksum_errors", l.checksum_errors},
                               {"resends", l.resends},
+                              {"hw_counter_events", l.hw_events},
                               {"wait_s", l.wait_s}});
     for (const auto& [rank, ri] : r.ranks)
       out["ranks"].push_back({{"rank", rank}, {"collectives", ri.collectives}, {"epoch", ri.epoch}, {"fenced_links", ri.fenced_links},
@@ -189,12 +200,14 @@ void print(const Reading& r, Verdict v, const LiveOptions& o, bool tty) {
     if (tty) std::printf("\033[H\033[2J");
     std::printf("ringfence-health --live %s: %zu ranks, %zu links, verdict %s\n", o.dir.c_str(), r.ranks.size(), r.links.size(),
                 to_string(v));
-    std::printf("%5s %5s %9s %10s %9s %10s %8s %10s\n", "rank", "peer", "transport", "state", "GB/s", "crc-errs", "resends", "wait(ms)");
+    std::printf("%5s %5s %9s %10s %9s %10s %8s %10s %9s\n", "rank", "peer", "transport", "state", "GB/s", "crc-errs", "resends", "wait(ms)",
+                "hw-events");
     for (const auto& [key, l] : r.links) {
       char gbps[32] = "-";
       if (l.gbps >= 0) std::snprintf(gbps, sizeof gbps, "%.2f", l.gbps);
-      std::printf("%5d %5d %9s %10s %9s %10.0f %8.0f %10.1f%s\n", std::get<0>(key), std::get<1>(key), l.transport.c_str(),
-                  l.verdict_state.c_str(), gbps, l.checksum_errors, l.resends, l.wait_s * 1e3, std::get<2>(key) ? "  device lane" : "");
+      std::printf("%5d %5d %9s %10s %9s %10.0f %8.0f %10.1f %9.0f%s\n", std::get<0>(key), std::get<1>(key), l.transport.c_str(),
+                  l.verdict_state.c_str(), gbps, l.checksum_errors, l.resends, l.wait_s * 1e3, l.hw_events,
+                  std::get<2>(key) ? "  device lane" : "");
     }
     for (const auto& [rank, ri] : r.ranks)
       std::printf("rank %d: %.0f collectives, epoch %.0f, %.0f fenced links, figures %.1f s old\n", rank, ri.collectives, ri.epoch,

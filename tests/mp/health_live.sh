@@ -80,6 +80,22 @@ status=$?
 [[ $status == 3 ]] || fail "--live on an empty directory: exit $status (want 3)"
 grep -q "no link figures" "$work/empty.txt" || fail "empty directory: $(cat "$work/empty.txt")"
 
+# --- hardware counter events of a mapped link make it suspect (figures written by hand) -------
+mkdir -p "$work/hw"
+for r in 0 1; do
+  p=$((1 - r))
+  {
+    echo "ringfence_link_state{rank=\"$r\",peer=\"$p\",transport=\"shm\"} 1"
+    echo "ringfence_link_checksum_errors_total{rank=\"$r\",peer=\"$p\"} 0"
+    echo "ringfence_hw_counter_window_events{rank=\"$r\",link=\"0-1\",source=\"nvml\",device=\"$r\",port=\"0\",counter=\"nvlink_replay\"} $((3 * (1 - r)))"
+  } >"$work/hw/job-$r.prom"
+done
+"$health" --live "$work/hw" --count 1 --interval 0.1 --json >"$work/hw.json"
+status=$?
+[[ $status == 1 ]] || fail "--live with hardware counter events: exit $status (want 1 suspect): $(cat "$work/hw.json")"
+$py -c 'import json,sys; r=json.load(open(sys.argv[1])); l={(x["rank"],x["peer"]):x for x in r["links"]}; assert l[(0,1)]["hw_counter_events"]==3 and l[(0,1)]["state"]=="suspect" and l[(1,0)]["state"]=="ok", r' \
+  "$work/hw.json" || fail "hardware counter events: $(cat "$work/hw.json")"
+
 # --- the log mode ------------------------------------------------------------------------------
 ev() { printf '{"event":"%s","rank":%s,"link":"%s","seq":%s,"epoch":%s,"count":%s,"detail":"%s","time":1.0}\n' "$@"; }
 ev link_healthy 0 0-1 10 0 0 fine >"$work/healthy.jsonl"
