@@ -27,11 +27,12 @@ inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
 /// Bytes reserved after every staging slot for the chunk trailer (checksum mode): one cache
 /// line, with the trailer in its last 16 bytes (EngineConfig::trailer_offset).
 inline constexpr std::size_t kTrailerBytes = 64;
-/// Checksum mode: a chunk of at most this many bytes is packed against its trailer (it ends
-/// where the trailer starts; EngineConfig::data_offset), so its last bytes and the trailer
-/// share a cache line and the receiver pays no separate miss for the trailer. Larger chunks
-/// start at the slot (aligned, for the reduction kernels).
-inline constexpr std::size_t kPackedMaxBytes = 4096;
+/// Checksum mode: a chunk of at most this many bytes is packed against its trailer, in the
+/// trailer's own cache line (it ends where the trailer starts; EngineConfig::data_offset), so
+/// data and trailer travel in one line and the receiver pays one miss, not two. Larger chunks
+/// start at the slot, aligned for the kernels: packing them too would save one line of many
+/// and make every 64-byte load and store of the chunk straddle two lines.
+inline constexpr std::size_t kPackedMaxBytes = kTrailerBytes - 16;
 /// Messages remembered by a sender for re-sends (>= the largest slot count).
 inline constexpr std::size_t kSentLog = 64;
 
