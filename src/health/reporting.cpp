@@ -1,5 +1,7 @@
 #include "reporting.hpp"
 
+#include "ledger.hpp"  // unix_now
+
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -28,7 +30,7 @@ void EventSink::emit(HealthEvent e, int rank, std::uint64_t seq, std::uint64_t e
   e.rank = rank;
   e.sequence = seq;
   e.epoch = epoch;
-  e.unix_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  e.unix_time = unix_now();
   try {
     if (callback_) callback_(e);
     if (fd_ >= 0) {
@@ -171,19 +173,19 @@ std::string HealthSnapshot::prometheus() const {
   out += fmt::format("ringfence_fenced_links{{rank=\"{}\"}} {}\n", rank, fenced.size());
   metric("ringfence_relays", "fenced ring hops carried through a third rank", "gauge");
   out += fmt::format("ringfence_relays{{rank=\"{}\"}} {}\n", rank, relays.size());
+  // A mapped link's hardware counter: its labels, then its raw value and its window's events.
+  auto counter_labels = [&](const HardwareCounter& c) {
+    return fmt::format("rank=\"{}\",link=\"{}-{}\",source=\"{}\",device=\"{}\",port=\"{}\",counter=\"{}\"", rank, c.link.a, c.link.b,
+                       c.source, c.device, c.port, c.name);
+  };
   metric("ringfence_hw_counter", "raw value of a hardware counter the health policy reads for a mapped link", "gauge");
   for (const auto& c : counters)
-    if (c.value)
-      out += fmt::format("ringfence_hw_counter{{rank=\"{}\",link=\"{}-{}\",source=\"{}\",device=\"{}\",port=\"{}\",counter=\"{}\"}} {}\n", rank,
-                         c.link.a, c.link.b, c.source, c.device, c.port, c.name, *c.value);
+    if (c.value) out += fmt::format("ringfence_hw_counter{{{}}} {}\n", counter_labels(c), *c.value);
   metric("ringfence_hw_counter_window_events", "events of that counter inside the policy's window", "gauge");
   for (const auto& c : counters)
-    if (c.window_sum)
-      out += fmt::format("ringfence_hw_counter_window_events{{rank=\"{}\",link=\"{}-{}\",source=\"{}\",device=\"{}\",port=\"{}\",counter=\"{}\"}} {}\n",
-                         rank, c.link.a, c.link.b, c.source, c.device, c.port, c.name, *c.window_sum);
+    if (c.window_sum) out += fmt::format("ringfence_hw_counter_window_events{{{}}} {}\n", counter_labels(c), *c.window_sum);
   metric("ringfence_snapshot_unix_seconds", "when these figures were taken (wall clock)", "gauge");
-  out += fmt::format("ringfence_snapshot_unix_seconds{{rank=\"{}\"}} {:.3f}\n", rank,
-                     std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  out += fmt::format("ringfence_snapshot_unix_seconds{{rank=\"{}\"}} {:.3f}\n", rank, detail::unix_now());
   return out;
 }
 

@@ -16,6 +16,8 @@
 #include <tuple>
 #include <vector>
 
+#include "../health/ledger.hpp"  // unix_now
+
 namespace ringfence::tools {
 
 namespace {
@@ -175,10 +177,8 @@ Verdict judge(Reading& now, History& history) {
   return v;
 }
 
-double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-
 void print(const Reading& r, Verdict v, const LiveOptions& o, bool tty) {
-  const double now = unix_now();
+  const double now = detail::unix_now();
   if (o.json) {
     nlohmann::json out{{"time", now}, {"verdict", to_string(v)}, {"links", nlohmann::json::array()}, {"ranks", nlohmann::json::array()}};
     for (const auto& [key, l] : r.links)
