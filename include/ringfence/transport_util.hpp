@@ -92,22 +92,27 @@ inline void store_flag(SignalFlag& flag, std::uint32_t value) noexcept {
   if (flag.waiters.load(std::memory_order_seq_cst) != 0) futex(&flag.value, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-/// `Link::wait` for flags stored with `store_flag`: spins `spin` polls (yielding every 32, so
-/// more ranks than cores do not starve each other), then asks `peer_status()` (Ok to go on
+/// `Link::wait` for flags stored with `store_flag`: spins `spin` polls (calling `sched_yield`
+/// every `yield_every` polls when that is > 0, so more ranks than cores do not starve each
+/// other; with a core per rank a yield is only a system call that delays noticing the flag),
+/// then asks `peer_status()` (Ok to go on
 /// sleeping, an error to return at once, e.g. PeerUnreachable), then sleeps on the futex for at
 /// most min(max, 20 ms), so a broken peer is noticed within one slice. Time spent waiting is
 /// added to `wait_ns`. Returns Ok when `target` was reached, InProgress when not yet.
 template <class PeerStatus>
-Status wait_flag(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max, int spin,
+Status wait_flag(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max, int spin, int yield_every,
                  std::atomic<std::uint64_t>& wait_ns, PeerStatus&& peer_status) noexcept {
   const auto start = std::chrono::steady_clock::now();
   auto account = [&] {
     wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()), std::memory_order_relaxed);
   };
-  for (int i = 0; i < spin; ++i) {
+  for (int i = 0, until_yield = yield_every; i < spin; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return account(), Status::ok();
     cpu_relax();
-    if ((i & 31) == 31) sched_yield();
+    if (yield_every > 0 && --until_yield == 0) {
+      sched_yield();
+      until_yield = yield_every;
+    }
   }
   if (const Status s = peer_status(); !s.is_ok()) return s;
   constexpr auto kSlice = std::chrono::milliseconds(20);

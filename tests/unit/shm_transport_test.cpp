@@ -224,3 +224,59 @@ TEST_CASE("shm: a segment is stale exactly when its owner's lock is free", "[shm
   CHECK(shm::remove_stale_segments() >= 1);
   CHECK(::access(path.c_str(), F_OK) != 0);
 }
+
+TEST_CASE("shm: RINGFENCE_SHM_YIELD sets the polls between yields; a bad value names the variable", "[shm][yield]") {
+  CHECK(transports::shm::Options::from(nullptr).yield_every == 32);
+  CommOptions options;
+  options.transport_settings["RINGFENCE_SHM_YIELD"] = "0";
+  CHECK(transports::shm::Options::from(&options).yield_every == 0);
+  options.transport_settings["RINGFENCE_SHM_YIELD"] = "7";
+  CHECK(transports::shm::Options::from(&options).yield_every == 7);
+  for (const char* bad : {"-1", "often", "auto"}) {
+    options.transport_settings["RINGFENCE_SHM_YIELD"] = bad;
+    try {
+      (void)transports::shm::Options::from(&options);
+      FAIL("accepted RINGFENCE_SHM_YIELD=" << bad);
+    } catch (const InvalidUsage& e) {
+      CHECK(std::string(e.what()).find("RINGFENCE_SHM_YIELD") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("shm: a waiter that yields every poll, or never, still sees a signal from another thread", "[shm][yield]") {
+  for (const char* yield : {"1", "0"}) {
+    CAPTURE(yield);
+    CommOptions options;
+    options.transport_settings["RINGFENCE_SHM_SPIN"] = "100000";
+    options.transport_settings["RINGFENCE_SHM_YIELD"] = yield;
+    Logger log;
+    PeerInfo pa{0, "h", static_cast<std::int32_t>(::getpid())}, pb{1, "h", static_cast<std::int32_t>(::getpid())};
+    auto a = transports::shm::make_transport(TransportContext{pa, 2, &options, &log});
+    auto b = transports::shm::make_transport(TransportContext{pb, 2, &options, &log});
+    auto la = a->listen(), lb = b->listen();
+    std::unique_ptr<Link> a_to_b, b_to_a;
+    REQUIRE(a->connect(*la, pb, lb->address())->try_finish(a_to_b).is_ok());
+    REQUIRE(b->connect(*lb, pa, la->address())->try_finish(b_to_a).is_ok());
+    auto* mem = static_cast<std::byte*>(b->allocate(sizeof(SignalFlag), MemoryKind::Host));
+    MemoryRegion region = b->register_memory(mem, sizeof(SignalFlag), MemoryKind::Host);
+    RemoteRegion remote = a->import_region(region.key());
+    auto& flag = *reinterpret_cast<SignalFlag*>(mem);
+    // Many rounds, each answered after a short delay, so waits both spin and yield.
+    std::thread signaller([&] {
+      for (std::uint32_t v = 1; v <= 200; ++v) {
+        while (flag.value.load() != v - 1) std::this_thread::yield();
+        std::this_thread::sleep_for(std::chrono::microseconds(v % 7 * 20));
+        REQUIRE(a_to_b->signal(SignalOp{&remote, 0, v, v}).is_ok());
+      }
+    });
+    bool all_ok = true;
+    for (std::uint32_t v = 1; v <= 200; ++v) {
+      Status s = Status(ErrorCode::InProgress);
+      while (s.in_progress()) s = b_to_a->wait(flag, v, std::chrono::seconds(5));
+      all_ok = all_ok && s.is_ok() && flag.value.load() >= v;
+    }
+    signaller.join();
+    CHECK(all_ok);
+    b->deallocate(mem);
+  }
+}

@@ -162,7 +162,7 @@ class ShmLink final : public Link {
   }
 
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    return transport_util::wait_flag(flag, target, max, options_.spin_count, stats_.wait_ns, [&]() noexcept {
+    return transport_util::wait_flag(flag, target, max, options_.spin_count, options_.yield_every, stats_.wait_ns, [&]() noexcept {
       if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
       return peer_alive() ? Status::ok() : fail(ErrorCode::PeerUnreachable);
     });
@@ -465,6 +465,7 @@ class ShmTransport final : public Transport {
 namespace {
 constexpr SettingKey kSettings[] = {
     {"RINGFENCE_SHM_SPIN", "flag polls before a waiter sleeps on a futex (>= 0)"},
+    {"RINGFENCE_SHM_YIELD", "polls between sched_yield calls while spinning (>= 0; 0 = never)"},
     {"RINGFENCE_SHM_CMA", "0/1: cross-memory attach into unregistered buffers"},
 };
 }  // namespace
@@ -476,6 +477,7 @@ Options Options::from(const CommOptions* options) {
   Options o;
   o.spin_count = static_cast<int>(r.integer("RINGFENCE_SHM_SPIN", o.spin_count, 0, 1ll << 30));
   o.cross_memory_attach = r.boolean("RINGFENCE_SHM_CMA", o.cross_memory_attach);
+  o.yield_every = static_cast<int>(r.integer("RINGFENCE_SHM_YIELD", o.yield_every, 0, 1 << 20));
   return o;
 }
 

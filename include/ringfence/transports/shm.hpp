@@ -34,6 +34,12 @@ struct Options {
   /// when ranks <= cores; sleeping keeps 4 ranks on 2 cores from starving each other.
   /// RINGFENCE_SHM_SPIN (>= 0).
   int spin_count = 2000;
+  /// While spinning, polls between `sched_yield` calls (0 = never). A yield hands an
+  /// oversubscribed rank's core to the peer it waits for: 4 ranks on 2 cores ran 8 B-256 KiB
+  /// allreduces 3-15x slower without it. With a core per rank it cost nothing measurable, and
+  /// a rank cannot know whether other jobs share its cores, so it always yields by default
+  /// (docs/tuning.md "Spinning and yielding"). RINGFENCE_SHM_YIELD (>= 0).
+  int yield_every = 32;
   /// Use cross-memory attach (process_vm_writev) to write straight into a peer's unregistered
   /// buffer; when false such regions are rejected. RINGFENCE_SHM_CMA (0/1).
   bool cross_memory_attach = true;
