@@ -67,10 +67,14 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       } else {
         if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
           continue;
-        const std::byte* data = nullptr;
-        RINGFENCE_TRY(wait_chunk(ch, data, op.landed ? op.buf + op.done : nullptr, len));
-        if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, data, len));
-        RINGFENCE_TRY(release_chunk(ch));
+        if (c_.checksum && !op.landed && !dev_) {
+          RINGFENCE_TRY(copy_chunk(ch, op.buf + op.done, len));  // verified in the copy's pass
+        } else {
+          const std::byte* data = nullptr;
+          RINGFENCE_TRY(wait_chunk(ch, data, op.landed ? op.buf + op.done : nullptr, len));
+          if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, data, len));
+          RINGFENCE_TRY(release_chunk(ch));
+        }
       }
       op.done += len;
       progress = true;
