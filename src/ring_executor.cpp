@@ -4,6 +4,20 @@
 
 namespace ringfence::detail {
 
+// Along a chain one rank's copy or reduction of chunk k overlaps the next rank's work on chunk
+// k - 1, but a message of one slot would be a single chunk that the ranks handle one after the
+// other; so messages of fewer than kChainPieces slots are cut into kChainPieces chunks. Not
+// below 64 KiB: at 64 KiB four 16 KiB chunks ran 4-30 % slower than one (per-chunk costs);
+// 2 ranks, 128-512 KiB gained 15-68 % (docs/tuning.md). Both ends derive it from the count
+// alone, so they agree on the schedule.
+std::size_t chain_chunk(std::size_t count, std::size_t elem, std::size_t slot_bytes) noexcept {
+  constexpr std::size_t kChainPieces = 4, kChainMinChunkBytes = 64 * 1024;
+  const std::size_t slot = slot_bytes / elem, bytes = count * elem;
+  if (bytes >= kChainPieces * slot_bytes) return slot;
+  const std::size_t piece = (bytes / kChainPieces + 63) / 64 * 64;  // whole cache lines
+  return std::min(slot, std::max(kChainMinChunkBytes, piece) / elem);
+}
+
 Status run_ring(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, const RingCall& call,
                 const Reducer& reducer, const DirectWrite& direct, RelayDuties& relays, Failure& failure) noexcept {
   RingRunner runner(config, flags, left, right, reducer, direct, relays, failure);
@@ -20,9 +34,12 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Connection* left, C
     case RingCollective::Allgather:
       return runner.run([&](int pos) { return RingAllgatherSchedule(pos, n, count, chunk, call.stride, call.blocks); }, call.send, call.recv);
     case RingCollective::Broadcast:
-      return runner.run([&](int pos) { return ChainBroadcastSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
-    case RingCollective::Reduce:
-      return runner.run([&](int pos) { return ChainReduceSchedule(pos, n, call.root, count, chunk); }, call.send, call.recv);
+    case RingCollective::Reduce: {
+      const std::size_t piece = chain_chunk(count, reducer.elem_size, config.slot_bytes);
+      if (call.kind == RingCollective::Broadcast)
+        return runner.run([&](int pos) { return ChainBroadcastSchedule(pos, n, call.root, count, piece); }, call.send, call.recv);
+      return runner.run([&](int pos) { return ChainReduceSchedule(pos, n, call.root, count, piece); }, call.send, call.recv);
+    }
     case RingCollective::TreeAllreduce:
       if (relays.count > 0 || !call.by_position) return Status(ErrorCode::InvalidUsage);  // trees never run on a relayed plan
       runner.use_positions(call.by_position, call.by_rank);
