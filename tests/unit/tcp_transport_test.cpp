@@ -45,9 +45,11 @@ struct Pair {
   std::unique_ptr<Transport> a, b;
   std::unique_ptr<Link> a_to_b, b_to_a;
   // `fault`: RINGFENCE_FAULT rules for a's side (empty: none). `buffer_bytes`: the sockets'
-  // buffers (0: the default).
-  explicit Pair(int sockets = 2, std::string_view fault = {}, int buffer_bytes = 0) : options(loopback_options(sockets)) {
+  // buffers (0: the default). `spin_us`: RINGFENCE_TCP_SPIN_US (-1: the default).
+  explicit Pair(int sockets = 2, std::string_view fault = {}, int buffer_bytes = 0, int spin_us = -1)
+      : options(loopback_options(sockets)) {
     if (buffer_bytes > 0) options.transport_settings["RINGFENCE_TCP_BUFFER_BYTES"] = std::to_string(buffer_bytes);
+    if (spin_us >= 0) options.transport_settings["RINGFENCE_TCP_SPIN_US"] = std::to_string(spin_us);
     const PeerInfo pa{0, "ha", 1}, pb{1, "hb", 2};
     a = tcp::make_transport(TransportContext{pa, 2, &options, &log});
     if (!fault.empty()) a = make_fault_transport(std::move(a), parse_fault_spec(fault), 0);
@@ -570,4 +572,39 @@ TEST_CASE("tcp: a truncated frame fences the link with a clear error", "[tcp][ho
   REQUIRE(p.log.has_line(std::chrono::seconds(0), "the connection from rank 0 ended inside a frame",
                          "(" + std::to_string(missing) + " bytes of it missing: a truncated frame"));
   ::close(fd);
+}
+
+TEST_CASE("tcp: RINGFENCE_TCP_SPIN_US: parsed and checked; a spinning wait sees signals and still ends at its bound",
+          "[tcp][spin]") {
+  CHECK(tcp::Options::from(nullptr).spin_us == 50);
+  CommOptions o;
+  o.transport_settings["RINGFENCE_TCP_SPIN_US"] = "0";
+  CHECK(tcp::Options::from(&o).spin_us == 0);
+  o.transport_settings["RINGFENCE_TCP_SPIN_US"] = "-5";
+  try {
+    (void)tcp::Options::from(&o);
+    FAIL("accepted RINGFENCE_TCP_SPIN_US=-5");
+  } catch (const InvalidUsage& e) {
+    CHECK(std::string(e.what()).find("RINGFENCE_TCP_SPIN_US") != std::string::npos);
+  }
+  for (const int spin_us : {0, 1000000}) {  // sleep at once; spin for longer than any wait
+    CAPTURE(spin_us);
+    Pair p(1, {}, 0, spin_us);
+    Target t(p, 64);
+    // Nothing comes: the wait returns InProgress at its own bound (5 ms), not after the spin.
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(p.b_to_a->wait(t.flag, 1, std::chrono::milliseconds(5)).in_progress());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500));
+    // Signals sent while the other side waits (spinning or asleep) are seen, in order.
+    std::thread sender([&] {
+      for (std::uint32_t v = 1; v <= 50; ++v) {
+        if (v % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        while (p.a_to_b->signal(SignalOp{&t.fdst, 0, v, v}).in_progress()) std::this_thread::yield();
+      }
+    });
+    bool all_ok = true;
+    for (std::uint32_t v = 1; v <= 50; ++v) all_ok = all_ok && wait_for(*p.b_to_a, t.flag, v).is_ok();
+    sender.join();
+    CHECK(all_ok);
+  }
 }

@@ -44,6 +44,7 @@ constexpr SettingKey kSettings[] = {
     {"RINGFENCE_TCP_STRIPE_MIN_BYTES", "smallest part of a striped write"},
     {"RINGFENCE_TCP_CHUNK_BYTES", "pipeline chunk once a link is tcp (if larger than RINGFENCE_CHUNK_BYTES)"},
     {"RINGFENCE_TCP_BUFFER_BYTES", "SO_SNDBUF / SO_RCVBUF of every socket"},
+    {"RINGFENCE_TCP_SPIN_US", "microseconds a waiter reads its sockets without blocking before it sleeps (>= 0)"},
     {"RINGFENCE_SOCKET_IFNAME", "interfaces to listen on (NCCL_SOCKET_IFNAME syntax)"},
 };
 }  // namespace
@@ -58,6 +59,7 @@ Options Options::from(const CommOptions* options) {
   o.chunk_bytes = r.bytes("RINGFENCE_TCP_CHUNK_BYTES", o.chunk_bytes);
   o.buffer_bytes = r.bytes("RINGFENCE_TCP_BUFFER_BYTES", o.buffer_bytes);
   o.interfaces = r.text("RINGFENCE_SOCKET_IFNAME").value_or(o.interfaces);
+  o.spin_us = static_cast<int>(r.integer("RINGFENCE_TCP_SPIN_US", o.spin_us, 0, 1000000));
   return o;
 }
 

@@ -92,6 +92,7 @@ class TcpTransport final : public Transport {
   Status wait_reading(TcpLink& link, SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::min<std::chrono::nanoseconds>(max, std::chrono::milliseconds(20));
+    const auto spin_until = start + std::chrono::microseconds(options_.spin_us);
     const std::size_t sockets = link.fds().size();
     Status result(ErrorCode::InProgress);
     {
@@ -118,6 +119,10 @@ class TcpTransport final : public Transport {
         }
         const auto now = std::chrono::steady_clock::now();
         if (now >= deadline) break;
+        if (now < spin_until) {
+          sched_yield();
+          continue;
+        }
         nfds_t k = 0;
         for (std::size_t s = 0; s < sockets; ++s)
           if (!link.rx()[s].closed) fds[k++] = pollfd{link.fds()[s], POLLIN, 0};
