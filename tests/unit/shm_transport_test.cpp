@@ -225,7 +225,7 @@ TEST_CASE("shm: a segment is stale exactly when its owner's lock is free", "[shm
   CHECK(::access(path.c_str(), F_OK) != 0);
 }
 
-TEST_CASE("shm: RINGFENCE_SHM_YIELD sets the polls between yields; a bad value names the variable", "[shm][yield]") {
+TEST_CASE("shm: RINGFENCE_SHM_YIELD sets the polls between yields, and a bad value names the variable", "[shm][yield]") {
   CHECK(transports::shm::Options::from(nullptr).yield_every == 32);
   CommOptions options;
   options.transport_settings["RINGFENCE_SHM_YIELD"] = "0";

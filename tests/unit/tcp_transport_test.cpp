@@ -574,7 +574,7 @@ TEST_CASE("tcp: a truncated frame fences the link with a clear error", "[tcp][ho
   ::close(fd);
 }
 
-TEST_CASE("tcp: RINGFENCE_TCP_SPIN_US: parsed and checked; a spinning wait sees signals and still ends at its bound",
+TEST_CASE("tcp: RINGFENCE_TCP_SPIN_US is parsed and checked, and a spinning wait sees signals and still ends at its bound",
           "[tcp][spin]") {
   CHECK(tcp::Options::from(nullptr).spin_us == 50);
   CommOptions o;
