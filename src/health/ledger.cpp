@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <fmt/format.h>
@@ -96,12 +97,21 @@ std::map<std::pair<std::string, std::string>, LedgerEntry> latest_by_link(const 
     auto it = out.find(key);
     if (it == out.end()) {
       out.emplace(key, e);
-    } else if (e.time >= it->second.time) {
-      // The other end of the same decision may have written it first with the evidence it saw;
-      // a later line of the same action that only says "agreed" keeps that evidence.
-      std::string evidence = e.action == it->second.action && e.evidence.starts_with(kAgreedElsewhere) ? it->second.evidence : e.evidence;
-      it->second = e;
-      it->second.evidence = std::move(evidence);
+      continue;
+    }
+    LedgerEntry& kept = it->second;
+    // Both ends of one decision write a line: the proposer with its evidence, the other end
+    // "agreed". They read their clocks at slightly different moments and append in either
+    // order, so the line with the evidence may be the earlier one in time, in the file, or
+    // both: within one decision the evidence wins, and the later time counts.
+    const bool same_decision = e.action == kept.action && std::abs(e.time - kept.time) < kSameDecisionSeconds;
+    const bool e_agreed = e.evidence.starts_with(kAgreedElsewhere), kept_agreed = kept.evidence.starts_with(kAgreedElsewhere);
+    if (same_decision && e_agreed != kept_agreed) {
+      const double time = std::max(e.time, kept.time);
+      if (kept_agreed) kept = e;
+      kept.time = time;
+    } else if (e.time >= kept.time) {
+      kept = e;
     }
   }
   return out;

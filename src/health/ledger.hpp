@@ -47,7 +47,11 @@ LedgerRead read_ledger(const std::string& path);
 /// any number of processes never interleave. Throws SystemError naming the path.
 void append_ledger(const std::string& path, const LedgerEntry& e);
 
-/// The latest entry of every link (keyed by its two ends).
+/// Lines of one action on one link this close in time are one decision (its two ends' lines).
+inline constexpr double kSameDecisionSeconds = 60;
+
+/// The latest entry of every link (keyed by its two ends). Of the two lines of one decision the
+/// one with evidence is kept (with the later time), whichever was written first.
 std::map<std::pair<std::string, std::string>, LedgerEntry> latest_by_link(const std::vector<LedgerEntry>& entries);
 /// Seconds of quarantine `e` has left at `now` (unix seconds): > 0 only for fenced and moved.
 double quarantine_left(const LedgerEntry& e, double now) noexcept;

@@ -112,6 +112,27 @@ TEST_CASE("ledger: the latest entry of a link decides its quarantine, and keeps 
   CHECK(quarantine_left(latest_by_link(entries).begin()->second, 150) == Approx(80));
 }
 
+TEST_CASE("ledger: of one decision's two lines the evidence is kept, in whichever order and time they came", "[ledger]") {
+  const LedgerEntry evidence = entry("fenced", 200.0001, "657 checksum mismatches");
+  const LedgerEntry agreed = entry("fenced", 200.0002, std::string(kAgreedElsewhere));
+  // Every file order, and the clock of either end ahead.
+  for (const bool agreed_first : {false, true})
+    for (const bool evidence_later : {false, true}) {
+      CAPTURE(agreed_first, evidence_later);
+      LedgerEntry ev = evidence, ag = agreed;
+      if (evidence_later) std::swap(ev.time, ag.time);
+      const std::vector<LedgerEntry> entries = agreed_first ? std::vector{ag, ev} : std::vector{ev, ag};
+      const LedgerEntry e = latest_by_link(entries).begin()->second;
+      CHECK(e.evidence == "657 checksum mismatches");
+      CHECK(e.time == Approx(200.0002));
+    }
+  // A later decision of the same action, or another action, is not merged into an older one.
+  std::vector<LedgerEntry> entries{evidence, entry("fenced", 400, std::string(kAgreedElsewhere))};
+  CHECK(latest_by_link(entries).begin()->second.evidence == kAgreedElsewhere);
+  entries = {entry("cleared", 200.0003, "cleared by ringfence-health ledger clear"), agreed};
+  CHECK(latest_by_link(entries).begin()->second.action == "cleared");
+}
+
 TEST_CASE("ledger: endpoints are named by host and GPU, or by place on the host", "[ledger]") {
   std::vector<PeerInfo> peers(4);
   peers[0].host_id = "n1";
