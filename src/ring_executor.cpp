@@ -91,10 +91,12 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connectio
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
                const P2PDirect& direct, Failure& failure, const DeviceRegions* device) noexcept {
-  static constexpr Reducer kNoReduce{};
+  // Point-to-point moves bytes: receives go through `consume` as copies (no combine) of
+  // one-byte elements, so checksums are verified in the copy's pass as for ring steps.
+  static constexpr Reducer kBytes{nullptr, nullptr, 1};
   static constexpr DirectWrite kNoDirect{};
   RelayDuties none;
-  RingRunner runner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure);
+  RingRunner runner(config, flags, nullptr, nullptr, kBytes, kNoDirect, none, failure);
   runner.use_device(device);
   return runner.run_p2p(connection_of, ops, n, direct);
 }

@@ -365,8 +365,6 @@ class RingRunner {
 
   Status release_chunk(Connection& ch) noexcept;
 
-  Status copy_chunk(Connection& ch, std::byte* dst, std::size_t bytes) noexcept;
-
   const EngineConfig& c_;
   FlagBlock flags_;
   Connection* left_;

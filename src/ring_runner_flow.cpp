@@ -316,35 +316,16 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
     RINGFENCE_TRY(produce(dst, data, b, count, last));
     return release_chunk(ch);
   }
-  if (!b) return copy_chunk(ch, dst, bytes);
   RINGFENCE_TRY(await_chunk(ch, slot));
   const std::byte* const data = slot + c_.data_offset(bytes);
   const CombineFn fn = last ? reducer_.finish : reducer_.combine;
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
-    combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, &crc_out);
+    if (b) combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, &crc_out);
+    else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
     if (repaired || intact(ch, slot, bytes, crc_in)) {
       known_ = KnownCrc{dst, bytes, crc_out};
-      return release_chunk(ch);
-    }
-    RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));
-  }
-}
-
-// Checksum mode, host memory: receives the next chunk (`bytes` long) from `ch` into `dst` and
-// hands the slot back, verifying it in the copy's own pass (a separate CRC pass over the slot
-// cost a fifth of a 256 KiB sendrecv). A damaged delivery only wrote `dst`, which the re-sent
-// chunk's copy writes again.
-Status RingRunner::copy_chunk(Connection& ch, std::byte* dst, std::size_t bytes) noexcept {
-  const std::byte* slot = nullptr;
-  RINGFENCE_TRY(await_chunk(ch, slot));
-  const std::byte* const data = slot + c_.data_offset(bytes);
-  bool repaired = false;
-  for (int attempt = 1;; ++attempt) {
-    const std::uint32_t crc = copy_bytes_crc(dst, data, bytes);
-    if (repaired || intact(ch, slot, bytes, crc)) {
-      known_ = KnownCrc{dst, bytes, crc};
       return release_chunk(ch);
     }
     RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));

@@ -67,13 +67,12 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       } else {
         if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
           continue;
-        if (c_.checksum && !op.landed && !dev_) {
-          RINGFENCE_TRY(copy_chunk(ch, op.buf + op.done, len));  // verified in the copy's pass
-        } else {
+        if (op.landed) {  // written straight into our buffer: only verify it
           const std::byte* data = nullptr;
-          RINGFENCE_TRY(wait_chunk(ch, data, op.landed ? op.buf + op.done : nullptr, len));
-          if (!op.landed) RINGFENCE_TRY(copy(op.buf + op.done, data, len));
+          RINGFENCE_TRY(wait_chunk(ch, data, op.buf + op.done, len));
           RINGFENCE_TRY(release_chunk(ch));
+        } else {
+          RINGFENCE_TRY(consume(ch, op.buf + op.done, nullptr, len, false));  // one-byte elements (run_p2p's reducer)
         }
       }
       op.done += len;

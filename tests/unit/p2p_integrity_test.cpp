@@ -1,6 +1,6 @@
 // Point-to-point transfers (grouped send/recv, alltoall) over a corrupting link: with checksums
 // every received byte is exact, every detected corruption was answered by a re-send, and the
-// receiver's verification runs in the pass that copies the chunk out (copy_chunk), so a damaged
+// receiver's verification runs in the pass that copies the chunk out (consume), so a damaged
 // delivery that was already copied into the receive buffer is overwritten by the re-sent one.
 #include <atomic>
 #include <ringfence/communicator.hpp>
