@@ -7,8 +7,8 @@ namespace ringfence::detail {
 // Along a chain one rank's copy or reduction of chunk k overlaps the next rank's work on chunk
 // k - 1, but a message of one slot would be a single chunk that the ranks handle one after the
 // other; so messages of fewer than kChainPieces slots are cut into kChainPieces chunks. Not
-// below 64 KiB: at 64 KiB four 16 KiB chunks ran 4-30 % slower than one (per-chunk costs);
-// 2 ranks, 128-512 KiB gained 15-68 % (docs/tuning.md). Both ends derive it from the count
+// below 64 KiB: at 64 KiB four 16 KiB chunks ran 19-34 % slower than one (per-chunk costs);
+// 2 ranks, 128-512 KiB gained 7-68 % (best of 3, docs/tuning.md). Both ends derive it from the count
 // alone, so they agree on the schedule.
 std::size_t chain_chunk(std::size_t count, std::size_t elem, std::size_t slot_bytes) noexcept {
   constexpr std::size_t kChainPieces = 4, kChainMinChunkBytes = 64 * 1024;

@@ -59,8 +59,8 @@ struct Options {
   /// Microseconds a waiter keeps reading its link's sockets without blocking (yielding the CPU
   /// between reads, so oversubscribed ranks still run) before it sleeps in `ppoll`, where every
   /// answer costs a wake-up. Loopback, 2 ranks, allreduce, three alternating runs: 50 took 8 B
-  /// from 26-44 to 14-19 us and 32 KiB from 0.32-0.58 to 0.71-0.78 GB/s; 200 was no better;
-  /// 4 ranks on 2 cores gained too (8 B-256 KiB 1.2-1.8x). RINGFENCE_TCP_SPIN_US (0 = sleep at
+  /// from 26-44 to 15-19 us and 32 KiB from 0.32-0.58 to 0.71-0.78 GB/s; 200 was no better;
+  /// 4 ranks on 2 cores, best of two: 64 B-256 KiB 1.3-1.8x faster, 8 B even. RINGFENCE_TCP_SPIN_US (0 = sleep at
   /// once).
   int spin_us = 50;
   /// Interfaces to listen on, NCCL_SOCKET_IFNAME syntax ("eth", "^docker,lo", "=eth0"); empty =
