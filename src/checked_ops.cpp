@@ -6,6 +6,7 @@
 #include "checked_ops.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <ringfence/crc32c.hpp>
 
 #include "crc32c_fold.hpp"
@@ -53,6 +54,22 @@ RF_FOLD_TARGET void fold_along(Pass pass, const std::byte* x, const std::byte* y
   *cx = started_x ? ~crcfold::finish(sx, tx, bytes - at) : crc32c(x, bytes);
   if (y) *cy = started_y ? ~crcfold::finish(sy, reinterpret_cast<const unsigned char*>(y + at), bytes - at) : crc32c(y, bytes);
 }
+
+// Up to a pipeline chunk (cache-resident: a staging slot) the copy and the folding run in one
+// loop over the same registers: the loads of the next 256 bytes issue while the last ones fold,
+// so a chunk another core just wrote costs little more than its plain copy. Larger copies keep
+// copy_bytes (its non-temporal path) in groups.
+constexpr std::size_t kCopyFoldMaxBytes = std::size_t{256} << 10;
+
+RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
+  auto* dst = reinterpret_cast<unsigned char*>(dst_b);
+  const auto* src = reinterpret_cast<const unsigned char*>(src_b);
+  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
+  crcfold::Stream s = crcfold::start_copy(dst, src, ~0u);
+  for (std::size_t at = crcfold::kStreamBytes; at < body; at += crcfold::kStreamBytes) crcfold::step_copy(s, dst + at, src + at);
+  if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
+  return ~crcfold::finish(s, src + body, bytes - body);
+}
 #endif
 
 bool folds() noexcept {
@@ -77,6 +94,7 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
   const auto* src = static_cast<const std::byte*>(src_v);
   std::uint32_t crc = 0;
 #if defined(RINGFENCE_CRC_X86)
+  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kCopyFoldMaxBytes) return detail::copy_fold(dst, src, bytes);
   if (detail::folds()) {
     detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
                        nullptr);
@@ -99,9 +117,12 @@ void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const st
                       int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept {
   const bool a_first = dst == a;  // only then must `a` be taken before it is overwritten
 #if defined(RINGFENCE_CRC_X86)
-  if (folds() && !a_first && crc_a && crc_dst) {
-    fold_along([&](std::size_t at, std::size_t n) { fn(dst + at, a + at, b + at, n / elem, divisor); }, a, dst, count * elem, elem,
-               crc_a, crc_dst);
+  if (folds() && !a_first && (crc_a || crc_dst)) {
+    // One or two streams: the first folded is `a` when asked for, else the result.
+    const auto pass = [&](std::size_t at, std::size_t n) { fn(dst + at, a + at, b + at, n / elem, divisor); };
+    if (crc_a && crc_dst) fold_along(pass, a, dst, count * elem, elem, crc_a, crc_dst);
+    else if (crc_a) fold_along(pass, a, nullptr, count * elem, elem, crc_a, nullptr);
+    else fold_along(pass, dst, nullptr, count * elem, elem, crc_dst, nullptr);
     return;
   }
 #endif

@@ -8,8 +8,10 @@
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics leave a don't-care operand undefined on purpose (extracts,
-// casts); -Wmaybe-uninitialized reports that inside the header.
+// casts); -Wmaybe-uninitialized (and, once inlined into a new caller, -Wuninitialized) reports
+// that inside the header.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #define RINGFENCE_CRC_X86 1
 #define RF_FOLD_TARGET __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
@@ -86,6 +88,32 @@ RF_FOLD_TARGET inline void step(Stream& s, const unsigned char* p) noexcept {
   s.x1 = fold512(s.x1, kFold2048, _mm512_loadu_si512(p + 64));
   s.x2 = fold512(s.x2, kFold2048, _mm512_loadu_si512(p + 128));
   s.x3 = fold512(s.x3, kFold2048, _mm512_loadu_si512(p + 192));
+}
+
+/// Copies the 256 bytes at `src` to `dst` and starts a stream over them, as `start` does: the
+/// registers that carry the copy are the ones folded, so the bytes are read once.
+RF_FOLD_TARGET inline Stream start_copy(unsigned char* dst, const unsigned char* src, std::uint32_t raw) noexcept {
+  const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64), c = _mm512_loadu_si512(src + 128),
+                d = _mm512_loadu_si512(src + 192);
+  _mm512_storeu_si512(dst, a);
+  _mm512_storeu_si512(dst + 64, b);
+  _mm512_storeu_si512(dst + 128, c);
+  _mm512_storeu_si512(dst + 192, d);
+  return Stream{_mm512_xor_si512(a, _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(static_cast<int>(raw)), 0)), b, c, d};
+}
+
+/// Copies the next 256 bytes and folds them, as `step` does.
+RF_FOLD_TARGET inline void step_copy(Stream& s, unsigned char* dst, const unsigned char* src) noexcept {
+  const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64), c = _mm512_loadu_si512(src + 128),
+                d = _mm512_loadu_si512(src + 192);
+  _mm512_storeu_si512(dst, a);
+  _mm512_storeu_si512(dst + 64, b);
+  _mm512_storeu_si512(dst + 128, c);
+  _mm512_storeu_si512(dst + 192, d);
+  s.x0 = fold512(s.x0, kFold2048, a);
+  s.x1 = fold512(s.x1, kFold2048, b);
+  s.x2 = fold512(s.x2, kFold2048, c);
+  s.x3 = fold512(s.x3, kFold2048, d);
 }
 
 /// The raw register after the stream and `bytes` (< 256 or more) final bytes at `p`.
