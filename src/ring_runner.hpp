@@ -84,6 +84,7 @@ class RingRunner {
     auto schedule = make(c_.position);
     RINGFENCE_TRY(start_relays(make));
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
+    crc_at_send_ = c_.checksum && sends_crc_in_writes();
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
@@ -218,7 +219,7 @@ class RingRunner {
   // kept for sending it (known_).
   Status produce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
     const std::size_t bytes = count * reducer_.elem_size;
-    if (!c_.checksum || dev_) {
+    if (!c_.checksum || dev_ || crc_at_send_) {  // nothing to verify; a send computes its own CRC
       known_ = KnownCrc{};
       return b ? combine(dst, a, b, count, last) : copy(dst, a, bytes);
     }
@@ -230,6 +231,17 @@ class RingRunner {
   }
 
   Status consume(Connection& rx, std::byte* dst, const std::byte* b, std::size_t count, bool last) noexcept;
+
+  // Whether every link this call sends on fills WriteOp::crc in its copy
+  // (TransportTraits::crc_in_writes). Only a speed question: a link that does not is sent
+  // chunks whose CRC the engine computes itself (put_chunk).
+  bool sends_crc_in_writes() const noexcept {
+    const auto fused = [](const Connection* ch) { return ch && ch->transport && ch->transport->traits().crc_in_writes; };
+    if (!by_position_) return fused(right_);
+    for (int p = 0; p < c_.size; ++p)
+      if (p != c_.position && !fused(by_position_[p])) return false;
+    return true;
+  }
 
   // The CRC of bytes this call just produced at `at` (a fused pass computed it), so sending
   // them needs no pass of its own. Every step that writes a range replaces it.
@@ -382,6 +394,7 @@ class RingRunner {
   const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)
   bool dev_pending_ = false;            // device work enqueued and not yet synchronized
   KnownCrc known_;                      // checksum mode: the CRC of the range written last
+  bool crc_at_send_ = false;            // checksum mode: results' CRCs come from the send's copy (sends_crc_in_writes)
 };
 
 }  // namespace ringfence::detail

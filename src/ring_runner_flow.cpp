@@ -322,10 +322,11 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
-    if (b) combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, &crc_out);
+    const bool fold_out = b && !crc_at_send_;  // a result's CRC, unless the send's copy computes it
+    if (b) combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, fold_out ? &crc_out : nullptr);
     else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
     if (repaired || intact(ch, slot, bytes, crc_in)) {
-      known_ = KnownCrc{dst, bytes, crc_out};
+      known_ = b && !fold_out ? KnownCrc{} : KnownCrc{dst, bytes, crc_out};
       return release_chunk(ch);
     }
     RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));

@@ -284,6 +284,11 @@ struct TransportTraits {
   /// `MemoryKind::Device` whose staging slots `allocate(bytes, MemoryKind::Device)` made. The
   /// engine's device regions run only over such transports (docs/device.md).
   bool writes_device_memory = false;
+  /// `write` into a staging slot copies the bytes through the CPU and fills `WriteOp::crc` in
+  /// that pass (`copy_bytes_crc`). Then the engine leaves the CRC of a result it is about to
+  /// send to the write instead of folding it in the reduction that made it: a copy hides the
+  /// folding behind its stores, a reduction in the cache does not (docs/health.md).
+  bool crc_in_writes = false;
   /// Transports a link of this one may move to when the health layer must fence it, in order of
   /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.
   std::vector<std::string> fallbacks;

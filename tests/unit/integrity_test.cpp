@@ -93,6 +93,16 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
       REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
       REQUIRE(crc_a == crc32c_portable(a.data(), bytes));
       REQUIRE(crc_dst == crc32c_portable(want.data(), bytes));
+      // One CRC asked for (the engine leaves the result's to the send's copy where the link
+      // computes it there): the other pointer is null, and the asked one is still right.
+      std::uint32_t only = 0;
+      std::fill(dst.begin(), dst.end(), std::byte{0});
+      detail::combine_with_crc(r.combine, dst.data(), a.data(), b.data(), count, elem, 2, &only, nullptr);
+      REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
+      REQUIRE(only == crc32c_portable(a.data(), bytes));
+      only = 0;
+      detail::combine_with_crc(r.combine, dst.data(), a.data(), b.data(), count, elem, 2, nullptr, &only);
+      REQUIRE(only == crc32c_portable(want.data(), bytes));
       // In place (dst is a): the CRC of a is taken before the block is overwritten.
       std::vector<std::byte> inplace(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(bytes));
       detail::combine_with_crc(r.combine, inplace.data(), inplace.data(), b.data(), count, elem, 2, &crc_a, &crc_dst);
