@@ -70,6 +70,41 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
   if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
   return ~crcfold::finish(s, src + body, bytes - body);
 }
+
+// `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
+// registers the folding takes. The same IEEE additions, in the same order, as the float sum
+// kernels (combine<float, SumOp>), so results are bit-identical.
+RF_FOLD_TARGET std::uint32_t sum_f32_fold(std::byte* dst_b, const std::byte* a_b, const std::byte* b_b, std::size_t bytes) noexcept {
+  auto* dst = reinterpret_cast<unsigned char*>(dst_b);
+  const auto* a = reinterpret_cast<const unsigned char*>(a_b);
+  const auto* b = reinterpret_cast<const unsigned char*>(b_b);
+  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
+  crcfold::Stream s{};
+  for (std::size_t at = 0; at < body; at += crcfold::kStreamBytes) {
+    __m512i x[4];
+    for (int k = 0; k < 4; ++k) {
+      x[k] = _mm512_loadu_si512(a + at + 64 * k);
+      const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(x[k]), _mm512_loadu_ps(b + at + 64 * k));
+      _mm512_storeu_ps(dst + at + 64 * k, sum);
+    }
+    if (at == 0) {
+      s = crcfold::Stream{_mm512_xor_si512(x[0], _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(~0), 0)), x[1], x[2], x[3]};
+    } else {
+      s.x0 = crcfold::fold512(s.x0, crcfold::kFold2048, x[0]);
+      s.x1 = crcfold::fold512(s.x1, crcfold::kFold2048, x[1]);
+      s.x2 = crcfold::fold512(s.x2, crcfold::kFold2048, x[2]);
+      s.x3 = crcfold::fold512(s.x3, crcfold::kFold2048, x[3]);
+    }
+  }
+  for (std::size_t at = body; at + sizeof(float) <= bytes; at += sizeof(float)) {
+    float x, y;
+    std::memcpy(&x, a + at, sizeof x);
+    std::memcpy(&y, b + at, sizeof y);
+    const float sum = x + y;
+    std::memcpy(dst + at, &sum, sizeof sum);
+  }
+  return ~crcfold::finish(s, a + body, bytes - body);
+}
 #endif
 
 bool folds() noexcept {
@@ -112,6 +147,18 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
 }  // namespace ringfence
 
 namespace ringfence::detail {
+
+bool sum_f32_with_crc(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::uint32_t* crc_a) noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  const std::size_t bytes = count * sizeof(float);
+  if (!folds() || bytes < crcfold::kStreamBytes || bytes > kCopyFoldMaxBytes) return false;
+  *crc_a = sum_f32_fold(dst, a, b, bytes);
+  return true;
+#else
+  (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
+  return false;
+#endif
+}
 
 void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::size_t elem,
                       int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept {

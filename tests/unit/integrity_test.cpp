@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <cstring>
@@ -110,6 +111,39 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
       REQUIRE(crc_dst == crc32c_portable(want.data(), bytes));
     }
   }
+}
+
+TEST_CASE("the fused float sum gives the float kernels' bits and the CRC of its first operand", "[integrity][crc32c]") {
+  INFO("implementation: " << crc32c_implementation());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-1e3f, 1e3f);
+  const std::size_t n = 70000;
+  std::vector<float> a(n), b(n), dst(n + 1), want(n);  // dst: one more, to see nothing is written past the end
+  for (auto& x : a) x = value(rng);  // sums round: the bits must match the kernel's, not a formula's
+  for (auto& x : b) x = value(rng);
+  const Reducer r = host_reducer(DataType::Float32, ReduceOp::Sum);
+  const auto* ab = reinterpret_cast<const std::byte*>(a.data());
+  const auto* bb = reinterpret_cast<const std::byte*>(b.data());
+  auto* db = reinterpret_cast<std::byte*>(dst.data());
+  bool fused_somewhere = false;
+  for (std::size_t count : {0u, 1u, 63u, 64u, 65u, 127u, 1000u, 16384u, 65536u, 65537u, 70000u}) {
+    CAPTURE(count);
+    r.combine(want.data(), a.data(), b.data(), count, 2);
+    std::fill(dst.begin(), dst.end(), -0.0f);
+    std::uint32_t crc = 0;
+    const bool fused = detail::sum_f32_with_crc(db, ab, bb, count, &crc);
+    const std::size_t bytes = count * sizeof(float);
+    if (!fused) {  // nothing done: the caller takes the generic path
+      REQUIRE(std::all_of(dst.begin(), dst.end(), [](float x) { return std::signbit(x) && x == 0.0f; }));
+      REQUIRE((bytes < 256 || bytes > (std::size_t{256} << 10) || std::string(crc32c_implementation()) != "avx512-vpclmulqdq"));
+      continue;
+    }
+    fused_somewhere = true;
+    REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
+    REQUIRE(crc == crc32c_portable(ab, bytes));
+    REQUIRE(std::signbit(dst[count]));  // nothing written past the end
+  }
+  if (std::string(crc32c_implementation()) == "avx512-vpclmulqdq") REQUIRE(fused_somewhere);
 }
 
 TEST_CASE("fault spec grammar", "[integrity][fault]") {
