@@ -187,6 +187,7 @@ struct LinkStats {
   std::atomic<std::uint64_t> errors{0};         ///< failed operations
   std::atomic<std::uint64_t> retries{0};        ///< re-sent operations
   std::atomic<std::uint64_t> wait_ns{0};        ///< time spent waiting on this peer's signals
+  std::atomic<std::uint64_t> yields{0};         ///< `sched_yield` calls while spinning for them (shm: RINGFENCE_SHM_YIELD)
   /// Operations the transport retried after a deadline passed and then completed (e.g. a tcp
   /// send or reconnect); fed to the health policy's "repeated timeouts" rule. An operation that
   /// fails its collective is not counted here: it fails the call. shm never times out.

@@ -83,6 +83,12 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// Adds to a counter that has one writer (the thread driving the link) and relaxed readers: a
+/// plain load + store avoids a locked read-modify-write on every operation.
+inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
+  c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+
 /// Stores `value` into `flag` (seq_cst: it also releases every earlier write to the reader)
 /// and wakes sleepers when there are any. Pairs with `wait_flag`.
 inline void store_flag(SignalFlag& flag, std::uint32_t value) noexcept {
@@ -98,10 +104,11 @@ inline void store_flag(SignalFlag& flag, std::uint32_t value) noexcept {
 /// then asks `peer_status()` (Ok to go on
 /// sleeping, an error to return at once, e.g. PeerUnreachable), then sleeps on the futex for at
 /// most min(max, 20 ms), so a broken peer is noticed within one slice. Time spent waiting is
-/// added to `wait_ns`. Returns Ok when `target` was reached, InProgress when not yet.
+/// added to `wait_ns`, yields counted in `yields`. Returns Ok when `target` was reached,
+/// InProgress when not yet.
 template <class PeerStatus>
 Status wait_flag(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max, int spin, int yield_every,
-                 std::atomic<std::uint64_t>& wait_ns, PeerStatus&& peer_status) noexcept {
+                 std::atomic<std::uint64_t>& wait_ns, std::atomic<std::uint64_t>& yields, PeerStatus&& peer_status) noexcept {
   const auto start = std::chrono::steady_clock::now();
   auto account = [&] {
     wait_ns.fetch_add(static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count()), std::memory_order_relaxed);
@@ -111,6 +118,7 @@ Status wait_flag(SignalFlag& flag, std::uint32_t target, std::chrono::nanosecond
     cpu_relax();
     if (yield_every > 0 && --until_yield == 0) {
       sched_yield();
+      bump(yields, 1);
       until_yield = yield_every;
     }
   }
@@ -160,10 +168,5 @@ inline bool flag_in_bounds(const SignalOp& op) noexcept {
          op.dst->size() - op.offset >= sizeof(SignalFlag);
 }
 
-/// Adds to a counter that has one writer (the thread driving the link) and relaxed readers: a
-/// plain load + store avoids a locked read-modify-write on every operation.
-inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t by) noexcept {
-  c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
 
 }  // namespace ringfence::transport_util

@@ -277,6 +277,11 @@ TEST_CASE("shm: a waiter that yields every poll, or never, still sees a signal f
     }
     signaller.join();
     CHECK(all_ok);
+    // The waits spun long enough to yield (answers came up to 120 us late): every poll yields
+    // with "1", none with "0".
+    const std::uint64_t yields = b_to_a->stats().yields.load();
+    if (std::string(yield) == "1") CHECK(yields > 0);
+    else CHECK(yields == 0);
     b->deallocate(mem);
   }
 }

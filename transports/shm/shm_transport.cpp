@@ -162,7 +162,7 @@ class ShmLink final : public Link {
   }
 
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-    return transport_util::wait_flag(flag, target, max, options_.spin_count, options_.yield_every, stats_.wait_ns, [&]() noexcept {
+    return transport_util::wait_flag(flag, target, max, options_.spin_count, options_.yield_every, stats_.wait_ns, stats_.yields, [&]() noexcept {
       if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
       return peer_alive() ? Status::ok() : fail(ErrorCode::PeerUnreachable);
     });
