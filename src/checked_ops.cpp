@@ -122,6 +122,17 @@ RF_FOLD_TARGET inline __m512 bf16_widen16(__m256i h) noexcept {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// float16 as the F16C kernel does it: widened by the hardware, added in float, rounded back to
+// nearest even by the hardware.
+RF_FOLD_TARGET inline void add64_f16(__m512i xa, const unsigned char* b, unsigned char* dst) noexcept {
+  const __m512i xb = _mm512_loadu_si512(b);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256i lo = _mm512_cvtps_ph(_mm512_add_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(xa)), _mm512_cvtph_ps(_mm512_castsi512_si256(xb))), kRound);
+  const __m256i hi = _mm512_cvtps_ph(
+      _mm512_add_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(xa, 1)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xb, 1))), kRound);
+  _mm512_storeu_si512(dst, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+
 RF_FOLD_TARGET inline void add64_bf16(__m512i xa, const unsigned char* b, unsigned char* dst) noexcept {
   const __m512i xb = _mm512_loadu_si512(b);
   const __m512i lo = bf16_round16(_mm512_add_ps(bf16_widen16(_mm512_castsi512_si256(xa)), bf16_widen16(_mm512_castsi512_si256(xb))));
@@ -176,11 +187,14 @@ namespace ringfence::detail {
 bool sum_with_crc(DataType type, CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
                   std::uint32_t* crc_a) noexcept {
 #if defined(RINGFENCE_CRC_X86)
-  if (type != DataType::Float32 && type != DataType::BFloat16) return false;
   const std::size_t elem = size_of(type), bytes = count * elem;
   if (!folds() || bytes < crcfold::kStreamBytes || bytes > kCopyFoldMaxBytes) return false;
-  *crc_a = type == DataType::Float32 ? sum_fold(dst, a, b, bytes, elem, tail, add64_f32) : sum_fold(dst, a, b, bytes, elem, tail, add64_bf16);
-  return true;
+  switch (type) {
+    case DataType::Float32: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_f32); return true;
+    case DataType::Float16: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_f16); return true;
+    case DataType::BFloat16: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_bf16); return true;
+    default: return false;
+  }
 #else
   (void)type, (void)tail, (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
   return false;

@@ -15,7 +15,7 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 
 // Copies with their CRC: `copy_bytes_crc` (reduce_ops.hpp), which transports use too.
 
-/// `dst = a + b` over `count` float32 or bfloat16 elements (a sum, or an avg before its last
+/// `dst = a + b` over `count` float32, float16 or bfloat16 elements (a sum, or an avg before its last
 /// step: what training reduces) with the CRC32C of `a` into `*crc_a`, the adds and the folding
 /// in one loop over the same registers: there the folding hides behind the loads of a chunk
 /// another core just wrote. `tail` (the type's sum kernel, a Reducer's combine) does the last

@@ -323,7 +323,7 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     const bool fold_out = b && !crc_at_send_;  // a result's CRC, unless the send's copy computes it
-    // A sum (avg until its last step) of float32 or bfloat16 folds the chunk in its own loop.
+    // A sum (avg until its last step) of float32, float16 or bfloat16 folds the chunk in its own loop.
     const bool sums = reducer_.op == ReduceOp::Sum || (reducer_.op == ReduceOp::Avg && !last);
     if (!b) {
       crc_in = crc_out = copy_bytes_crc(dst, data, bytes);

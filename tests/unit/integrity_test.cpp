@@ -113,13 +113,13 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
   }
 }
 
-TEST_CASE("the fused float32 and bfloat16 sums give the kernels' bits and the CRC of their first operand", "[integrity][crc32c]") {
+TEST_CASE("the fused float32, float16 and bfloat16 sums give the kernels' bits and the CRC of their first operand", "[integrity][crc32c]") {
   INFO("implementation: " << crc32c_implementation());
   const bool folds = std::string(crc32c_implementation()) == "avx512-vpclmulqdq";
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> value(-1e3f, 1e3f);
-  const std::size_t n = 140000;  // elements of the widest case: 280000 bytes of bfloat16, 560000 of float
-  for (const DataType type : {DataType::Float32, DataType::BFloat16}) {
+  const std::size_t n = 140000;  // elements: 280000 bytes of a 16-bit type, 560000 of float (past 256 KiB)
+  for (const DataType type : {DataType::Float32, DataType::Float16, DataType::BFloat16}) {
     CAPTURE(static_cast<int>(type));
     const std::size_t elem = size_of(type);
     std::vector<std::byte> a(n * elem), b(n * elem), dst(n * elem + 64), want(n * elem);
@@ -129,7 +129,7 @@ TEST_CASE("the fused float32 and bfloat16 sums give the kernels' bits and the CR
         std::memcpy(a.data() + 4 * k, &x, 4);
         std::memcpy(b.data() + 4 * k, &y, 4);
       }
-    } else {  // every bit pattern: NaNs (quieted), infinities, subnormals, ties to even
+    } else {  // every 16-bit pattern: NaNs, infinities, subnormals, ties to even
       for (auto& x : a) x = static_cast<std::byte>(rng());
       for (auto& x : b) x = static_cast<std::byte>(rng());
     }
