@@ -71,13 +71,10 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
   return ~crcfold::finish(s, src + body, bytes - body);
 }
 
-// `dst = a + b` with the CRC of `a`, as copy_fold does for a copy: the adds read the registers
-// the folding takes. `add64(xa, b, dst)` sums the 64 bytes of `a` in `xa` with the 64 at `b` into
-// `dst`; the tail (under 256 bytes) goes to `tail`, the type's own kernel. The same IEEE
-// operations as that kernel (combine<float, SumOp>, bf16_combine), so results are bit-identical.
-template <class Add64>
-RF_FOLD_TARGET std::uint32_t sum_fold(std::byte* dst_b, const std::byte* a_b, const std::byte* b_b, std::size_t bytes, std::size_t elem,
-                                      CombineFn tail, Add64 add64) noexcept {
+// `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
+// registers the folding takes. The same IEEE additions, in the same order, as the float sum
+// kernels (combine<float, SumOp>), so results are bit-identical.
+RF_FOLD_TARGET std::uint32_t sum_f32_fold(std::byte* dst_b, const std::byte* a_b, const std::byte* b_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* a = reinterpret_cast<const unsigned char*>(a_b);
   const auto* b = reinterpret_cast<const unsigned char*>(b_b);
@@ -87,7 +84,8 @@ RF_FOLD_TARGET std::uint32_t sum_fold(std::byte* dst_b, const std::byte* a_b, co
     __m512i x[4];
     for (int k = 0; k < 4; ++k) {
       x[k] = _mm512_loadu_si512(a + at + 64 * k);
-      add64(x[k], b + at + 64 * k, dst + at + 64 * k);
+      const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(x[k]), _mm512_loadu_ps(b + at + 64 * k));
+      _mm512_storeu_ps(dst + at + 64 * k, sum);
     }
     if (at == 0) {
       s = crcfold::Stream{_mm512_xor_si512(x[0], _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(~0), 0)), x[1], x[2], x[3]};
@@ -98,48 +96,14 @@ RF_FOLD_TARGET std::uint32_t sum_fold(std::byte* dst_b, const std::byte* a_b, co
       s.x3 = crcfold::fold512(s.x3, crcfold::kFold2048, x[3]);
     }
   }
-  if (bytes > body) tail(dst + body, a + body, b + body, (bytes - body) / elem, 2);
+  for (std::size_t at = body; at + sizeof(float) <= bytes; at += sizeof(float)) {
+    float x, y;
+    std::memcpy(&x, a + at, sizeof x);
+    std::memcpy(&y, b + at, sizeof y);
+    const float sum = x + y;
+    std::memcpy(dst + at, &sum, sizeof sum);
+  }
   return ~crcfold::finish(s, a + body, bytes - body);
-}
-
-RF_FOLD_TARGET inline void add64_f32(__m512i xa, const unsigned char* b, unsigned char* dst) noexcept {
-  _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_castsi512_ps(xa), _mm512_loadu_ps(b)));
-}
-
-// bf16_round (src/reduce.cpp) on sixteen floats: NaN -> (u >> 16) | 0x40, else
-// (u + 0x7fff + ((u >> 16) & 1)) >> 16, in 32-bit lanes.
-RF_FOLD_TARGET inline __m512i bf16_round16(__m512 f) noexcept {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-}
-
-// Sixteen bfloat16 (a 256-bit half) widened to float exactly.
-RF_FOLD_TARGET inline __m512 bf16_widen16(__m256i h) noexcept {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// float16 as the F16C kernel does it: widened by the hardware, added in float, rounded back to
-// nearest even by the hardware.
-RF_FOLD_TARGET inline void add64_f16(__m512i xa, const unsigned char* b, unsigned char* dst) noexcept {
-  const __m512i xb = _mm512_loadu_si512(b);
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const __m256i lo = _mm512_cvtps_ph(_mm512_add_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(xa)), _mm512_cvtph_ps(_mm512_castsi512_si256(xb))), kRound);
-  const __m256i hi = _mm512_cvtps_ph(
-      _mm512_add_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(xa, 1)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(xb, 1))), kRound);
-  _mm512_storeu_si512(dst, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-}
-
-RF_FOLD_TARGET inline void add64_bf16(__m512i xa, const unsigned char* b, unsigned char* dst) noexcept {
-  const __m512i xb = _mm512_loadu_si512(b);
-  const __m512i lo = bf16_round16(_mm512_add_ps(bf16_widen16(_mm512_castsi512_si256(xa)), bf16_widen16(_mm512_castsi512_si256(xb))));
-  const __m512i hi =
-      bf16_round16(_mm512_add_ps(bf16_widen16(_mm512_extracti64x4_epi64(xa, 1)), bf16_widen16(_mm512_extracti64x4_epi64(xb, 1))));
-  // Each lane holds a 16-bit result: truncating to 16 bits packs it exactly.
-  _mm512_storeu_si512(dst, _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1));
 }
 #endif
 
@@ -184,19 +148,14 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
 
 namespace ringfence::detail {
 
-bool sum_with_crc(DataType type, CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                  std::uint32_t* crc_a) noexcept {
+bool sum_f32_with_crc(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::uint32_t* crc_a) noexcept {
 #if defined(RINGFENCE_CRC_X86)
-  const std::size_t elem = size_of(type), bytes = count * elem;
+  const std::size_t bytes = count * sizeof(float);
   if (!folds() || bytes < crcfold::kStreamBytes || bytes > kCopyFoldMaxBytes) return false;
-  switch (type) {
-    case DataType::Float32: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_f32); return true;
-    case DataType::Float16: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_f16); return true;
-    case DataType::BFloat16: *crc_a = sum_fold(dst, a, b, bytes, elem, tail, add64_bf16); return true;
-    default: return false;
-  }
+  *crc_a = sum_f32_fold(dst, a, b, bytes);
+  return true;
 #else
-  (void)type, (void)tail, (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
+  (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
   return false;
 #endif
 }

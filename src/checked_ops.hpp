@@ -15,15 +15,12 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 
 // Copies with their CRC: `copy_bytes_crc` (reduce_ops.hpp), which transports use too.
 
-/// `dst = a + b` over `count` float32, float16 or bfloat16 elements (a sum, or an avg before its last
-/// step: what training reduces) with the CRC32C of `a` into `*crc_a`, the adds and the folding
-/// in one loop over the same registers: there the folding hides behind the loads of a chunk
-/// another core just wrote. `tail` (the type's sum kernel, a Reducer's combine) does the last
-/// bytes under 256. Results are bit-identical to the sum kernels. Returns false, having done
-/// nothing, for other types, where the CPU does not fold, or for ranges under 256 bytes or
-/// over 256 KiB. `dst` must not overlap `a` or `b`.
-bool sum_with_crc(DataType type, CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                  std::uint32_t* crc_a) noexcept;
+/// `dst = a + b` over `count` float32 elements with the CRC32C of `a` into `*crc_a`, the adds
+/// and the folding in one loop over the same registers (the most common reduction in training:
+/// there the folding hides behind the loads of a chunk another core just wrote). Results are
+/// bit-identical to the float sum kernels. Returns false, having done nothing, where the CPU
+/// does not fold or the range is under 256 bytes or over 256 KiB. `dst` must not overlap `a` or `b`.
+bool sum_f32_with_crc(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::uint32_t* crc_a) noexcept;
 
 /// `dst = a op b` over `count` elements of `elem` bytes with `fn` (a Reducer's combine or
 /// finish). Stores the CRC32C of `a` (taken before the block is combined only

@@ -323,11 +323,12 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     const bool fold_out = b && !crc_at_send_;  // a result's CRC, unless the send's copy computes it
-    // A sum (avg until its last step) of float32, float16 or bfloat16 folds the chunk in its own loop.
-    const bool sums = reducer_.op == ReduceOp::Sum || (reducer_.op == ReduceOp::Avg && !last);
+    // A float sum (avg until its last step) has a kernel that folds the chunk in its own loop.
+    const bool sums_floats =
+        reducer_.type == DataType::Float32 && (reducer_.op == ReduceOp::Sum || (reducer_.op == ReduceOp::Avg && !last));
     if (!b) {
       crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
-    } else if (!(sums && !fold_out && sum_with_crc(reducer_.type, reducer_.combine, dst, data, b, count, &crc_in))) {
+    } else if (!(sums_floats && !fold_out && sum_f32_with_crc(dst, data, b, count, &crc_in))) {
       combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, fold_out ? &crc_out : nullptr);
     }
     if (repaired || intact(ch, slot, bytes, crc_in)) {
