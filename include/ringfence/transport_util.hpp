@@ -168,5 +168,4 @@ inline bool flag_in_bounds(const SignalOp& op) noexcept {
          op.dst->size() - op.offset >= sizeof(SignalFlag);
 }
 
-
 }  // namespace ringfence::transport_util
