@@ -61,7 +61,9 @@ void crc(benchmark::State& state, rf::Crc32cImpl impl) {
 
 // The engine's checked passes (checksum mode) next to the plain ones, over a buffer walked in
 // pipeline chunks: "plain" is the reduction alone, "checked" the fused reduction with the
-// CRCs of its input and result (what a receiver does with checksums on).
+// CRCs of its input and result (what a receiver does with checksums on when its result is sent
+// over a link that does not compute CRCs in its copy; over shm a float sum folds its input
+// alone, in one loop: sum_f32_with_crc).
 void checked_combine(benchmark::State& state, bool checked) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   constexpr std::size_t kChunk = 256 << 10;
@@ -71,7 +73,7 @@ void checked_combine(benchmark::State& state, bool checked) {
   for (auto _ : state) {
     for (std::size_t at = 0; at < bytes; at += kChunk) {
       if (checked)
-        rf::detail::combine_with_crc(k.combine, out.data() + at, a.data() + at, b.data() + at, kChunk / 4, 4, 2, &ca, &cd);
+        rf::detail::combine_with_crc(k, false, out.data() + at, a.data() + at, b.data() + at, kChunk / 4, 2, &ca, &cd);
       else
         k.combine(out.data() + at, a.data() + at, b.data() + at, kChunk / 4, 2);
     }

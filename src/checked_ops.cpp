@@ -55,54 +55,50 @@ RF_FOLD_TARGET void fold_along(Pass pass, const std::byte* x, const std::byte* y
   if (y) *cy = started_y ? ~crcfold::finish(sy, reinterpret_cast<const unsigned char*>(y + at), bytes - at) : crc32c(y, bytes);
 }
 
-// Up to a pipeline chunk (cache-resident: a staging slot) the copy and the folding run in one
+// Up to a pipeline chunk (cache-resident: a staging slot) a pass and the folding run in one
 // loop over the same registers: the loads of the next 256 bytes issue while the last ones fold,
-// so a chunk another core just wrote costs little more than its plain copy. Larger copies keep
+// so a chunk another core just wrote costs little more than its plain pass. Larger copies keep
 // copy_bytes (its non-temporal path) in groups.
-constexpr std::size_t kCopyFoldMaxBytes = std::size_t{256} << 10;
+constexpr std::size_t kFusedMaxBytes = std::size_t{256} << 10;
+
+// The stream over [0, body) (body: a nonzero multiple of 256) of the blocks `piece(at)` returns:
+// the registers its pass loaded at `at` to do its own work there.
+template <class Piece>
+RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexcept {
+  crcfold::Stream s = crcfold::start(piece(0), ~0u);
+  for (std::size_t at = crcfold::kStreamBytes; at < body; at += crcfold::kStreamBytes) crcfold::step(s, piece(at));
+  return s;
+}
 
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  crcfold::Stream s = crcfold::start_copy(dst, src, ~0u);
-  for (std::size_t at = crcfold::kStreamBytes; at < body; at += crcfold::kStreamBytes) crcfold::step_copy(s, dst + at, src + at);
+  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
+    const crcfold::Block x = crcfold::load(src + at);
+    crcfold::store(dst + at, x);
+    return x;
+  });
   if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
   return ~crcfold::finish(s, src + body, bytes - body);
 }
 
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
-// registers the folding takes. The same IEEE additions, in the same order, as the float sum
-// kernels (combine<float, SumOp>), so results are bit-identical.
-RF_FOLD_TARGET std::uint32_t sum_f32_fold(std::byte* dst_b, const std::byte* a_b, const std::byte* b_b, std::size_t bytes) noexcept {
+// registers the folding takes. The same IEEE additions as the float sum kernel, which also does
+// the tail (`tail`), so results are bit-identical.
+RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, const std::byte* a_b, const std::byte* b_b,
+                                          std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* a = reinterpret_cast<const unsigned char*>(a_b);
   const auto* b = reinterpret_cast<const unsigned char*>(b_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  crcfold::Stream s{};
-  for (std::size_t at = 0; at < body; at += crcfold::kStreamBytes) {
-    __m512i x[4];
-    for (int k = 0; k < 4; ++k) {
-      x[k] = _mm512_loadu_si512(a + at + 64 * k);
-      const __m512 sum = _mm512_add_ps(_mm512_castsi512_ps(x[k]), _mm512_loadu_ps(b + at + 64 * k));
-      _mm512_storeu_ps(dst + at + 64 * k, sum);
-    }
-    if (at == 0) {
-      s = crcfold::Stream{_mm512_xor_si512(x[0], _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(~0), 0)), x[1], x[2], x[3]};
-    } else {
-      s.x0 = crcfold::fold512(s.x0, crcfold::kFold2048, x[0]);
-      s.x1 = crcfold::fold512(s.x1, crcfold::kFold2048, x[1]);
-      s.x2 = crcfold::fold512(s.x2, crcfold::kFold2048, x[2]);
-      s.x3 = crcfold::fold512(s.x3, crcfold::kFold2048, x[3]);
-    }
-  }
-  for (std::size_t at = body; at + sizeof(float) <= bytes; at += sizeof(float)) {
-    float x, y;
-    std::memcpy(&x, a + at, sizeof x);
-    std::memcpy(&y, b + at, sizeof y);
-    const float sum = x + y;
-    std::memcpy(dst + at, &sum, sizeof sum);
-  }
+  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
+    const crcfold::Block x = crcfold::load(a + at);
+    for (int k = 0; k < 4; ++k)
+      _mm512_storeu_ps(dst + at + 64 * k, _mm512_add_ps(_mm512_castsi512_ps(x.v[k]), _mm512_loadu_ps(b + at + 64 * k)));
+    return x;
+  });
+  if (bytes > body) tail(dst + body, a + body, b + body, (bytes - body) / sizeof(float), 2);
   return ~crcfold::finish(s, a + body, bytes - body);
 }
 #endif
@@ -129,7 +125,7 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
   const auto* src = static_cast<const std::byte*>(src_v);
   std::uint32_t crc = 0;
 #if defined(RINGFENCE_CRC_X86)
-  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kCopyFoldMaxBytes) return detail::copy_fold(dst, src, bytes);
+  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes) return detail::copy_fold(dst, src, bytes);
   if (detail::folds()) {
     detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
                        nullptr);
@@ -148,21 +144,27 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
 
 namespace ringfence::detail {
 
-bool sum_f32_with_crc(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::uint32_t* crc_a) noexcept {
+bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
+                      std::uint32_t* crc_a) noexcept {
 #if defined(RINGFENCE_CRC_X86)
   const std::size_t bytes = count * sizeof(float);
-  if (!folds() || bytes < crcfold::kStreamBytes || bytes > kCopyFoldMaxBytes) return false;
-  *crc_a = sum_f32_fold(dst, a, b, bytes);
+  if (!folds() || bytes < crcfold::kStreamBytes || bytes > kFusedMaxBytes) return false;
+  *crc_a = sum_f32_fold(tail, dst, a, b, bytes);
   return true;
 #else
-  (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
+  (void)tail, (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
   return false;
 #endif
 }
 
-void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::size_t elem,
+void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
                       int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept {
+  const CombineFn fn = last ? r.finish : r.combine;
+  const std::size_t elem = r.elem_size;
   const bool a_first = dst == a;  // only then must `a` be taken before it is overwritten
+  // A float32 sum (avg before its last step) asked for its input's CRC alone: one loop.
+  const bool sums_f32 = r.type == DataType::Float32 && (r.op == ReduceOp::Sum || (r.op == ReduceOp::Avg && !last));
+  if (sums_f32 && crc_a && !crc_dst && !a_first && sum_f32_with_crc(fn, dst, a, b, count, crc_a)) return;
 #if defined(RINGFENCE_CRC_X86)
   if (folds() && !a_first && (crc_a || crc_dst)) {
     // One or two streams: the first folded is `a` when asked for, else the result.

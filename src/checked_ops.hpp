@@ -17,15 +17,18 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 
 /// `dst = a + b` over `count` float32 elements with the CRC32C of `a` into `*crc_a`, the adds
 /// and the folding in one loop over the same registers (the most common reduction in training:
-/// there the folding hides behind the loads of a chunk another core just wrote). Results are
-/// bit-identical to the float sum kernels. Returns false, having done nothing, where the CPU
-/// does not fold or the range is under 256 bytes or over 256 KiB. `dst` must not overlap `a` or `b`.
-bool sum_f32_with_crc(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::uint32_t* crc_a) noexcept;
+/// there the folding hides behind the loads of a chunk another core just wrote); `tail`, the
+/// float sum kernel, does the last bytes under 256, so results are bit-identical to it. Returns
+/// false, having done nothing, where the CPU does not fold or the range is under 256 bytes or
+/// over 256 KiB. `dst` must not overlap `a` or `b`. `combine_with_crc` calls it where it applies.
+bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
+                      std::uint32_t* crc_a) noexcept;
 
-/// `dst = a op b` over `count` elements of `elem` bytes with `fn` (a Reducer's combine or
-/// finish). Stores the CRC32C of `a` (taken before the block is combined only
-/// `a` where `dst` is `a`) into `*crc_a` and of the result into `*crc_dst`; either may be null.
-void combine_with_crc(CombineFn fn, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, std::size_t elem,
+/// `dst = a op b` over `count` elements with `r` (its finish when `last`, else its combine).
+/// Stores the CRC32C of `a` (taken before the block is combined where `dst` is `a`) into
+/// `*crc_a` and of the result into `*crc_dst`; either may be null. A float32 sum asked for
+/// `*crc_a` alone runs `sum_f32_with_crc`.
+void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
                       int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept;
 
 }  // namespace ringfence::detail

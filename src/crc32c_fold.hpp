@@ -75,46 +75,37 @@ struct Stream {
   __m512i x0, x1, x2, x3;
 };
 
-/// A stream over the first 256 bytes at `p`, continuing the raw register `raw` (it enters as
-/// the first four message bytes XORed with it).
-RF_FOLD_TARGET inline Stream start(const unsigned char* p, std::uint32_t raw) noexcept {
-  return Stream{_mm512_xor_si512(_mm512_loadu_si512(p), _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(static_cast<int>(raw)), 0)),
-                _mm512_loadu_si512(p + 64), _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)};
+/// The 256 bytes one step folds, in registers: a pass that loads them for its own work (a copy,
+/// a sum) folds the same registers, so the bytes are read once.
+struct Block {
+  __m512i v[4];
+};
+
+RF_FOLD_TARGET inline Block load(const unsigned char* p) noexcept {
+  return Block{{_mm512_loadu_si512(p), _mm512_loadu_si512(p + 64), _mm512_loadu_si512(p + 128), _mm512_loadu_si512(p + 192)}};
+}
+
+RF_FOLD_TARGET inline void store(unsigned char* p, const Block& b) noexcept {
+  for (int k = 0; k < 4; ++k) _mm512_storeu_si512(p + 64 * k, b.v[k]);
+}
+
+/// A stream over the first 256 bytes, continuing the raw register `raw` (it enters as the first
+/// four message bytes XORed with it).
+RF_FOLD_TARGET inline Stream start(const Block& b, std::uint32_t raw) noexcept {
+  const __m512i r = _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(static_cast<int>(raw)), 0);
+  return Stream{_mm512_xor_si512(b.v[0], r), b.v[1], b.v[2], b.v[3]};
 }
 
 /// The next 256 bytes.
-RF_FOLD_TARGET inline void step(Stream& s, const unsigned char* p) noexcept {
-  s.x0 = fold512(s.x0, kFold2048, _mm512_loadu_si512(p));
-  s.x1 = fold512(s.x1, kFold2048, _mm512_loadu_si512(p + 64));
-  s.x2 = fold512(s.x2, kFold2048, _mm512_loadu_si512(p + 128));
-  s.x3 = fold512(s.x3, kFold2048, _mm512_loadu_si512(p + 192));
+RF_FOLD_TARGET inline void step(Stream& s, const Block& b) noexcept {
+  s.x0 = fold512(s.x0, kFold2048, b.v[0]);
+  s.x1 = fold512(s.x1, kFold2048, b.v[1]);
+  s.x2 = fold512(s.x2, kFold2048, b.v[2]);
+  s.x3 = fold512(s.x3, kFold2048, b.v[3]);
 }
 
-/// Copies the 256 bytes at `src` to `dst` and starts a stream over them, as `start` does: the
-/// registers that carry the copy are the ones folded, so the bytes are read once.
-RF_FOLD_TARGET inline Stream start_copy(unsigned char* dst, const unsigned char* src, std::uint32_t raw) noexcept {
-  const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64), c = _mm512_loadu_si512(src + 128),
-                d = _mm512_loadu_si512(src + 192);
-  _mm512_storeu_si512(dst, a);
-  _mm512_storeu_si512(dst + 64, b);
-  _mm512_storeu_si512(dst + 128, c);
-  _mm512_storeu_si512(dst + 192, d);
-  return Stream{_mm512_xor_si512(a, _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(static_cast<int>(raw)), 0)), b, c, d};
-}
-
-/// Copies the next 256 bytes and folds them, as `step` does.
-RF_FOLD_TARGET inline void step_copy(Stream& s, unsigned char* dst, const unsigned char* src) noexcept {
-  const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 64), c = _mm512_loadu_si512(src + 128),
-                d = _mm512_loadu_si512(src + 192);
-  _mm512_storeu_si512(dst, a);
-  _mm512_storeu_si512(dst + 64, b);
-  _mm512_storeu_si512(dst + 128, c);
-  _mm512_storeu_si512(dst + 192, d);
-  s.x0 = fold512(s.x0, kFold2048, a);
-  s.x1 = fold512(s.x1, kFold2048, b);
-  s.x2 = fold512(s.x2, kFold2048, c);
-  s.x3 = fold512(s.x3, kFold2048, d);
-}
+RF_FOLD_TARGET inline Stream start(const unsigned char* p, std::uint32_t raw) noexcept { return start(load(p), raw); }
+RF_FOLD_TARGET inline void step(Stream& s, const unsigned char* p) noexcept { step(s, load(p)); }
 
 /// The raw register after the stream and `bytes` (< 256 or more) final bytes at `p`.
 RF_FOLD_TARGET inline std::uint32_t finish(const Stream& s, const unsigned char* p, std::size_t bytes) noexcept {

@@ -224,7 +224,7 @@ class RingRunner {
       return b ? combine(dst, a, b, count, last) : copy(dst, a, bytes);
     }
     std::uint32_t crc = 0;
-    if (b) combine_with_crc(last ? reducer_.finish : reducer_.combine, dst, a, b, count, reducer_.elem_size, c_.size, nullptr, &crc);
+    if (b) combine_with_crc(reducer_, last, dst, a, b, count, c_.size, nullptr, &crc);
     else crc = copy_bytes_crc(dst, a, bytes);
     known_ = KnownCrc{dst, bytes, crc};
     return Status::ok();

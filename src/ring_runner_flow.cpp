@@ -305,7 +305,7 @@ Status RingRunner::wait_chunk(Connection& ch, const std::byte*& data, const std:
 // checksums the pass that consumes the chunk also verifies it (checked_ops.hpp): a damaged
 // delivery only wrote `dst`, which the re-sent chunk's pass writes again. Where `dst` overlaps
 // `b` (in place) that would lose `b`, so the chunk is verified first. Either way the result's
-// CRC is kept for sending it on.
+// CRC is kept for sending it on, unless the send's copy computes it (crc_at_send_).
 Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, std::size_t count, bool last) noexcept {
   const std::size_t elem = reducer_.elem_size, bytes = count * elem;
   const std::byte* slot = nullptr;
@@ -318,21 +318,14 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   }
   RINGFENCE_TRY(await_chunk(ch, slot));
   const std::byte* const data = slot + c_.data_offset(bytes);
-  const CombineFn fn = last ? reducer_.finish : reducer_.combine;
+  const bool crc_of_result = !b || !crc_at_send_;  // a copy's CRC of its input is its result's
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
-    const bool fold_out = b && !crc_at_send_;  // a result's CRC, unless the send's copy computes it
-    // A float sum (avg until its last step) has a kernel that folds the chunk in its own loop.
-    const bool sums_floats =
-        reducer_.type == DataType::Float32 && (reducer_.op == ReduceOp::Sum || (reducer_.op == ReduceOp::Avg && !last));
-    if (!b) {
-      crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
-    } else if (!(sums_floats && !fold_out && sum_f32_with_crc(dst, data, b, count, &crc_in))) {
-      combine_with_crc(fn, dst, data, b, count, elem, c_.size, &crc_in, fold_out ? &crc_out : nullptr);
-    }
+    if (b) combine_with_crc(reducer_, last, dst, data, b, count, c_.size, &crc_in, crc_of_result ? &crc_out : nullptr);
+    else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
     if (repaired || intact(ch, slot, bytes, crc_in)) {
-      known_ = b && !fold_out ? KnownCrc{} : KnownCrc{dst, bytes, crc_out};
+      known_ = crc_of_result ? KnownCrc{dst, bytes, crc_out} : KnownCrc{};
       return release_chunk(ch);
     }
     RINGFENCE_TRY(redeliver(ch, attempt, data, bytes, repaired));

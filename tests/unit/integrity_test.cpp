@@ -85,28 +85,30 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
     REQUIRE(copy_bytes_crc(dst.data(), a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
     REQUIRE(std::memcmp(dst.data(), a.data() + 1, len) == 0);
     for (const auto& [type, elem] : {std::pair{DataType::Uint8, std::size_t{1}}, std::pair{DataType::Float16, std::size_t{2}},
-                                     std::pair{DataType::Int32, std::size_t{4}}, std::pair{DataType::Float64, std::size_t{8}}}) {
+                                     std::pair{DataType::Int32, std::size_t{4}}, std::pair{DataType::Float32, std::size_t{4}},
+                                     std::pair{DataType::Float64, std::size_t{8}}}) {
       const std::size_t count = len / elem, bytes = count * elem;
       const Reducer r = host_reducer(type, ReduceOp::Sum);
       r.combine(want.data(), a.data(), b.data(), count, 2);
       std::uint32_t crc_a = 0, crc_dst = 0;
-      detail::combine_with_crc(r.combine, dst.data(), a.data(), b.data(), count, elem, 2, &crc_a, &crc_dst);
+      detail::combine_with_crc(r, false, dst.data(), a.data(), b.data(), count, 2, &crc_a, &crc_dst);
       REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
       REQUIRE(crc_a == crc32c_portable(a.data(), bytes));
       REQUIRE(crc_dst == crc32c_portable(want.data(), bytes));
       // One CRC asked for (the engine leaves the result's to the send's copy where the link
-      // computes it there): the other pointer is null, and the asked one is still right.
+      // computes it there): the other pointer is null, and the asked one is still right
+      // (for float32 and the input's CRC, sum_f32_with_crc's single loop).
       std::uint32_t only = 0;
       std::fill(dst.begin(), dst.end(), std::byte{0});
-      detail::combine_with_crc(r.combine, dst.data(), a.data(), b.data(), count, elem, 2, &only, nullptr);
+      detail::combine_with_crc(r, false, dst.data(), a.data(), b.data(), count, 2, &only, nullptr);
       REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
       REQUIRE(only == crc32c_portable(a.data(), bytes));
       only = 0;
-      detail::combine_with_crc(r.combine, dst.data(), a.data(), b.data(), count, elem, 2, nullptr, &only);
+      detail::combine_with_crc(r, false, dst.data(), a.data(), b.data(), count, 2, nullptr, &only);
       REQUIRE(only == crc32c_portable(want.data(), bytes));
       // In place (dst is a): the CRC of a is taken before the block is overwritten.
       std::vector<std::byte> inplace(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(bytes));
-      detail::combine_with_crc(r.combine, inplace.data(), inplace.data(), b.data(), count, elem, 2, &crc_a, &crc_dst);
+      detail::combine_with_crc(r, false, inplace.data(), inplace.data(), b.data(), count, 2, &crc_a, &crc_dst);
       REQUIRE(crc_a == crc32c_portable(a.data(), bytes));
       REQUIRE(crc_dst == crc32c_portable(want.data(), bytes));
     }
@@ -131,7 +133,7 @@ TEST_CASE("the fused float sum gives the float kernels' bits and the CRC of its 
     r.combine(want.data(), a.data(), b.data(), count, 2);
     std::fill(dst.begin(), dst.end(), -0.0f);
     std::uint32_t crc = 0;
-    const bool fused = detail::sum_f32_with_crc(db, ab, bb, count, &crc);
+    const bool fused = detail::sum_f32_with_crc(r.combine, db, ab, bb, count, &crc);
     const std::size_t bytes = count * sizeof(float);
     if (!fused) {  // nothing done: the caller takes the generic path
       REQUIRE(std::all_of(dst.begin(), dst.end(), [](float x) { return std::signbit(x) && x == 0.0f; }));
