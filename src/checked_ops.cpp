@@ -1,8 +1,8 @@
 // Copies and reductions with their checksums (checked_ops.hpp). Where the CPU folds CRCs with
-// AVX-512 (crc32c_fold.hpp) the folding runs interleaved with the pass, group by group: the
-// folds of one group execute while the next group's loads wait for memory, so on a
-// memory-bound pass the CRCs cost little more than the pass. Elsewhere the pass and the CRCs
-// take turns over blocks that stay in the L1 cache.
+// AVX-512 (crc32c_fold.hpp), copies and float32 sums up to a slot fold the very registers they
+// load, in one loop (fold_pieces); other passes run their kernel over 2 KiB groups and fold each
+// group after it (fold_along), so on a memory-bound pass the CRCs cost little more than the
+// pass. Elsewhere the pass and the CRCs take turns over blocks that stay in the L1 cache.
 #include "checked_ops.hpp"
 
 #include <algorithm>
