@@ -24,12 +24,14 @@ inline constexpr std::size_t kMailHeader = 12;
 /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
 /// receivers copies them to the retained areas and returns instead of waiting.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
-/// Bytes reserved after every staging slot for the chunk trailer (checksum mode): one cache
-/// line, with the trailer in its last 16 bytes (EngineConfig::trailer_offset).
+/// Bytes reserved after every staging slot for the chunk trailer when trailers do not lie with
+/// the data flag (EngineConfig::trailers_with_flag): one cache line, with the trailer in its last
+/// bytes (EngineConfig::trailer_offset).
 inline constexpr std::size_t kTrailerBytes = 64;
-/// Checksum mode: a chunk of at most this many bytes is packed against its trailer, in the
-/// trailer's own cache line (it ends where the trailer starts; EngineConfig::data_offset), so
-/// data and trailer travel in one line and the receiver pays one miss, not two. Larger chunks
+/// Checksum mode with trailers after the slots: a chunk of at most this many bytes is packed
+/// against its trailer, in the trailer's own cache line (it ends where the trailer starts;
+/// EngineConfig::data_offset), so data and trailer travel in one line and the receiver pays
+/// one miss, not two. Larger chunks
 /// start at the slot, aligned for the kernels: packing them too would save one line of many
 /// and make every 64-byte load and store of the chunk straddle two lines.
 inline constexpr std::size_t kPackedMaxBytes = kTrailerBytes - 16;
@@ -39,10 +41,18 @@ inline constexpr std::size_t kSentLog = 64;
 /// Written after a chunk when checksums are on; verified by the receiver. After a re-send of
 /// part of the chunk (a piece), it describes that piece.
 struct ChunkTrailer {
-  std::uint32_t crc = 0;    ///< CRC32C of the chunk's (or the re-sent piece's) bytes
-  std::uint32_t bytes = 0;  ///< chunk (or piece) length
-  std::uint64_t message = 0;  ///< message number on the link
+  std::uint32_t crc = 0;      ///< CRC32C of the chunk's (or the re-sent piece's) bytes
+  std::uint32_t bytes = 0;    ///< chunk (or piece) length
+  std::uint32_t message = 0;  ///< message number on the link, low 32 bits (as the data flag)
 };
+static_assert(sizeof(ChunkTrailer) == 12);
+/// Where the trailers of a link lie when it has at most kFlagLineTrailers slots: in the line of
+/// the receiver's data flag for that sender, after the flag's value and waiter count (trailer
+/// of slot s at kFlagLineTrailerStart + s * 12). The receiver reads that line anyway to learn
+/// that the chunk arrived, so the check costs no line of its own, and a chunk of any size
+/// travels in as many lines as without checksums (EngineConfig::trailers_with_flag).
+inline constexpr std::size_t kFlagLineTrailerStart = 8;
+inline constexpr int kFlagLineTrailers = static_cast<int>((64 - kFlagLineTrailerStart) / sizeof(ChunkTrailer));
 
 /// Re-sends of part of a chunk (ring_runner_repair.cpp): a link so damaged that whole chunks
 /// never arrive intact is asked for pieces small enough to get through. A request names bytes
@@ -98,7 +108,8 @@ struct CallFingerprint {
 static_assert(sizeof(CallFingerprint) == 32);
 
 /// Local signal words of one rank, indexed by peer rank p:
-/// - `data[p]`: p wrote chunk m into our inbox (value m + 1);
+/// - `data[p]`: p wrote chunk m into our inbox (value m + 1); the rest of its line holds the
+///   trailers of p's chunks when there are few slots (EngineConfig::trailers_with_flag);
 /// - `credit[p]`: p consumed (and verified) chunk m we wrote into its inbox (value m + 1);
 /// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
 /// - `nack[p]`: p found a chunk from us corrupted (value = p's nack count); which one is in
@@ -300,14 +311,23 @@ struct EngineConfig {
   int max_attempts = 256;
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
-  /// Where a slot's trailer lies, from the slot's start: the end of the line after the payload.
-  /// Fixed whatever the chunk, so a relay finds it before it knows the chunk's length.
+  /// Trailers lie in the line of the receiver's data flag (kFlagLineTrailerStart) when the
+  /// link has few enough slots for them to fit there; else after each slot (trailer_offset).
+  bool trailers_with_flag() const noexcept { return slots <= kFlagLineTrailers; }
+  /// Where the trailer of slot `slot` of chunks from `from` lies in the receiver's flag block
+  /// (trailers_with_flag).
+  std::size_t flag_trailer_offset(int from, std::size_t slot) const noexcept {
+    return FlagBlock::data_offset(size, from) + kFlagLineTrailerStart + slot * sizeof(ChunkTrailer);
+  }
+  /// Where a slot's trailer lies, from the slot's start, when not with the flag: the end of the
+  /// line after the payload. Fixed whatever the chunk, so a relay finds it before it knows the
+  /// chunk's length.
   std::size_t trailer_offset() const noexcept { return slot_bytes + kTrailerBytes - sizeof(ChunkTrailer); }
-  /// Where a chunk of `bytes` lies, from its slot's start: packed against the trailer when
-  /// checksums are on and it is small (kPackedMaxBytes), else at the start. Sender, receiver
-  /// and relays derive it from the length alone (checksum is the same on every rank).
+  /// Where a chunk of `bytes` lies, from its slot's start: packed against a trailer after the
+  /// slot when checksums are on and it is small (kPackedMaxBytes), else at the start. Sender,
+  /// receiver and relays derive it from the length alone (checksum is the same on every rank).
   std::size_t data_offset(std::size_t bytes) const noexcept {
-    return checksum && bytes <= kPackedMaxBytes && bytes <= slot_bytes ? trailer_offset() - bytes : 0;
+    return checksum && !trailers_with_flag() && bytes <= kPackedMaxBytes && bytes <= slot_bytes ? trailer_offset() - bytes : 0;
   }
   std::chrono::nanoseconds timeout{};
   /// `slots + 1` x `slot_bytes` of scratch for partial results that are sent on, not kept.

@@ -18,7 +18,8 @@
 // reads a slot before its bytes have landed. Counters never reset, so nothing needs clearing
 // between collectives.
 //
-// Integrity (config.checksum): S also writes a trailer {crc32c, bytes, m} after the slot. R
+// Integrity (config.checksum): S also writes a trailer {crc32c, bytes, m} for the slot (in the
+// line of R's data flag for S with up to 4 slots, else after the slot: EngineConfig). R
 // verifies before consuming; on a mismatch it bumps nack[R] at S and waits for retry[S]. The
 // chunk to re-send is the one R is blocked on: number credit[R] (R consumed 0..m-1), so no
 // payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside
@@ -360,10 +361,20 @@ class RingRunner {
   Status wait_chunk(Connection& ch, const std::byte*& data, const std::byte* landed, std::size_t bytes,
                     std::uint32_t* crc = nullptr) noexcept;
 
-  bool intact(const Connection& ch, const std::byte* slot, std::size_t bytes, std::uint32_t crc) const noexcept {
+  // The trailer of the chunk (or piece) in the slot of message m from `ch`, as it lies here.
+  ChunkTrailer trailer_of(const Connection& ch, std::uint64_t m) const noexcept {
+    const auto slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots));
+    const std::byte* at = c_.trailers_with_flag()
+                              ? reinterpret_cast<const std::byte*>(&flags_.data[ch.peer]) + kFlagLineTrailerStart + slot * sizeof(ChunkTrailer)
+                              : ch.inbox + slot * c_.slot_stride() + c_.trailer_offset();
     ChunkTrailer t;
-    std::memcpy(&t, slot + c_.trailer_offset(), sizeof t);
-    return t.message == ch.received && t.bytes == bytes && t.crc == crc;
+    std::memcpy(&t, at, sizeof t);
+    return t;
+  }
+
+  bool intact(const Connection& ch, std::size_t bytes, std::uint32_t crc) const noexcept {
+    const ChunkTrailer t = trailer_of(ch, ch.received);
+    return t.message == static_cast<std::uint32_t>(ch.received) && t.bytes == bytes && t.crc == crc;
   }
 
   // Delivery `attempt` of the chunk `ch` is on ([data, data + bytes)) failed its check: asks for

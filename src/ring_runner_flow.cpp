@@ -224,8 +224,11 @@ Status RingRunner::write_data(Connection& ch, const WriteOp& w, const char* what
 // The trailer {crc, bytes, m} of slot `slot`, for message m (a chunk, or a re-sent piece).
 Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept {
   ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives an asynchronous write
-  t = ChunkTrailer{crc, static_cast<std::uint32_t>(bytes), m};
-  const Status s = ch.link->write(WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.trailer_offset(), sizeof t, m});
+  t = ChunkTrailer{crc, static_cast<std::uint32_t>(bytes), static_cast<std::uint32_t>(m)};
+  const WriteOp w = c_.trailers_with_flag()
+                        ? WriteOp{&t, nullptr, &ch.peer_flags, c_.flag_trailer_offset(c_.rank, slot / c_.slot_stride()), sizeof t, m}
+                        : WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.trailer_offset(), sizeof t, m};
+  const Status s = ch.link->write(w);
   return s.is_ok() ? s : fail(s, ch, "writing a chunk trailer", m);
 }
 
@@ -292,7 +295,7 @@ Status RingRunner::wait_chunk(Connection& ch, const std::byte*& data, const std:
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     const std::uint32_t c = crc32c(data, bytes);
-    if (repaired || intact(ch, slot, bytes, c)) {
+    if (repaired || intact(ch, bytes, c)) {
       if (crc) *crc = c;
       return Status::ok();
     }
@@ -324,7 +327,7 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
     std::uint32_t crc_in = 0, crc_out = 0;
     if (b) combine_with_crc(reducer_, last, dst, data, b, count, c_.size, &crc_in, crc_of_result ? &crc_out : nullptr);
     else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
-    if (repaired || intact(ch, slot, bytes, crc_in)) {
+    if (repaired || intact(ch, bytes, crc_in)) {
       known_ = crc_of_result ? KnownCrc{dst, bytes, crc_out} : KnownCrc{};
       return release_chunk(ch);
     }

@@ -43,15 +43,14 @@ Status RingRunner::service_relays() noexcept {
           !reached(flags_.credit[out.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(k + 1 - slots)))
         break;
       const std::byte* const slot_start = in.inbox + static_cast<std::size_t>(in.received % slots) * c_.slot_stride();
-      ChunkTrailer t;
-      std::memcpy(&t, slot_start + c_.trailer_offset(), sizeof t);
+      const ChunkTrailer t = trailer_of(in, in.received);
       const std::byte* const slot = slot_start + c_.data_offset(t.bytes);  // the chunk's bytes (checked below)
       if (c_.checksum) {
         // Every hop is checked: a chunk damaged on the way to us is asked for again from the
         // sender (and counted against that link), never forwarded, so each corrupting hop is
         // blamed on its own link and can be fenced in turn.
         if (!reached(flags_.retry[in.peer].value.load(std::memory_order_acquire), in.nacks_sent)) break;  // re-send pending
-        if (t.message != in.received || t.bytes > c_.slot_bytes || t.crc != crc32c(slot, t.bytes)) {
+        if (t.message != static_cast<std::uint32_t>(in.received) || t.bytes > c_.slot_bytes || t.crc != crc32c(slot, t.bytes)) {
           ++in.checksum_errors;
           if (++d.attempts >= c_.max_attempts)
             return fail(Status(ErrorCode::Transient), in, "an intact chunk to relay (every delivery failed its checksum)",

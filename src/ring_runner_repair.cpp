@@ -16,7 +16,6 @@ constexpr int kPieceTries = 6;
 
 Status RingRunner::repair_in_pieces(Connection& ch, const std::byte* data, std::size_t bytes) noexcept {
   const std::uint64_t m = ch.received;
-  const std::byte* trailer = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride() + c_.trailer_offset();
   std::size_t piece = ch.repair_piece ? ch.repair_piece : std::min(kLargestPiece, bytes / 2);
   piece = std::max(kPieceUnit, piece / kPieceUnit * kPieceUnit);
   for (std::size_t first = 0; first < bytes;) {
@@ -25,9 +24,8 @@ Status RingRunner::repair_in_pieces(Connection& ch, const std::byte* data, std::
     for (;;) {
       RINGFENCE_TRY(request_resend(ch, m, encode_piece(first, end)));
       RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a re-sent piece of a chunk", m));
-      ChunkTrailer t;
-      std::memcpy(&t, trailer, sizeof t);
-      if (t.message == m && t.bytes == end - first && t.crc == crc32c(data + first, end - first)) break;
+      const ChunkTrailer t = trailer_of(ch, m);
+      if (t.message == static_cast<std::uint32_t>(m) && t.bytes == end - first && t.crc == crc32c(data + first, end - first)) break;
       ++ch.checksum_errors;
       if (++tries >= c_.max_attempts)  // only a piece of the smallest size gets this far
         return fail(Status(ErrorCode::Transient), ch, "an intact chunk (one of its smallest pieces kept failing its checksum)", m);

@@ -1,7 +1,9 @@
-// Where a chunk lies in its staging slot (EngineConfig::data_offset, src/engine.hpp): with
-// checksums a chunk of at most kPackedMaxBytes (48) ends where its trailer starts, in the
-// trailer's cache line; larger ones start at the slot. Sender, receiver, relays and piece
-// re-sends must all agree on that place, or no chunk would ever pass its check.
+// Where a chunk and its trailer lie (EngineConfig in src/engine.hpp). With at most
+// kFlagLineTrailers slots per link (the default, 4) each slot's trailer lies in the line of the
+// receiver's data flag for that sender, and chunks start at their slot. With more slots the
+// trailer ends the slot's stride, and a checked chunk of at most kPackedMaxBytes (48) ends where
+// its trailer starts, in the trailer's cache line. Sender, receiver, relays and piece re-sends
+// must all agree on those places, or no chunk would ever pass its check.
 #include <ringfence/communicator.hpp>
 #include <string>
 #include <vector>
@@ -15,14 +17,41 @@
 using namespace ringfence;
 using ringfence::detail::EngineConfig;
 
-TEST_CASE("chunk layout: small checked chunks end at the trailer, in its cache line, large ones start at the slot", "[integrity][layout]") {
+TEST_CASE("chunk layout: with few slots each trailer lies in its data flag's line, clear of the flag, and chunks start at the slot",
+          "[integrity][layout]") {
   EngineConfig c;
+  c.size = 5;
   c.slot_bytes = 64 * 1024;
   c.checksum = true;
+  for (const int slots : {1, 4}) {
+    c.slots = slots;
+    REQUIRE(c.trailers_with_flag());
+    for (int from = 0; from < c.size; ++from) {
+      const std::size_t flag = detail::FlagBlock::data_offset(c.size, from);
+      for (std::size_t s = 0; s < static_cast<std::size_t>(slots); ++s) {
+        INFO("from " << from << ", slot " << s);
+        const std::size_t at = c.flag_trailer_offset(from, s);
+        CHECK(at >= flag + sizeof(SignalFlag::value) + sizeof(SignalFlag::waiters));  // clear of the value and waiter count
+        CHECK((at + sizeof(detail::ChunkTrailer) - 1) / 64 == flag / 64);           // the flag's own line, whole
+        if (s > 0) CHECK(at == c.flag_trailer_offset(from, s - 1) + sizeof(detail::ChunkTrailer));  // no overlap
+      }
+    }
+    for (const std::size_t bytes : {std::size_t{4}, std::size_t{48}, std::size_t{4096}, c.slot_bytes}) CHECK(c.data_offset(bytes) == 0);
+  }
+  c.slots = detail::kFlagLineTrailers + 1;
+  CHECK_FALSE(c.trailers_with_flag());
+}
+
+TEST_CASE("chunk layout: with many slots small checked chunks end at the trailer, in its cache line, large ones start at the slot",
+          "[integrity][layout]") {
+  EngineConfig c;
+  c.slot_bytes = 64 * 1024;
+  c.slots = 8;
+  c.checksum = true;
+  REQUIRE_FALSE(c.trailers_with_flag());
   const std::size_t trailer = c.trailer_offset();
   CHECK(trailer == c.slot_bytes + detail::kTrailerBytes - sizeof(detail::ChunkTrailer));
   CHECK(trailer + sizeof(detail::ChunkTrailer) == c.slot_stride());  // the trailer ends the slot
-  static_assert(detail::kPackedMaxBytes + sizeof(detail::ChunkTrailer) == detail::kTrailerBytes);
   for (const std::size_t bytes : {std::size_t{4}, std::size_t{8}, std::size_t{20}, detail::kPackedMaxBytes}) {
     INFO(bytes << " bytes");
     CHECK(c.data_offset(bytes) + bytes == trailer);
@@ -38,9 +67,12 @@ TEST_CASE("chunk layout: small checked chunks end at the trailer, in its cache l
   CHECK(c.data_offset(8) == 0);
 }
 
-TEST_CASE("chunk layout: packed and unpacked chunks on a link that damages most deliveries, results exact", "[integrity][repair][layout]") {
+TEST_CASE("chunk layout: chunks of every size, either trailer place, on a link that damages most deliveries, results exact", "[integrity][repair][layout]") {
   const int n = 3;
+  const int slots = GENERATE(4, 8);  // trailers with the data flag; after the slots, small chunks packed
+  INFO(slots << " slots");
   CommOptions o;
+  o.slots = slots;
   o.chunk_bytes = 4096;  // 4 KiB chunks are repaired in pieces: each piece must land where the chunk lies
   o.timeout = std::chrono::seconds(60);
   o.checksum = true;
@@ -78,7 +110,11 @@ TEST_CASE("chunk layout: packed chunks of a corrupting link are relayed once it 
   // packed chunks, reading their place from the trailer's length.
   // The ring on both runs: small allreduces otherwise go one-shot, and a fence sends them back to
   // the ring, which sums in another order (exact, but not the clean run's bytes).
-  const auto ring = [](int, CommOptions& o) { o.algorithm = Algorithm::Ring; };
+  // 8 slots: trailers after the slots, so 40-byte chunks are packed against theirs.
+  const auto ring = [](int, CommOptions& o) {
+    o.algorithm = Algorithm::Ring;
+    o.slots = 8;
+  };
   const auto [clean, faulty] = test::run_against_clean(4, "flip:rate=2e-3,link=0-1,seed=3", ring, builtin_transports(), 200, 40);
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
