@@ -1,0 +1,49 @@
+// Chunks a call leaves unaccepted when it returns (checksum mode, RingRunner::retain_unaccepted):
+// a receiver may find one corrupted after the sender's call returned, and the re-send must
+// carry the bytes the call was given, whatever the caller did with its buffer since. The calls
+// here overwrite their input the moment a call returns.
+#include <atomic>
+#include <limits>
+#include <ringfence/communicator.hpp>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/thread_ranks.hpp"
+#include "support/verifiable.hpp"
+
+using namespace ringfence;
+
+TEST_CASE("retained chunks: a caller that overwrites its input as soon as a call returns still gets exact results over a corrupting link",
+          "[integrity][fault][retain]") {
+  const int n = GENERATE(2, 3);  // one-shot at 2 ranks (every rank sends its input); a ring at 3
+  const std::size_t count = GENERATE(std::size_t{2}, std::size_t{12}, std::size_t{256}, std::size_t{2048});  // 8 B-8 KiB
+  INFO(n << " ranks, " << count << " floats");
+  CommOptions o;
+  o.checksum = true;
+  o.health_enabled = false;  // the link must stay in use: no fence, no relay
+  o.timeout = std::chrono::seconds(30);
+  o.fault = "flip:rate=1e-3,link=0-1,seed=21";
+  o.host_id = "retained-chunks";
+  std::atomic<std::size_t> wrong{0};
+  std::atomic<std::uint64_t> resends{0};
+  const int calls = 300;
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    std::vector<float> in(count), out(count);
+    for (int it = 0; it < calls; ++it) {
+      const std::size_t first = static_cast<std::size_t>(it) * 3;  // every call's input differs
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), count, first);
+      comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+      std::fill(in.begin(), in.end(), std::numeric_limits<float>::quiet_NaN());  // reused at once
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count, first);
+    }
+    // Re-sends of the last call's chunks happen during a later call.
+    float one = 1.0f;
+    comm.allreduce(&one, &one, 1, DataType::Float32, ReduceOp::Sum);
+    for (const auto& l : comm.links()) resends += l.retries;
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(wrong == 0);
+  CHECK(resends > 0);  // the link really damaged chunks, so some re-sends ran
+}
