@@ -75,6 +75,9 @@ class AgreementRound {
   std::function<void(Plan)> set_plan_;
   std::unique_ptr<HealthMonitor> monitor_;
   Ballot ballot_;
+  std::vector<std::uint8_t> ballot_sent_;  // our ballot as sent by a one-shot allreduce (reserved at start)
+  // Up to this many ranks the ballot goes to every peer in one step (one-shot), not round a ring.
+  static constexpr int kOneShotBallotMaxRanks = 8;
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
   std::vector<std::uint64_t> digests_;

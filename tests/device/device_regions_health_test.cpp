@@ -206,9 +206,12 @@ TEST_CASE("device regions: a pair moved to pcie before the device lane exists ge
   REQUIRE(moved[0] == "#4 1-2 to pcie; ");  // every rank reports the agreed move
   REQUIRE(moved[1] == "#4 1-2 to pcie (was nvlink); ");
   REQUIRE(moved[2] == "#4 1-2 to pcie (was nvlink); ");
-  // Host lanes, then the device lane (ring 0-1-2: each rank sends to its right neighbour only).
-  REQUIRE(host_links[0] == "1:nvlink 2:nvlink(idle) ");
-  REQUIRE(host_links[1] == "0:nvlink(idle) 2:pcie ");
+  // Host lanes, then the device lane. The ring 0-1-2 sends to the right neighbour only; the
+  // agreement at #4 also sent each rank's ballot to every peer (one-shot) over the links of
+  // the time, so every nvlink host link carried bytes. The pcie link 2->1 the move created after
+  // it carried none. The device lane runs no agreement: its left links stay idle.
+  REQUIRE(host_links[0] == "1:nvlink 2:nvlink ");
+  REQUIRE(host_links[1] == "0:nvlink 2:pcie ");
   REQUIRE(host_links[2] == "0:nvlink 1:pcie(idle) ");
   REQUIRE(device_links[0] == "1:nvlink 2:nvlink(idle) ");
   REQUIRE(device_links[1] == "0:nvlink(idle) 2:pcie ");
