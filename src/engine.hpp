@@ -51,8 +51,9 @@ static_assert(sizeof(ChunkTrailer) == 12);
 /// of slot s at kFlagLineTrailerStart + s * 12). The receiver reads that line anyway to learn
 /// that the chunk arrived, so the check costs no line of its own, and a chunk of any size
 /// travels in as many lines as without checksums (EngineConfig::trailers_with_flag).
-inline constexpr std::size_t kFlagLineTrailerStart = 8;
-inline constexpr int kFlagLineTrailers = static_cast<int>((64 - kFlagLineTrailerStart) / sizeof(ChunkTrailer));
+inline constexpr std::size_t kFlagLineTrailerStart = sizeof(SignalFlag::value) + sizeof(SignalFlag::waiters);
+inline constexpr int kFlagLineTrailers = static_cast<int>((sizeof(SignalFlag) - kFlagLineTrailerStart) / sizeof(ChunkTrailer));
+static_assert(sizeof(SignalFlag) == 64 && kFlagLineTrailers == 4);
 
 /// Re-sends of part of a chunk (ring_runner_repair.cpp): a link so damaged that whole chunks
 /// never arrive intact is asked for pieces small enough to get through. A request names bytes
@@ -314,10 +315,13 @@ struct EngineConfig {
   /// Trailers lie in the line of the receiver's data flag (kFlagLineTrailerStart) when the
   /// link has few enough slots for them to fit there; else after each slot (trailer_offset).
   bool trailers_with_flag() const noexcept { return slots <= kFlagLineTrailers; }
-  /// Where the trailer of slot `slot` of chunks from `from` lies in the receiver's flag block
-  /// (trailers_with_flag).
-  std::size_t flag_trailer_offset(int from, std::size_t slot) const noexcept {
-    return FlagBlock::data_offset(size, from) + kFlagLineTrailerStart + slot * sizeof(ChunkTrailer);
+  /// Where the trailer of message `m` from rank `from` lies at its receiver: an offset into the
+  /// receiver's flag block (trailers_with_flag), else into its inbox from `from`. The one
+  /// placement rule for sender (the region it writes), receiver and relays.
+  std::size_t trailer_at(int from, std::uint64_t m) const noexcept {
+    const auto slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(slots));
+    return trailers_with_flag() ? FlagBlock::data_offset(size, from) + kFlagLineTrailerStart + slot * sizeof(ChunkTrailer)
+                                : slot * slot_stride() + trailer_offset();
   }
   /// Where a slot's trailer lies, from the slot's start, when not with the flag: the end of the
   /// line after the payload. Fixed whatever the chunk, so a relay finds it before it knows the

@@ -332,7 +332,7 @@ class RingRunner {
   Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0) noexcept;
   Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
   Status write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept;
-  Status put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept;
+  Status put_trailer(Connection& ch, std::uint64_t m, std::uint32_t crc, std::size_t bytes) noexcept;
 
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;
@@ -363,12 +363,9 @@ class RingRunner {
 
   // The trailer of the chunk (or piece) in the slot of message m from `ch`, as it lies here.
   ChunkTrailer trailer_of(const Connection& ch, std::uint64_t m) const noexcept {
-    const auto slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots));
-    const std::byte* at = c_.trailers_with_flag()
-                              ? reinterpret_cast<const std::byte*>(&flags_.data[ch.peer]) + kFlagLineTrailerStart + slot * sizeof(ChunkTrailer)
-                              : ch.inbox + slot * c_.slot_stride() + c_.trailer_offset();
+    const std::byte* base = c_.trailers_with_flag() ? reinterpret_cast<const std::byte*>(flags_.data) : ch.inbox;
     ChunkTrailer t;
-    std::memcpy(&t, at, sizeof t);
+    std::memcpy(&t, base + c_.trailer_at(ch.peer, m), sizeof t);
     return t;
   }
 

@@ -207,7 +207,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
     c.crc = crc_of_write.done ? crc_of_write.value : crc32c(c.src, c.bytes);
     c.has_crc = true;
   }
-  if (c_.checksum || c_.trailers) return put_trailer(ch, m, slot, c.has_crc ? c.crc : 0, c.bytes);
+  if (c_.checksum || c_.trailers) return put_trailer(ch, m, c.has_crc ? c.crc : 0, c.bytes);
   return Status::ok();
 }
 
@@ -221,14 +221,12 @@ Status RingRunner::write_data(Connection& ch, const WriteOp& w, const char* what
   return s.is_ok() ? s : fail(s, ch, what, m);
 }
 
-// The trailer {crc, bytes, m} of slot `slot`, for message m (a chunk, or a re-sent piece).
-Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::size_t slot, std::uint32_t crc, std::size_t bytes) noexcept {
+// The trailer {crc, bytes, m} of message m (a chunk, or a re-sent piece).
+Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::uint32_t crc, std::size_t bytes) noexcept {
   ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives an asynchronous write
   t = ChunkTrailer{crc, static_cast<std::uint32_t>(bytes), static_cast<std::uint32_t>(m)};
-  const WriteOp w = c_.trailers_with_flag()
-                        ? WriteOp{&t, nullptr, &ch.peer_flags, c_.flag_trailer_offset(c_.rank, slot / c_.slot_stride()), sizeof t, m}
-                        : WriteOp{&t, nullptr, &ch.peer_inbox, slot + c_.trailer_offset(), sizeof t, m};
-  const Status s = ch.link->write(w);
+  const RemoteRegion* region = c_.trailers_with_flag() ? &ch.peer_flags : &ch.peer_inbox;
+  const Status s = ch.link->write(WriteOp{&t, nullptr, region, c_.trailer_at(c_.rank, m), sizeof t, m});
   return s.is_ok() ? s : fail(s, ch, "writing a chunk trailer", m);
 }
 

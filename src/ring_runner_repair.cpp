@@ -52,7 +52,7 @@ Status RingRunner::put_piece(Connection& ch, std::uint64_t m, PieceRange p, std:
   WriteCrc crc;
   w.crc = &crc;
   RINGFENCE_TRY(write_data(ch, w, "writing a piece of a chunk", m));
-  return put_trailer(ch, m, slot, crc.done ? crc.value : crc32c(c.src + p.first, len), len);
+  return put_trailer(ch, m, crc.done ? crc.value : crc32c(c.src + p.first, len), len);
 }
 
 }  // namespace ringfence::detail

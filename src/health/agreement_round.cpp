@@ -19,8 +19,8 @@ constexpr std::uint8_t kSlowStreak = 3;
 void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   monitor_ = std::move(monitor);
   ballot_.resize(ctx_.size);
-  ballot_sent_.reserve(ballot_.bytes());
   digests_.resize(static_cast<std::size_t>(ctx_.size));
+  sent_.reserve(std::max(ballot_.bytes(), digests_.size() * sizeof(std::uint64_t)));
   slow_streak_.assign(static_cast<std::size_t>(ctx_.size) * static_cast<std::size_t>(ctx_.size), 0);
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
@@ -203,28 +203,7 @@ Status AgreementRound::run(Failure& failure) {
   for (const LinkId& l : plan_.fenced())
     if (l.a == rank || l.b == rank)
       if (!lanes_.main().connection_to(l.a == rank ? l.b : l.a).link->can_reopen()) ballot_.vote(l, Vote::Fence);
-
-  LaneState& lane0 = lanes_.main();
-  EngineConfig config = lane0.engine;
-  config.checksum = true;  // the votes themselves must not be corrupted on the way
-  // Every vote accepted before the call returns: the plan may fence a link right after it, and
-  // a re-send must not be left for it (RingRunner::finish_call).
-  config.retained_peers = nullptr;
-  const Reducer max = host_reducer(DataType::Uint8, ReduceOp::Max);
-  // Every rank sends its ballot to every other in one step where every link is in use and the
-  // job is small: a ring takes 2 (size - 1) steps, and every agreement slows the collective it
-  // precedes (at 2 ranks on 2 cores: 2.3 us, three small allreduces' worth, every 64 calls).
-  // The same choice on every rank: the plan and the size are the same everywhere.
-  if (ctx_.size <= kOneShotBallotMaxRanks && lane0.relay_duties.count == 0 && plan_.fenced().empty()) {
-    ballot_sent_.assign(ballot_.data(), ballot_.data() + ballot_.bytes());  // one-shot reads its input while results land
-    RingCall call{RingCollective::OneShotAllreduce, ballot_sent_.data(), ballot_.data(), ballot_.bytes(), 0};
-    call.by_position = lanes_.by_position();
-    call.by_rank = lanes_.by_rank();
-    RINGFENCE_TRY(run_ring(config, lane0.flags, lane0.left, lane0.right, call, max, DirectWrite{}, lane0.relay_duties, failure));
-  } else {
-    RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, ballot_.data(), ballot_.data(), ballot_.bytes(), max,
-                                     DirectWrite{}, lane0.relay_duties, failure));
-  }
+  RINGFENCE_TRY(max_allreduce(ballot_.data(), ballot_.bytes(), DataType::Uint8, failure));
   const std::vector<LinkId> slow = judge_slowness();
   const Decision d = decide(ballot_, plan_, slow);
   ledger_.record(ctx_, d);
@@ -295,17 +274,36 @@ void AgreementRound::install_fences(std::vector<LinkId> all) {
   install(std::move(*next), std::move(all), added, {});
 }
 
-Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error) {
-  const int rank = ctx_.rank, size = ctx_.size;
-  std::fill(digests_.begin(), digests_.end(), std::uint64_t{0});
-  digests_[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
+// The agreement's own allreduce (max, in place) over lane 0, checksummed: the votes and digests
+// must not be corrupted on the way. Every element is accepted before it returns: the plan may
+// fence a link right after it, and a re-send must not be left for it (RingRunner::finish_call).
+// Every rank sends its data to every other in one step where every link is in use and the job
+// is small: a ring takes 2 (size - 1) steps, and every agreement slows the collective it
+// precedes (at 2 ranks on 2 cores: 2.3 us round the ring, three small allreduces' worth, every
+// 64 calls). The same choice on every rank: the plan and the size are the same everywhere.
+Status AgreementRound::max_allreduce(void* data, std::size_t count, DataType type, Failure& failure) {
   LaneState& lane0 = lanes_.main();
   EngineConfig config = lane0.engine;
   config.checksum = true;
   config.retained_peers = nullptr;
-  const Reducer max = host_reducer(DataType::Uint64, ReduceOp::Max);
-  RINGFENCE_TRY(run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, digests_.data(), digests_.data(), digests_.size(), max,
-                                   DirectWrite{}, lane0.relay_duties, failure));
+  const Reducer max = host_reducer(type, ReduceOp::Max);
+  const std::size_t bytes = count * size_of(type);
+  if (ctx_.size <= kOneShotMaxRanks && lane0.relay_duties.count == 0 && plan_.fenced().empty() && bytes <= sent_.capacity()) {
+    sent_.assign(static_cast<const std::uint8_t*>(data), static_cast<const std::uint8_t*>(data) + bytes);  // read while results land
+    RingCall call{RingCollective::OneShotAllreduce, sent_.data(), data, count, 0};
+    call.by_position = lanes_.by_position();
+    call.by_rank = lanes_.by_rank();
+    return run_ring(config, lane0.flags, lane0.left, lane0.right, call, max, DirectWrite{}, lane0.relay_duties, failure);
+  }
+  return run_ring_allreduce(config, lane0.flags, lane0.left, lane0.right, data, data, count, max, DirectWrite{}, lane0.relay_duties,
+                            failure);
+}
+
+Status AgreementRound::compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error) {
+  const int rank = ctx_.rank, size = ctx_.size;
+  std::fill(digests_.begin(), digests_.end(), std::uint64_t{0});
+  digests_[static_cast<std::size_t>(rank)] = (std::uint64_t{1} << 32) | crc32c(out, bytes);  // bit 32: present
+  RINGFENCE_TRY(max_allreduce(digests_.data(), digests_.size(), DataType::Uint64, failure));
   const DigestVerdict v = judge_digests(digests_, plan_.ring());  // the same on every rank
   if (v.agree) return Status::ok();
   ++digest_mismatches_;

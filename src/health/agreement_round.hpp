@@ -55,6 +55,7 @@ class AgreementRound {
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
 
  private:
+  Status max_allreduce(void* data, std::size_t count, DataType type, Failure& failure);
   void observe();
   // The write speeds in the reduced ballot: persistently slow links get fence votes (the same
   // on every rank, which decide from the same ballot) and are returned; stragglers are reported.
@@ -75,9 +76,9 @@ class AgreementRound {
   std::function<void(Plan)> set_plan_;
   std::unique_ptr<HealthMonitor> monitor_;
   Ballot ballot_;
-  std::vector<std::uint8_t> ballot_sent_;  // our ballot as sent by a one-shot allreduce (reserved at start)
-  // Up to this many ranks the ballot goes to every peer in one step (one-shot), not round a ring.
-  static constexpr int kOneShotBallotMaxRanks = 8;
+  std::vector<std::uint8_t> sent_;  // our input to a one-shot max_allreduce (reserved at start for the ballot and the digests)
+  // Up to this many ranks max_allreduce goes to every peer in one step (one-shot), not round a ring.
+  static constexpr int kOneShotMaxRanks = 8;
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
   std::vector<std::uint64_t> digests_;

@@ -28,12 +28,13 @@ TEST_CASE("chunk layout: with few slots each trailer lies in its data flag's lin
     REQUIRE(c.trailers_with_flag());
     for (int from = 0; from < c.size; ++from) {
       const std::size_t flag = detail::FlagBlock::data_offset(c.size, from);
-      for (std::size_t s = 0; s < static_cast<std::size_t>(slots); ++s) {
-        INFO("from " << from << ", slot " << s);
-        const std::size_t at = c.flag_trailer_offset(from, s);
+      for (std::uint64_t m = 0; m < static_cast<std::uint64_t>(slots); ++m) {
+        INFO("from " << from << ", message " << m);
+        const std::size_t at = c.trailer_at(from, m);
         CHECK(at >= flag + sizeof(SignalFlag::value) + sizeof(SignalFlag::waiters));  // clear of the value and waiter count
         CHECK((at + sizeof(detail::ChunkTrailer) - 1) / 64 == flag / 64);           // the flag's own line, whole
-        if (s > 0) CHECK(at == c.flag_trailer_offset(from, s - 1) + sizeof(detail::ChunkTrailer));  // no overlap
+        if (m > 0) CHECK(at == c.trailer_at(from, m - 1) + sizeof(detail::ChunkTrailer));  // no overlap
+        CHECK(c.trailer_at(from, m + static_cast<std::uint64_t>(slots)) == at);  // the slot's place, whatever the message
       }
     }
     for (const std::size_t bytes : {std::size_t{4}, std::size_t{48}, std::size_t{4096}, c.slot_bytes}) CHECK(c.data_offset(bytes) == 0);
@@ -52,6 +53,7 @@ TEST_CASE("chunk layout: with many slots small checked chunks end at the trailer
   const std::size_t trailer = c.trailer_offset();
   CHECK(trailer == c.slot_bytes + detail::kTrailerBytes - sizeof(detail::ChunkTrailer));
   CHECK(trailer + sizeof(detail::ChunkTrailer) == c.slot_stride());  // the trailer ends the slot
+  CHECK(c.trailer_at(3, 9) == 1 * c.slot_stride() + trailer);  // message 9 of 8 slots: slot 1's trailer
   for (const std::size_t bytes : {std::size_t{4}, std::size_t{8}, std::size_t{20}, detail::kPackedMaxBytes}) {
     INFO(bytes << " bytes");
     CHECK(c.data_offset(bytes) + bytes == trailer);
