@@ -6,9 +6,10 @@
 // source not in the cache) do not make a link look slow, since the same link's other writes
 // were fast; a link whose every write is slow (a throttled, downtrained or congested link)
 // does. Plain data, written by the connection's thread only; nothing allocates.
-#include <bit>
 #include <cstddef>
 #include <cstdint>
+
+#include "quarter_octaves.hpp"
 
 namespace ringfence::detail {
 
@@ -21,9 +22,7 @@ struct WriteSpeeds {
   /// Bucket of a write of `bytes` that took `ns`.
   static int bucket_of(std::uint64_t bytes, std::uint64_t ns) noexcept {
     const std::uint64_t v = ns == 0 ? ~std::uint64_t{0} >> 1 : bytes * 1000000 / 1024 / ns + 1;  // KiB per ms, >= 1
-    const int b = std::bit_width(v);  // v in [2^(b-1), 2^b)
-    const int quarter = b >= 3 ? static_cast<int>((v >> (b - 3)) & 3) : 0;
-    const int i = 4 * (b - 1) + quarter;
+    const int i = quarter_octaves(v);
     return i < kBuckets ? i : kBuckets - 1;
   }
   /// The speed a bucket stands for, in GB/s (its lower edge; buckets are ~19 % wide).

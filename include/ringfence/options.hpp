@@ -147,11 +147,20 @@ struct CommOptions {
   /// slower is fenced and routed around; a rank all of whose links are slow is reported as a
   /// straggler). On by default. Must match on every rank. Env: RINGFENCE_HEALTH=on|off.
   bool health_enabled = true;
-  /// At most this many collectives between two fence agreements (an internal, checksummed
-  /// allreduce of everyone's proposals and link speeds; when the fence set changed, every rank
-  /// switches to a ring that avoids the fenced links). 0 disables agreements. Must match on
-  /// every rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
+  /// Collectives between two fence agreements (an internal, checksummed allreduce of everyone's
+  /// proposals and link speeds; when the fence set changed, every rank switches to a ring that
+  /// avoids the fenced links), or more of them while agreements are paced by time (below).
+  /// 0 disables agreements. Must match on every rank. Env: RINGFENCE_HEALTH_AGREE_EVERY.
   int health_agree_every = 64;
+  /// Agreements are paced by time too: when `health_agree_every` collectives take less than
+  /// this on every rank and the last agreement found nothing to act on (no vote on any link, no
+  /// link or rank judged slow), the next one waits 2, 4, 8 or 16 times as many collectives, so
+  /// agreements come about this far apart (a stream of 1-microsecond allreduces would otherwise
+  /// pay for one every 64 microseconds). At most 16 times: a link that turns bad right after a
+  /// paced agreement is judged within 16 x 64 collectives however slow they become. Any vote
+  /// puts the count back to `health_agree_every`. 0: by count only. Must match on every rank.
+  /// Env: RINGFENCE_HEALTH_AGREE_MIN_US.
+  std::chrono::microseconds health_agree_min_interval{1000};
   /// An agreement also runs once this many bytes (the collectives' data sizes, the same on every
   /// rank) went by since the last one, so large messages are judged within about a second on a
   /// slow link too. 0: by count only. Must match on every rank. Env: RINGFENCE_HEALTH_AGREE_BYTES.

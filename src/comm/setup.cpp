@@ -125,10 +125,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   //    holds every data-path option the ranks must share (the user threshold may differ).
   const int planned = lanes.lane_count();
   ctx.protocol = fmt::format(
-      "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}/{}/{} agreement={} digest_every={} "
+      "v1 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}/{}/{}/{} agreement={} digest_every={} "
       "algo={} tuner={}/{}{} channels={}/{} check_calls={} heartbeat={}",
       engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
-      options.health_agree_bytes, options.health_slow_factor, agreement.enabled(),
+      options.health_agree_bytes, options.health_slow_factor, options.health_agree_min_interval.count(), agreement.enabled(),
       options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us, options.tuner_gbps,
       ctx.network_only() ? "/network" : "", planned, options.channel_min_bytes, options.check_calls,
       options.effective_heartbeat().count() > 0);
@@ -197,7 +197,7 @@ void Communicator::Impl::set_plan(detail::Plan p) {
 
 HealthSnapshot Communicator::Impl::snapshot() const {
   const detail::HealthMonitor* monitor = agreement.monitor();
-  return detail::make_snapshot(ctx.rank, ctx.seq, plan, monitor, lanes.links());
+  return detail::make_snapshot(ctx.rank, ctx.seq, plan, monitor, {agreement.agreements(), agreement.agree_every()}, lanes.links());
 }
 
 Communicator::Impl::~Impl() {

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 
+#include "../quarter_octaves.hpp"
+
 namespace ringfence::detail {
 
 void Ballot::resize(int n) {
   n_ = n;
-  cells_.assign(4 * static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0);
+  cells_.assign(4 * static_cast<std::size_t>(n) * static_cast<std::size_t>(n) + 1, 0);  // + the pace byte
 }
 
 void Ballot::clear() noexcept { std::fill(cells_.begin(), cells_.end(), std::uint8_t{0}); }
@@ -43,6 +45,20 @@ int Ballot::speed_of(int rank, int peer) const noexcept {
 int Ballot::speed_transport_of(int rank, int peer) const noexcept {
   const std::size_t nn = static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_);
   return static_cast<int>(cells_[3 * nn + static_cast<std::size_t>(rank * n_ + peer)]) - 1;
+}
+
+void Ballot::report_pace(int bucket) noexcept { cells_.back() = static_cast<std::uint8_t>(std::clamp(bucket + 1, 1, 255)); }
+
+int Ballot::pace() const noexcept { return static_cast<int>(cells_.back()) - 1; }
+
+bool Ballot::any_vote() const noexcept {
+  const auto votes = cells_.begin() + static_cast<std::ptrdiff_t>(n_) * n_;
+  return std::any_of(cells_.begin(), votes, [](std::uint8_t v) { return v != 0; });
+}
+
+int pace_shift(int pace_bucket, std::uint64_t min_interval_ns) noexcept {
+  if (pace_bucket < 0 || min_interval_ns == 0) return 0;
+  return std::clamp((quarter_octaves(min_interval_ns) - pace_bucket) / 4, 0, kMaxPaceShift);
 }
 
 SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets) {

@@ -22,6 +22,7 @@ enum class Vote : std::uint8_t { None = 0, Readmit = 1, Fence = 2 };
 /// the speed of r's writes to each peer since the last agreement (WriteSpeeds::fast_end bucket + 1,
 /// 0 = too few writes) and of the fourth, the transport those writes went over (index + 1).
 /// Each rank fills only its own rows of the last three, so the max gives everyone all of them.
+/// One byte after them paces the agreements (`report_pace`): the largest wins.
 class Ballot {
  public:
   /// Sized for `n` ranks, empty.
@@ -42,6 +43,14 @@ class Ballot {
   /// The speed bucket of `rank`'s writes to `peer` (-1: not measured), and their transport.
   int speed_of(int rank, int peer) const noexcept;
   int speed_transport_of(int rank, int peer) const noexcept;
+  /// Says how long `health_agree_every` collectives took on this rank since the last agreement,
+  /// as quarter-octaves of nanoseconds (quarter_octaves.hpp); the reduction keeps the slowest
+  /// rank's figure.
+  void report_pace(int bucket) noexcept;
+  /// That figure after the reduction (-1: no rank reported one).
+  int pace() const noexcept;
+  /// Whether any rank voted on any link (a fence, a cool-down still served, a readmission).
+  bool any_vote() const noexcept;
   /// The cells, for the allreduce.
   std::uint8_t* data() noexcept { return cells_.data(); }
   const std::uint8_t* data() const noexcept { return cells_.data(); }
@@ -105,6 +114,15 @@ SpeedVerdict judge_speeds(const Ballot& b, const std::vector<int>& gap_buckets);
 /// When every new fence is one of the `slow` links (fenced for speed, nothing was corrupted),
 /// the cheapest route wins instead: a re-ordered ring before relays (RoutePreference::Cheapest).
 Decision decide(const Ballot& b, const PlanState& plan, const std::vector<LinkId>& slow = {});
+
+/// Agreements are paced by time as well as by count: when `health_agree_every` collectives took
+/// less than `min_interval_ns` on every rank (their slowest figure, `pace_bucket`), the next
+/// agreement waits 2^k times as many collectives, k the whole octaves between the two (0 with
+/// no figure, -1, or no interval, 0). Pure: every rank gets the same k from the same ballot.
+/// At most 16 times: a link that turns bad just after a paced agreement waits at most that
+/// many times longer, in collectives, however slow they then become.
+inline constexpr int kMaxPaceShift = 4;
+int pace_shift(int pace_bucket, std::uint64_t min_interval_ns) noexcept;
 
 /// Who a result-digest comparison blames (`judge_digests`).
 struct DigestVerdict {

@@ -5,6 +5,8 @@
 #include <ringfence/crc32c.hpp>
 #include <ringfence/error.hpp>
 
+#include "../quarter_octaves.hpp"
+
 namespace ringfence::detail {
 
 namespace {
@@ -25,6 +27,8 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
+  every_ = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 0));
+  last_agreement_ = std::chrono::steady_clock::now();
   if (enabled()) ledger_.load(ctx_);
 }
 
@@ -41,10 +45,33 @@ bool AgreementRound::due(std::uint64_t bytes) noexcept {
   bytes_since_ += bytes;
   const std::size_t every_bytes = ctx_.options.health_agree_bytes;
   // Links the ledger holds in quarantine are fenced before the first collective moves data.
-  if (!ledger_.first_vote_pending() && calls_since_ < static_cast<std::uint64_t>(ctx_.options.health_agree_every) && (every_bytes == 0 || bytes_since_ < every_bytes))
-    return false;
+  if (!ledger_.first_vote_pending() && calls_since_ < every_ && (every_bytes == 0 || bytes_since_ < every_bytes)) return false;
+  calls_counted_ = calls_since_;
   calls_since_ = bytes_since_ = 0;
   return true;
+}
+
+// How long `health_agree_every` collectives took here since the last agreement, into the ballot.
+// The time between agreements includes whatever the caller did between collectives, so a job
+// that computes between them reports them slow and keeps agreeing by count.
+void AgreementRound::report_pace(std::chrono::steady_clock::time_point now) noexcept {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_agreement_).count();
+  last_agreement_ = now;
+  if (calls_counted_ == 0 || ns <= 0) return;
+  const std::uint64_t every = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 1));
+  ballot_.report_pace(quarter_octaves(static_cast<std::uint64_t>(ns) / calls_counted_ * every));
+}
+
+// The count to the next agreement, the same on every rank: it depends on the reduced ballot,
+// the options (in the protocol fingerprint) and the streaks, which follow from earlier ballots.
+void AgreementRound::pace_next() noexcept {
+  every_ = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 0));
+  const bool busy = ballot_.any_vote() ||
+                    std::any_of(slow_streak_.begin(), slow_streak_.end(), [](std::uint8_t s) { return s != 0; }) ||
+                    std::any_of(straggler_streak_.begin(), straggler_streak_.end(), [](std::uint8_t s) { return s != 0; });
+  if (busy) return;
+  const auto min_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(ctx_.options.health_agree_min_interval).count();
+  every_ <<= pace_shift(ballot_.pace(), static_cast<std::uint64_t>(std::max<std::int64_t>(min_ns, 0)));
 }
 
 // Proposals and readmissions come from the links' policies: this rank's links judged on what
@@ -193,7 +220,9 @@ std::vector<LinkId> AgreementRound::judge_slowness() {
 
 Status AgreementRound::run(Failure& failure) {
   const int rank = ctx_.rank;
+  ++agreements_;
   ballot_.clear();
+  report_pace(std::chrono::steady_clock::now());
   if (monitor_) observe();
   ledger_.vote(ballot_);
   // Where each of our links may move instead of being fenced.
@@ -205,6 +234,7 @@ Status AgreementRound::run(Failure& failure) {
       if (!lanes_.main().connection_to(l.a == rank ? l.b : l.a).link->can_reopen()) ballot_.vote(l, Vote::Fence);
   RINGFENCE_TRY(max_allreduce(ballot_.data(), ballot_.bytes(), DataType::Uint8, failure));
   const std::vector<LinkId> slow = judge_slowness();
+  pace_next();
   const Decision d = decide(ballot_, plan_, slow);
   ledger_.record(ctx_, d);
   if (!d.moves.empty()) mover_.apply(d.moves, monitor_.get());

@@ -5,6 +5,7 @@
 // that gives every rank the same ballot -> `decide` -> apply (moves, fences with relays or a
 // re-ordered ring, readmissions, links with no route kept in use with checksums). Also the
 // result digests (design §5 "Integrity").
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -37,8 +38,9 @@ class AgreementRound {
   /// RINGFENCE_HEALTH_AGREE_EVERY > 0 (health_enabled).
   bool enabled() const noexcept;
   /// Counts a collective of `bytes` (its data size, the same on every rank); true when an
-  /// agreement is due before it: `health_agree_every` collectives or `health_agree_bytes`
-  /// bytes since the last one. Every rank counts the same calls, so all agree at the same one.
+  /// agreement is due before it: `health_agree_every` collectives (times the pace the last
+  /// agreement set, `pace_shift`) or `health_agree_bytes` bytes since the last one. Every rank
+  /// counts the same calls against the same pace, so all agree at the same one.
   bool due(std::uint64_t bytes) noexcept;
   /// Runs one agreement (between collectives, on every rank at the same collective). Returns Ok
   /// or the failure of the internal allreduce; a move that fails throws.
@@ -53,6 +55,9 @@ class AgreementRound {
   /// allreduce's failure, else Ok.
   Status compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error);
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
+  /// Collectives from the last agreement to the next (by count; bytes may bring it sooner).
+  std::uint64_t agree_every() const noexcept { return every_; }
+  std::uint64_t agreements() const noexcept { return agreements_; }
 
  private:
   Status max_allreduce(void* data, std::size_t count, DataType type, Failure& failure);
@@ -61,6 +66,9 @@ class AgreementRound {
   // on every rank, which decide from the same ballot) and are returned; stragglers are reported.
   std::vector<LinkId> judge_slowness();
   void report_speeds() noexcept;
+  void report_pace(std::chrono::steady_clock::time_point now) noexcept;
+  // Sets every_ from the reduced ballot: health_agree_every, stretched while all is quiet.
+  void pace_next() noexcept;
   // Switches to `next` with `fenced`: fences this rank's newly fenced links, reopens its
   // readmitted ones, rebuilds the ring and bumps the epoch.
   void install(Plan next, std::vector<LinkId> fenced, const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted);
@@ -84,6 +92,11 @@ class AgreementRound {
   std::vector<std::uint64_t> digests_;
   LedgerKeeper ledger_;  // RINGFENCE_HEALTH_LEDGER: fences that outlive the job
   std::uint64_t calls_since_ = 0, bytes_since_ = 0;  // since the last agreement
+  std::uint64_t calls_counted_ = 0;  // calls_since_ when the agreement fell due
+  std::uint64_t every_ = 0;  // collectives to the next agreement (pace_next)
+  std::uint64_t agreements_ = 0;  // run so far
+  std::chrono::steady_clock::time_point last_agreement_;
+
   // Agreements in a row at which link (a, b) (index a * n + b) or rank r was judged slow.
   std::vector<std::uint8_t> slow_streak_, straggler_streak_;
   std::uint64_t digest_mismatches_ = 0;

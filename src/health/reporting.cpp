@@ -88,7 +88,7 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
   return out;
 }
 
-HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor,
+HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor, AgreementCount agreed,
                              std::vector<LinkInfo> links) {
   HealthSnapshot h;
   h.rank = rank;
@@ -98,6 +98,8 @@ HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan,
   h.fenced = plan.fenced();
   h.relays = plan.relays();
   h.background_samples = monitor ? monitor->background_samples() : 0;
+  h.agreements = agreed.agreements;
+  h.agree_every = agreed.every;
   if (monitor) h.counters = monitor->counter_values();
   h.links = std::move(links);
   return h;
@@ -124,9 +126,10 @@ void write_prometheus(const std::string& path_template, int rank, const HealthSn
 
 std::string HealthSnapshot::table() const {
   const std::string fences = to_string(fenced), via = to_string(relays);
-  return fmt::format("rank {}: collectives {}, epoch {}, ring {}, fenced links: {}, relays: {}\n{}", rank, sequence, epoch,
-                     fmt::join(ring, "-"), fences.empty() ? "none" : fences, via.empty() ? "none" : via,
-                     format_link_table(links));
+  return fmt::format("rank {}: collectives {}, agreements {} (the next {} collectives after the last), epoch {}, ring {}, "
+                     "fenced links: {}, relays: {}\n{}",
+                     rank, sequence, agreements, agree_every, epoch, fmt::join(ring, "-"), fences.empty() ? "none" : fences,
+                     via.empty() ? "none" : via, format_link_table(links));
 }
 
 std::string HealthSnapshot::prometheus() const {
@@ -169,6 +172,10 @@ std::string HealthSnapshot::prometheus() const {
   out += fmt::format("ringfence_collectives_total{{rank=\"{}\"}} {}\n", rank, sequence);
   metric("ringfence_epoch", "plan epoch (re-plans so far)", "gauge");
   out += fmt::format("ringfence_epoch{{rank=\"{}\"}} {}\n", rank, epoch);
+  metric("ringfence_agreements_total", "fence agreements run", "counter");
+  out += fmt::format("ringfence_agreements_total{{rank=\"{}\"}} {}\n", rank, agreements);
+  metric("ringfence_agree_every", "collectives between the last fence agreement and the next (paced by time while all is well)", "gauge");
+  out += fmt::format("ringfence_agree_every{{rank=\"{}\"}} {}\n", rank, agree_every);
   metric("ringfence_fenced_links", "links fenced by agreement", "gauge");
   out += fmt::format("ringfence_fenced_links{{rank=\"{}\"}} {}\n", rank, fenced.size());
   metric("ringfence_relays", "fenced ring hops carried through a third rank", "gauge");

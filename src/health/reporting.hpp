@@ -44,9 +44,14 @@ class EventSink {
 std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std::vector<std::unique_ptr<LaneState>>& extra,
                                     const LaneState* device);
 
+/// How often the fence agreements run (`HealthSnapshot::agreements`, `agree_every`).
+struct AgreementCount {
+  std::uint64_t agreements = 0, every = 0;
+};
+
 /// A snapshot of ring, fences and `links` (`Communicator::health()`); `background_samples` from
 /// the health monitor (0 without one).
-HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor,
+HealthSnapshot make_snapshot(int rank, std::uint64_t seq, const PlanState& plan, const HealthMonitor* monitor, AgreementCount agreed,
                              std::vector<LinkInfo> links);
 
 /// Rewrites the Prometheus text file `path_template` ("{rank}" replaced by the rank) with `h`

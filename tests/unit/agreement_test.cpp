@@ -344,3 +344,50 @@ TEST_CASE("digests: a rank is named only when a strict majority agrees, and link
     CHECK(v.links == std::vector<LinkId>{LinkId{1, 2}, LinkId{0, 3}});
   }
 }
+
+TEST_CASE("agreement pace: quarter-octave figures, the slowest rank's wins, and the stretch is whole octaves up to 16x",
+          "[agreement][pace]") {
+  using detail::pace_shift;
+  using detail::quarter_octaves;
+  // Four steps per octave, the two bits below the top one placing a value within it.
+  REQUIRE(quarter_octaves(0) == 0);
+  REQUIRE(quarter_octaves(1) == 0);
+  REQUIRE(quarter_octaves(2) == 4);
+  REQUIRE(quarter_octaves(4) == 8);
+  REQUIRE(quarter_octaves(5) == 9);
+  REQUIRE(quarter_octaves(6) == 10);
+  REQUIRE(quarter_octaves(7) == 11);
+  REQUIRE(quarter_octaves(8) == 12);
+  REQUIRE(quarter_octaves(1'000'000) == 79);  // 2^19 x 1.91: octave 19, top quarter
+  for (std::uint64_t v = 1; v < 100000; v = v * 3 / 2 + 1) REQUIRE(quarter_octaves(v) <= quarter_octaves(v + 1));
+  // The write speeds' buckets are the same scale (KiB per ms, plus one).
+  REQUIRE(detail::WriteSpeeds::bucket_of(1024 * 999, 1000000) == quarter_octaves(1000));
+
+  // 64 calls in 40 us against 1 ms: 4 octaves apart (quarter-octaves 60 and 79) -> 16x.
+  REQUIRE(pace_shift(quarter_octaves(40'000), 1'000'000) == 4);
+  // 500 us: one octave -> 2x. 2 ms, or 1 ms itself: no stretch.
+  REQUIRE(pace_shift(quarter_octaves(500'000), 1'000'000) == 1);
+  REQUIRE(pace_shift(quarter_octaves(2'000'000), 1'000'000) == 0);
+  REQUIRE(pace_shift(quarter_octaves(1'000'000), 1'000'000) == 0);
+  // 1 us: 10 octaves, capped at 16x. No figure, or no interval: none.
+  REQUIRE(pace_shift(quarter_octaves(1'000), 1'000'000) == detail::kMaxPaceShift);
+  REQUIRE(detail::kMaxPaceShift == 4);
+  REQUIRE(pace_shift(-1, 1'000'000) == 0);
+  REQUIRE(pace_shift(quarter_octaves(40'000), 0) == 0);
+
+  // The reduction keeps the slowest rank's figure; no report reads -1.
+  std::vector<Ballot> ranks(3, empty(3));
+  REQUIRE(reduce(ranks).pace() == -1);
+  ranks[0].report_pace(quarter_octaves(40'000));
+  ranks[1].report_pace(quarter_octaves(700'000));
+  ranks[2].report_pace(quarter_octaves(90'000));
+  REQUIRE(reduce(ranks).pace() == quarter_octaves(700'000));
+  // The pace byte is nobody's vote; a vote anywhere is seen.
+  REQUIRE_FALSE(reduce(ranks).any_vote());
+  ranks[2].vote(LinkId{1, 2}, Vote::Readmit);
+  REQUIRE(reduce(ranks).any_vote());
+  ranks[2].clear();
+  ranks[2].offer_fallback(2, 0, 1);
+  ranks[2].report_speed(2, 0, 40, 0);
+  REQUIRE_FALSE(reduce(ranks).any_vote());
+}
