@@ -134,6 +134,42 @@ TEST_CASE("tree, direct and one-shot allreduce are exact for every dtype, op and
   }
 }
 
+TEST_CASE("every algorithm gives every rank the same bits where operand order shows: signed zeros under min and max",
+          "[engine][collectives][oneshot][order]") {
+  // min(+0, -0) is its first operand, so a rank that combined two inputs the other way round
+  // would hold a zero of the other sign: the schedules must have every rank compute the same
+  // expression, not merely combine the same inputs.
+  const bool checksum = GENERATE(false, true);
+  const Algorithm algo = GENERATE(Algorithm::Ring, Algorithm::Tree, Algorithm::Direct, Algorithm::OneShot);
+  for (int n : {2, 3, 4}) {
+    CommOptions o = small_chunks(checksum);
+    o.chunk_bytes = 4096;  // one-shot takes messages of up to a slot
+    o.algorithm = algo;
+    const std::size_t count = 1000;
+    std::vector<std::vector<std::uint32_t>> bits(static_cast<std::size_t>(2 * n));  // [op * n + rank]
+    const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (int k = 0; k < 2; ++k) {
+        std::vector<float> in(count), out(count, 1.0f);
+        for (std::size_t i = 0; i < count; ++i) in[i] = (i >> r) & 1 ? -0.0f : 0.0f;  // every sign pattern over the ranks
+        comm.allreduce(in.data(), out.data(), count, DataType::Float32, k == 0 ? ReduceOp::Min : ReduceOp::Max);
+        auto& mine = bits[static_cast<std::size_t>(k * n + r)];
+        mine.resize(count);
+        std::memcpy(mine.data(), out.data(), count * sizeof(float));
+      }
+    });
+    INFO(describe(n, checksum) << " algo " << static_cast<int>(algo));
+    REQUIRE(err.empty());
+    for (int k = 0; k < 2; ++k)
+      for (int r = 0; r < n; ++r) {
+        INFO((k == 0 ? "min" : "max") << ", rank " << r);
+        const auto& mine = bits[static_cast<std::size_t>(k * n + r)];
+        REQUIRE(std::all_of(mine.begin(), mine.end(), [](std::uint32_t b) { return (b & 0x7fffffffu) == 0; }));  // zeros
+        REQUIRE(mine == bits[static_cast<std::size_t>(k * n)]);
+      }
+  }
+}
+
 TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent, a fenced link sends allreduce back to the ring",
           "[engine][collectives][tree][direct][fault]") {
   const bool agree = GENERATE(false, true);
