@@ -24,6 +24,10 @@ inline constexpr std::size_t kMailHeader = 12;
 /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
 /// receivers copies them to the retained areas and returns instead of waiting.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
+/// Checksum mode: a call that sent at most this many bytes copies all of them to the retained
+/// areas without asking which were accepted: the credits' lines are written by the receivers,
+/// and reading one right after is a cache miss that costs a small call more than the copy.
+inline constexpr std::size_t kRetainUncheckedBytes = 4 * 1024;
 /// Bytes reserved after every staging slot for the chunk trailer when trailers do not lie with
 /// the data flag (EngineConfig::trailers_with_flag): one cache line, with the trailer in its last
 /// bytes (EngineConfig::trailer_offset).
@@ -220,6 +224,13 @@ struct Connection {
   std::byte* retained = nullptr;
   std::uint64_t sent = 0;       ///< messages written to the peer
   std::uint64_t received = 0;   ///< messages consumed from the peer
+  /// The peer's credit (messages it accepted) as we last read it: a lower bound, since credits
+  /// only grow. A send whose slot it already frees reads nothing: the flag's line is written by
+  /// the peer, and each read of it after a write is a miss (RingRunner::send_chunk).
+  std::uint32_t credit_seen = 0;
+  /// `sent` when the current ring call began (checksum mode, lanes with retained areas): the
+  /// chunks from here on are this call's (RingRunner::retain_call_chunks).
+  std::uint64_t call_first_sent = 0;
   // Integrity (checksum mode). As a sender: what we wrote (for re-sends), NACKs seen, re-sends
   // done. As a receiver: NACKs sent, re-sends seen.
   struct SentChunk {

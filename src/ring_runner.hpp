@@ -86,6 +86,7 @@ class RingRunner {
     RINGFENCE_TRY(start_relays(make));
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
     crc_at_send_ = c_.checksum && sends_crc_in_writes();
+    if (c_.checksum && c_.retained_peers) for_each_call_connection([](Connection& ch) { ch.call_first_sent = ch.sent; });
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
@@ -340,6 +341,7 @@ class RingRunner {
   Status service_all_nacks() noexcept;
 
   void retain_unaccepted(Connection* const* connection_of) noexcept;
+  void retain_call_chunks() noexcept;
 
   std::size_t unaccepted_bytes() noexcept;
 
@@ -402,6 +404,7 @@ class RingRunner {
   const DeviceRegions* dev_ = nullptr;  // device regions of this call (null: host memory)
   bool dev_pending_ = false;            // device work enqueued and not yet synchronized
   KnownCrc known_;                      // checksum mode: the CRC of the range written last
+  std::size_t bytes_sent_ = 0;          // by this call's send_chunk (kRetainUncheckedBytes)
   bool crc_at_send_ = false;            // checksum mode: results' CRCs come from the send's copy (sends_crc_in_writes)
 };
 

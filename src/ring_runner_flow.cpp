@@ -12,7 +12,9 @@ Status RingRunner::finish_call() noexcept {
   // ones stay to re-send (copying would cost more than the wait). A ring sends to its right
   // neighbour only.
   if (c_.checksum && c_.size > 1) {
-    if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) {
+    if (c_.retained_peers && relays_.count == 0 && bytes_sent_ <= kRetainUncheckedBytes) {
+      retain_call_chunks();
+    } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) {
       retain_unaccepted(c_.retained_peers);
     } else if (by_position_) {
       RINGFENCE_TRY(await_all_acceptance());
@@ -91,7 +93,7 @@ Status RingRunner::await_all_delivery() noexcept {
 std::size_t RingRunner::unaccepted_bytes() noexcept {
   std::size_t bytes = 0;
   for_each_call_connection([&](Connection& ch) {
-    const std::uint32_t accepted = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+    const std::uint32_t accepted = ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
     for (std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - accepted); m < ch.sent; ++m)
       bytes += ch.sent_log[m % kSentLog].bytes;
   });
@@ -237,9 +239,11 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   RINGFENCE_TRY(settle_device());  // `src` may be a device copy's or reduction's destination
   const std::uint64_t m = ch.sent;
   const auto slots = static_cast<std::uint64_t>(c_.slots);
-  if (m >= slots)
+  if (m >= slots && !reached(ch.credit_seen, static_cast<std::uint32_t>(m + 1 - slots))) {
     RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
                             "a free staging slot (credit)", m));
+    ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+  }
   Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   c = Connection::SentChunk{src, bytes, dst, dst_offset, m};
   if (c_.checksum && known_.at == src && known_.bytes == bytes) {  // the pass that produced it computed it
@@ -251,6 +255,7 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
                                             static_cast<std::uint32_t>(m + 1), m});
   if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
   ch.sent = m + 1;
+  bytes_sent_ += bytes;
   return drain(ch, "completing a chunk");
 }
 

@@ -140,6 +140,23 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
 // m % slots: at most `slots` are unaccepted, message m + slots waits for m's credit), and the
 // sent log points there, so a re-send asked for in any later call sends the same bytes
 // whatever the caller did to its buffer since.
+// Every chunk this ring call sent gets a copy in its connection's retained area, accepted or
+// not (small calls: kRetainUncheckedBytes). Slot m % slots is free: message m was sent only
+// after m - slots was accepted.
+void RingRunner::retain_call_chunks() noexcept {
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  for_each_call_connection([&](Connection& ch) {
+    if (!ch.retained) return;
+    for (std::uint64_t m = ch.call_first_sent; m < ch.sent; ++m) {
+      Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+      std::byte* copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
+      if (c.src == copy_at || c.dst) continue;
+      copy_bytes(copy_at, c.src, c.bytes);
+      c.src = copy_at;
+    }
+  });
+}
+
 void RingRunner::retain_unaccepted(Connection* const* connection_of) noexcept {
   const auto slots = static_cast<std::uint64_t>(c_.slots);
   for (int r = 0; r < c_.size; ++r) {
