@@ -50,10 +50,16 @@ one() {  # mode-vars out-file n
     env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$lo" -e "$b" -f 2 -d float -o sum -n 10000 -w 200 \
       2>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
-  # 64 KiB-4 MiB with 50 iterations (one-off costs must not weigh), larger sizes with 10.
-  local mid=$((4 << 20))
-  if [ "$hi" -ge "$split" ] && [ "$lo" -le "$mid" ]; then
-    a=$((lo > split ? lo : split)) b=$((hi < mid ? hi : mid))
+  # 64-512 KiB with 1000 iterations (at 50, a 64 KiB row timed 0.4 ms, and one descheduling
+  # moved it by half), 1-4 MiB with 50 (one-off costs must not weigh), larger sizes with 10.
+  local low_mid=$((512 << 10)) mid=$((4 << 20))
+  if [ "$hi" -ge "$split" ] && [ "$lo" -le "$low_mid" ]; then
+    a=$((lo > split ? lo : split)) b=$((hi < low_mid ? hi : low_mid))
+    env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$a" -e "$b" -f 2 -d float -o sum -n 1000 -w 20 \
+      2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
+  fi
+  if [ "$hi" -gt "$low_mid" ] && [ "$lo" -le "$mid" ]; then
+    a=$((lo > low_mid * 2 ? lo : low_mid * 2)) b=$((hi < mid ? hi : mid))
     env $vars RINGFENCE_TRANSPORTS="$transport" "$run" --bind-to $pin -n "$n" "$perf" -b "$a" -e "$b" -f 2 -d float -o sum -n 50 -w 5 \
       2>>"$out.err" | sed 's/^\[[0-9]*\] //' | awk '$1 ~ /^[0-9]+$/ {print $1, $6, $8}' >>"$out" || failed=1
   fi
