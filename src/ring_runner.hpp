@@ -340,6 +340,7 @@ class RingRunner {
 
   Status service_all_nacks() noexcept;
 
+  void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
   void retain_call_chunks() noexcept;
 
@@ -362,6 +363,12 @@ class RingRunner {
 
   Status wait_chunk(Connection& ch, const std::byte*& data, const std::byte* landed, std::size_t bytes,
                     std::uint32_t* crc = nullptr) noexcept;
+
+  // The first message to `ch` its receiver has not accepted, from its credit `accepted` (the
+  // count accepted, modulo 2^32: at most `slots` behind ch.sent).
+  static std::uint64_t first_unaccepted(const Connection& ch, std::uint32_t accepted) noexcept {
+    return ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - accepted);
+  }
 
   // The trailer of the chunk (or piece) in the slot of message m from `ch`, as it lies here.
   ChunkTrailer trailer_of(const Connection& ch, std::uint64_t m) const noexcept {

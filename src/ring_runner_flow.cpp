@@ -94,7 +94,7 @@ std::size_t RingRunner::unaccepted_bytes() noexcept {
   std::size_t bytes = 0;
   for_each_call_connection([&](Connection& ch) {
     const std::uint32_t accepted = ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
-    for (std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - accepted); m < ch.sent; ++m)
+    for (std::uint64_t m = first_unaccepted(ch, accepted); m < ch.sent; ++m)
       bytes += ch.sent_log[m % kSentLog].bytes;
   });
   return bytes;

@@ -136,42 +136,38 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   return Status::ok();
 }
 
-// Every chunk a peer has not accepted yet gets a copy in its connection's retained area (slot
-// m % slots: at most `slots` are unaccepted, message m + slots waits for m's credit), and the
-// sent log points there, so a re-send asked for in any later call sends the same bytes
-// whatever the caller did to its buffer since.
-// Every chunk this ring call sent gets a copy in its connection's retained area, accepted or
-// not (small calls: kRetainUncheckedBytes). Slot m % slots is free: message m was sent only
-// after m - slots was accepted.
-void RingRunner::retain_call_chunks() noexcept {
+// Copies of the chunks [first, ch.sent) to `ch` in its retained area (slot m % slots: at most
+// `slots` are unaccepted, and message m + slots waits for m's credit), the sent log pointing
+// there, so a re-send asked for in any later call sends the same bytes whatever the caller did
+// to its buffer since.
+void RingRunner::retain(Connection& ch, std::uint64_t first) noexcept {
   const auto slots = static_cast<std::uint64_t>(c_.slots);
-  for_each_call_connection([&](Connection& ch) {
-    if (!ch.retained) return;
-    for (std::uint64_t m = ch.call_first_sent; m < ch.sent; ++m) {
-      Connection::SentChunk& c = ch.sent_log[m % kSentLog];
-      std::byte* copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
-      if (c.src == copy_at || c.dst) continue;
-      copy_bytes(copy_at, c.src, c.bytes);
-      c.src = copy_at;
-    }
-  });
+  for (std::uint64_t m = first; m < ch.sent; ++m) {
+    Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+    std::byte* copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
+    if (c.src == copy_at || c.dst) continue;  // kept already; direct writes do not happen with checksums
+    copy_bytes(copy_at, c.src, c.bytes);
+    c.src = copy_at;
+  }
 }
 
+// Every chunk a peer has not accepted yet, by its credit read now.
 void RingRunner::retain_unaccepted(Connection* const* connection_of) noexcept {
-  const auto slots = static_cast<std::uint64_t>(c_.slots);
   for (int r = 0; r < c_.size; ++r) {
     Connection* ch = connection_of[r];
     if (!ch || !ch->retained) continue;
-    const std::uint32_t accepted = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
-    const std::uint64_t first = ch->sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch->sent) - accepted);
-    for (std::uint64_t m = first; m < ch->sent; ++m) {
-      Connection::SentChunk& c = ch->sent_log[m % kSentLog];
-      std::byte* copy_at = ch->retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
-      if (c.src == copy_at || c.dst) continue;  // kept already; direct writes do not happen with checksums
-      copy_bytes(copy_at, c.src, c.bytes);
-      c.src = copy_at;
-    }
+    const std::uint32_t accepted = ch->credit_seen = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
+    retain(*ch, first_unaccepted(*ch, accepted));
   }
+}
+
+// Without reading the credits (small ring calls: kRetainUncheckedBytes): every chunk of this
+// call that may still be unaccepted, accepted or not; only the last `slots` to a peer can be.
+void RingRunner::retain_call_chunks() noexcept {
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  for_each_call_connection([&](Connection& ch) {
+    if (ch.retained) retain(ch, std::max(ch.call_first_sent, ch.sent > slots ? ch.sent - slots : 0));
+  });
 }
 
 }  // namespace ringfence::detail

@@ -64,8 +64,7 @@ void Dispatch::write_metrics() {
   const CommContext& ctx = p_.ctx;
   const HealthMonitor* monitor = p_.agreement.monitor();
   write_prometheus(ctx.options.health_prometheus, ctx.rank,
-                   make_snapshot(ctx.rank, ctx.seq, p_.plan, monitor, {p_.agreement.agreements(), p_.agreement.agree_every()},
-                                 p_.lanes.links()), ctx.log);
+                   make_snapshot(ctx.rank, ctx.seq, p_.plan, monitor, p_.agreement.count(), p_.lanes.links()), ctx.log);
   metrics_due_ = std::chrono::steady_clock::now() + ctx.options.health_prometheus_interval;
 }
 

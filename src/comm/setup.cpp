@@ -197,7 +197,7 @@ void Communicator::Impl::set_plan(detail::Plan p) {
 
 HealthSnapshot Communicator::Impl::snapshot() const {
   const detail::HealthMonitor* monitor = agreement.monitor();
-  return detail::make_snapshot(ctx.rank, ctx.seq, plan, monitor, {agreement.agreements(), agreement.agree_every()}, lanes.links());
+  return detail::make_snapshot(ctx.rank, ctx.seq, plan, monitor, agreement.count(), lanes.links());
 }
 
 Communicator::Impl::~Impl() {

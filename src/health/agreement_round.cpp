@@ -27,7 +27,7 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
-  every_ = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 0));
+  every_ = base_every();
   last_agreement_ = std::chrono::steady_clock::now();
   if (enabled()) ledger_.load(ctx_);
 }
@@ -58,18 +58,15 @@ void AgreementRound::report_pace(std::chrono::steady_clock::time_point now) noex
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_agreement_).count();
   last_agreement_ = now;
   if (calls_counted_ == 0 || ns <= 0) return;
-  const std::uint64_t every = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 1));
-  ballot_.report_pace(quarter_octaves(static_cast<std::uint64_t>(ns) / calls_counted_ * every));
+  ballot_.report_pace(quarter_octaves(static_cast<std::uint64_t>(ns) / calls_counted_ * base_every()));
 }
 
 // The count to the next agreement, the same on every rank: it depends on the reduced ballot,
 // the options (in the protocol fingerprint) and the streaks, which follow from earlier ballots.
 void AgreementRound::pace_next() noexcept {
-  every_ = static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 0));
-  const bool busy = ballot_.any_vote() ||
-                    std::any_of(slow_streak_.begin(), slow_streak_.end(), [](std::uint8_t s) { return s != 0; }) ||
-                    std::any_of(straggler_streak_.begin(), straggler_streak_.end(), [](std::uint8_t s) { return s != 0; });
-  if (busy) return;
+  every_ = base_every();
+  auto streak = [](const std::vector<std::uint8_t>& v) { return std::any_of(v.begin(), v.end(), [](std::uint8_t s) { return s != 0; }); };
+  if (ballot_.any_vote() || streak(slow_streak_) || streak(straggler_streak_)) return;  // busy: agree again soon
   const auto min_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(ctx_.options.health_agree_min_interval).count();
   every_ <<= pace_shift(ballot_.pace(), static_cast<std::uint64_t>(std::max<std::int64_t>(min_ns, 0)));
 }

@@ -5,6 +5,7 @@
 // that gives every rank the same ballot -> `decide` -> apply (moves, fences with relays or a
 // re-ordered ring, readmissions, links with no route kept in use with checksums). Also the
 // result digests (design §5 "Integrity").
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -55,9 +56,9 @@ class AgreementRound {
   /// allreduce's failure, else Ok.
   Status compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error);
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
-  /// Collectives from the last agreement to the next (by count; bytes may bring it sooner).
-  std::uint64_t agree_every() const noexcept { return every_; }
-  std::uint64_t agreements() const noexcept { return agreements_; }
+  /// Agreements run so far, and the collectives from the last to the next (by count; bytes
+  /// may bring it sooner): `HealthSnapshot::agreements`, `agree_every`.
+  AgreementCount count() const noexcept { return {agreements_, every_}; }
 
  private:
   Status max_allreduce(void* data, std::size_t count, DataType type, Failure& failure);
@@ -69,6 +70,7 @@ class AgreementRound {
   void report_pace(std::chrono::steady_clock::time_point now) noexcept;
   // Sets every_ from the reduced ballot: health_agree_every, stretched while all is quiet.
   void pace_next() noexcept;
+  std::uint64_t base_every() const noexcept { return static_cast<std::uint64_t>(std::max(ctx_.options.health_agree_every, 1)); }
   // Switches to `next` with `fenced`: fences this rank's newly fenced links, reopens its
   // readmitted ones, rebuilds the ring and bumps the epoch.
   void install(Plan next, std::vector<LinkId> fenced, const std::vector<LinkId>& added, const std::vector<LinkId>& readmitted);

@@ -64,37 +64,34 @@ CommOptions paced(int every, std::chrono::microseconds interval) {
   return o;
 }
 
+// Every rank finished with exact results, the same agreement count and the same pace (the
+// count to the next agreement): had they differed, the ranks would have agreed at different calls.
+void require_paced(const PaceRun& run, std::uint64_t every, std::uint64_t agreements) {
+  INFO(run.error);
+  REQUIRE(run.error.empty());
+  REQUIRE(run.wrong == 0);
+  for (std::size_t r = 0; r < run.every.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(run.every[r] == every);
+    REQUIRE(run.agreements[r] == agreements);
+    REQUIRE(run.epochs[r] == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("quiet collectives faster than the interval space agreements out, 16 times the count at most, alike on every rank",
           "[agreement][pace]") {
   // 10 s between agreements: 8 calls always take less, so every quiet agreement stretches as far
   // as it may. The first falls due at call 8, then every 8 x 16 = 128: calls 8, 136, ..., 904.
-  const PaceRun run = run_paced(2, paced(8, std::chrono::seconds(10)), 1000, 8);
-  INFO(run.error);
-  REQUIRE(run.error.empty());
-  REQUIRE(run.wrong == 0);
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r);
-    REQUIRE(run.every[r] == 128);
-    REQUIRE(run.agreements[r] == 8);
-    REQUIRE(run.epochs[r] == 0);
-  }
+  require_paced(run_paced(2, paced(8, std::chrono::seconds(10)), 1000, 8), 128, 8);
 }
 
 TEST_CASE("without an interval, or with collectives slower than it, agreements keep the count", "[agreement][pace]") {
   // 0: by count only; 1 us: 8 collectives take longer than that on any machine.
   for (const auto interval : {std::chrono::microseconds(0), std::chrono::microseconds(1)}) {
     INFO("interval " << interval.count() << " us");
-    const PaceRun run = run_paced(2, paced(8, interval), 1000, 8);
-    INFO(run.error);
-    REQUIRE(run.error.empty());
-    REQUIRE(run.wrong == 0);
-    for (int r = 0; r < 2; ++r) {
-      INFO("rank " << r);
-      REQUIRE(run.every[r] == 8);
-      REQUIRE(run.agreements[r] == 125);
-    }
+    require_paced(run_paced(2, paced(8, interval), 1000, 8), 8, 125);
   }
 }
 

@@ -371,7 +371,6 @@ TEST_CASE("agreement pace: quarter-octave figures, the slowest rank's wins, and 
   REQUIRE(pace_shift(quarter_octaves(1'000'000), 1'000'000) == 0);
   // 1 us: 10 octaves, capped at 16x. No figure, or no interval: none.
   REQUIRE(pace_shift(quarter_octaves(1'000), 1'000'000) == detail::kMaxPaceShift);
-  REQUIRE(detail::kMaxPaceShift == 4);
   REQUIRE(pace_shift(-1, 1'000'000) == 0);
   REQUIRE(pace_shift(quarter_octaves(40'000), 0) == 0);
 
