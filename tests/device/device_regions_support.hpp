@@ -50,6 +50,7 @@ inline TransportRegistry with_device_transports() {
 inline CommOptions nvml_mapped_options() {
   CommOptions o = options();
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_interval = std::chrono::milliseconds(0);
   o.health_link_map = "1-2=nvml:0:1";

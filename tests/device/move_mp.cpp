@@ -73,6 +73,7 @@ int run_device_regions(tools::CudaRt& cuda, const LaunchInfo& launch, CommOption
   options.checksum = false;
   options.device_regions = DeviceRegionsMode::On;
   options.health_agree_every = 2;
+  options.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   if (options.health_link_map.empty()) options.health_link_map = "0-1=nvml:0:1";
   Communicator comm = over_nvlink_and_pcie(launch, options);
   const int rank = comm.rank(), n = comm.size();
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
   if (device_regions) return run_device_regions(cuda, launch, options, env, count, iterations);
   options.checksum = true;
   options.health_agree_every = 2;
+  options.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   if (options.fault.empty()) options.fault = "flip:rate=1e-5,link=0-1,seed=5,transport=nvlink";
   Communicator comm = over_nvlink_and_pcie(launch, options);
   const int rank = comm.rank(), n = comm.size();

@@ -64,6 +64,7 @@ inline FenceRun run_scenario(int n, const std::string& fault, const std::functio
         o.timeout = std::chrono::seconds(20);
         o.checksum = true;
         o.health_agree_every = 4;
+        o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
         o.fault = fault;
         o.host_id = "fence-scenario";
         if (tweak) tweak(r, o);

@@ -66,7 +66,7 @@ case "$mode" in
     # runs can be compared bit for bit; auto would pick tree/one-shot before the fence.
     run clean ringfence RINGFENCE_ALGO=ring RINGFENCE_CHECKSUM=on
     # 20 steps are fewer collectives than the default agreement cadence (64): agree every 2.
-    run faulty ringfence RINGFENCE_ALGO=ring RINGFENCE_CHECKSUM=on RINGFENCE_HEALTH_AGREE_EVERY=2 \
+    run faulty ringfence RINGFENCE_ALGO=ring RINGFENCE_CHECKSUM=on RINGFENCE_HEALTH_AGREE_EVERY=2 RINGFENCE_HEALTH_AGREE_MIN_US=0 \
       RINGFENCE_FAULT=flip:rate=1e-5,link=0-1,seed=7 RINGFENCE_HEALTH_LOG="$tmp/health.jsonl"
     grep -q "fenced links \[(0, 1)\]" "$tmp/faulty.log" || { cat "$tmp/faulty.log"; echo "ddp_test: link 0-1 was not fenced"; exit 1; }
     grep -q '"link_fenced"' "$tmp/health.jsonl" 2>/dev/null || { cat "$tmp/health.jsonl" 2>/dev/null; echo "ddp_test: no link_fenced event in the health log"; exit 1; }

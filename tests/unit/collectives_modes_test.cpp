@@ -178,6 +178,7 @@ TEST_CASE("tree, direct and one-shot allreduce: corrupted chunks are re-sent, a 
   o.algorithm = algo;
   o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // link 0-1 is an edge of the second tree at 4 ranks
   o.health_agree_every = agree ? 2 : 0;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   std::atomic<std::size_t> wrong{0}, fenced{0}, errors{0};
   const std::string err = test::run_ranks(4, o, [&](Communicator& comm) {
     std::vector<float> in(20000), out(20000);
@@ -200,6 +201,7 @@ TEST_CASE("shrink: survivors of a departed rank build a smaller communicator and
   CommOptions o = small_chunks(true);
   o.fault = "flip:rate=1e-3,link=0-1,seed=3";  // gets 0-1 fenced before the shrink
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   std::atomic<std::size_t> wrong{0}, ok{0};
   const std::string err = test::run_ranks(4, o, [&](Communicator& comm) {
     std::vector<float> buf(20000);
@@ -497,6 +499,7 @@ TEST_CASE("channels: a corrupting link is fenced on every lane and relayed, resu
   o.channels = 2;
   o.channel_min_bytes = 256;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,seed=3";
   const int n = 4;
   std::atomic<std::size_t> wrong{0};

@@ -92,6 +92,7 @@ TEST_CASE("when no relay can carry the fenced hops the ring is re-ordered around
   o.timeout = std::chrono::seconds(20);
   o.checksum = true;
   o.health_agree_every = 4;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=1-2,seed=4;flip:rate=1e-4,link=2-3,seed=5;"
             "flip:rate=1e-4,link=0-4,seed=6";
   o.host_id = "replan";
@@ -121,6 +122,7 @@ TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmit
   o.chunk_bytes = 4096;
   o.checksum = true;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,until=60,seed=3";
   o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
   o.health.timings.probation_duration = std::chrono::milliseconds(100);
@@ -177,6 +179,7 @@ TEST_CASE("a link far slower than the job's other links is named slow, fenced an
   o.timeout = std::chrono::seconds(20);
   o.chunk_bytes = 64 * 1024;  // writes long enough to be timed
   o.health_agree_every = 1;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "throttle:mbps=100,link=0-1";  // 100 MB/s; the other links run at memory speed
   o.host_id = "bandwidth";
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
@@ -211,6 +214,7 @@ TEST_CASE("a rank slow on all of its links is named a straggler and no link is f
   o.timeout = std::chrono::seconds(20);
   o.chunk_bytes = 64 * 1024;
   o.health_agree_every = 1;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "delay:us=1500,link=1-2;delay:us=1500,link=2-3";  // rank 2's ring links, both directions
   o.host_id = "straggler";
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
@@ -258,6 +262,7 @@ TEST_CASE("with two ranks a link that must be fenced has no route around: it sta
   o.timeout = std::chrono::seconds(20);
   o.checksum = true;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,seed=9";
   o.host_id = "noplan";
   std::vector<std::string> no_plan(2);
@@ -301,6 +306,7 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
   o.timeout = std::chrono::seconds(20);
   o.checksum = false;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_link_map = "0-1=nvml:0:0";
   o.fault = "flip:rate=1e-4,link=0-1,seed=3,at_ms=4000";

@@ -44,6 +44,7 @@ CommOptions fake_nvml_options(const char* host, bool map) {
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   if (map) o.health_link_map = "auto";
   o.health_interval = std::chrono::milliseconds(0);
@@ -103,6 +104,7 @@ TEST_CASE("a counter storm on the fake NVML fences the mapped link and relays ar
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_link_map = "1-2=nvml:0:1";  // the NVLink behind ring edge 1-2
   o.host_id = "storm";
@@ -249,6 +251,7 @@ TEST_CASE("a fenced link whose storm ended serves its cool-down and is readmitte
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health.window = std::chrono::milliseconds(100);            // the storm leaves the window quickly
   o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
@@ -327,6 +330,7 @@ TEST_CASE("the Prometheus text file shows the fenced link, its checksum errors a
   o.timeout = std::chrono::seconds(20);
   o.checksum = true;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,seed=3";
   o.health_prometheus = (dir.path() / "ringfence-{rank}.prom").string();
   o.host_id = "prom";

@@ -142,6 +142,7 @@ TEST_CASE("an NVLink counter storm moves the mapped link: its counters stop coun
   CommOptions o;
   o.timeout = std::chrono::seconds(20);
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_link_map = "1-2=nvml:0:1";
   o.host_id = "move-storm";
@@ -225,6 +226,7 @@ TEST_CASE("a move that cannot connect fails the communicator on every rank with 
         o.timeout = std::chrono::seconds(10);
         o.checksum = true;
         o.health_agree_every = 2;
+        o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
         o.transports = {"shm", "refusing"};
         o.fallbacks = FallbackTable{{"shm", "refusing"}};
         o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
@@ -393,6 +395,7 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
   o.timeout = std::chrono::seconds(20);
   o.checksum = true;
   o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.fault = "flip:rate=1e-4,link=0-1,seed=3,transport=shm";
   o.host_id = "move-watched";
   o.transports = {"shm", "tcp"};
