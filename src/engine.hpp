@@ -309,6 +309,15 @@ struct Failure {
   const std::string* transport = nullptr;
 };
 
+/// An abort word (`FlagBlock::abort_value`, nonzero) as the failure it reports: `peer` is the
+/// reporter, `blamed` the rank it blamed.
+inline Failure abort_failure(std::uint32_t value, const char* what, std::uint64_t message) noexcept {
+  Failure f{Status(static_cast<ErrorCode>(value >> 24)), static_cast<int>((value >> 12) & 0xfffu) - 1, what, message};
+  f.aborted_by_peer = true;
+  f.blamed = static_cast<int>(value & 0xfffu) - 1;
+  return f;
+}
+
 /// Fixed parameters of the executor for one communicator.
 struct EngineConfig {
   int rank = 0;

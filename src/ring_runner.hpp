@@ -292,9 +292,7 @@ class RingRunner {
   Status check_abort(const char* what, std::uint64_t message) noexcept {
     const std::uint32_t a = flags_.abort->value.load(std::memory_order_acquire);
     if (RINGFENCE_UNLIKELY(a != 0)) {
-      failure_ = Failure{Status(static_cast<ErrorCode>(a >> 24)), static_cast<int>((a >> 12) & 0xfffu) - 1, what, message};
-      failure_.aborted_by_peer = true;
-      failure_.blamed = static_cast<int>(a & 0xfffu) - 1;
+      failure_ = abort_failure(a, what, message);
       return failure_.status;
     }
     return Status::ok();

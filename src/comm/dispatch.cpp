@@ -27,6 +27,13 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
   CommContext& ctx = p_.ctx;
   check_usable(call);
   if (heartbeat_ && heartbeat_->any_left()) {
+    // A peer that failed aborted us before it closed: its reason explains the call's failure
+    // better than the ranks that left in turn.
+    const SignalFlag* abort = p_.lanes.main().flags.abort;
+    if (const std::uint32_t a = abort ? abort->value.load(std::memory_order_acquire) : 0; a != 0) {
+      ++ctx.seq;
+      raise(call, abort_failure(a, "the start of the call", 0));
+    }
     // Point-to-point between the others could go on; a collective never can again. Name every
     // rank that left: one that failed on the first leaver and closed in turn may be seen too.
     const std::vector<int> left_ranks = heartbeat_->left_ranks();
@@ -220,6 +227,12 @@ void Dispatch::raise(const char* call, const Failure& f) {
       p_.failure.abort_peers(s.code(), f.blamed);  // ranks waiting on us learn it now (this thread drives the links)
       throw_status(s, fmt::format("rank {}: {} #{} failed: {}", ctx.rank, call, ctx.seq, why));
     }
+  }
+  if (f.aborted_by_peer && f.peer != ctx.rank) {
+    // Another rank failed and told us: pass it on before anything here closes a link, so a rank
+    // that waits on us and has not heard from it names it, not our exit (seen with 8 ranks on
+    // tcp: a rank blamed its neighbour, which had only gone on to destroy its communicator).
+    p_.failure.forward_abort(f.status.code(), f.peer, f.blamed);
   }
   if (!f.aborted_by_peer) {
     // A timeout while some rank's heartbeat is overdue most likely ends at that rank: blame

@@ -46,6 +46,10 @@ void CommFailure::abort_peers(ErrorCode code, int blamed) noexcept {
   lanes_.abort_peers(FlagBlock::abort_value(code, ctx_.rank, blamed));
 }
 
+void CommFailure::forward_abort(ErrorCode code, int origin, int blamed) noexcept {
+  lanes_.abort_peers(FlagBlock::abort_value(code, origin, blamed), origin);
+}
+
 void CommFailure::fail(Status s, const std::string& why, int blamed) noexcept {
   record(s, why);
   local_abort(s.code(), blamed);
@@ -65,9 +69,9 @@ void set_local_abort(LaneState& lane, std::uint32_t value) noexcept {
   lane.flags.abort->value.compare_exchange_strong(expected, value, std::memory_order_acq_rel);
 }
 
-void signal_abort(LaneState& lane, int size, std::uint32_t value) noexcept {
+void signal_abort(LaneState& lane, int size, std::uint32_t value, int skip) noexcept {
   for (auto& ch : lane.connections) {
-    if (!ch->link || !ch->peer_flags) continue;
+    if (!ch->link || !ch->peer_flags || ch->peer == skip) continue;
     (void)ch->link->signal(SignalOp{&ch->peer_flags, FlagBlock::abort_offset(size), value, 0});
     poll_link(*ch);
   }

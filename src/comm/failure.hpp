@@ -39,6 +39,11 @@ class CommFailure {
   /// Tells every peer that this rank failed, so ranks waiting on others fail at once with a
   /// message naming us instead of running into their own timeouts. Best effort, never throws.
   void abort_peers(ErrorCode code, int blamed) noexcept;
+  /// Passes on the abort that `origin` sent (its error class and the rank it blamed) to every
+  /// peer but `origin`. A rank waiting on us may not have heard from `origin` yet (no
+  /// connection to it, or not polled yet); once we close our links it would see only our
+  /// absence and blame us. Best effort, never throws.
+  void forward_abort(ErrorCode code, int origin, int blamed) noexcept;
   /// `record`, `local_abort` and `abort_peers` at once (a part that failed outside a call).
   void fail(Status s, const std::string& why, int blamed) noexcept;
 
@@ -58,8 +63,9 @@ std::string class_of(ErrorCode code);
 /// lane see it within one sleep slice). Any thread; never blocks.
 void set_local_abort(LaneState& lane, std::uint32_t value) noexcept;
 
-/// Writes `value` into the abort word of every peer of `lane` (best effort, never throws).
-void signal_abort(LaneState& lane, int size, std::uint32_t value) noexcept;
+/// Writes `value` into the abort word of every peer of `lane` but `skip` (best effort, never
+/// throws).
+void signal_abort(LaneState& lane, int size, std::uint32_t value, int skip = -1) noexcept;
 
 /// What a failed call reports: the status it throws and the message.
 struct FailureReport {

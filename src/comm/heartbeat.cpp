@@ -93,7 +93,7 @@ void Heartbeat::loop() noexcept {
         if (!abort_seen)
           if (const std::uint32_t a = in.abort->value.load(std::memory_order_acquire); a != 0) {
             abort_seen = true;
-            const int reporter = static_cast<int>((a >> 12) & 0xfffu) - 1;
+            const int reporter = abort_failure(a, "", 0).peer;
             on_lost_(reporter, ErrorCode::PeerUnreachable, fmt::format("rank {} aborted the communicator (abort())", reporter));
           }
         if (in.credit[p].value.load(std::memory_order_acquire) != 0) {

@@ -333,8 +333,8 @@ void Lanes::local_abort(std::uint32_t value) noexcept {
   for_each_and_device([&](LaneState& L) { set_local_abort(L, value); });
 }
 
-void Lanes::abort_peers(std::uint32_t value) noexcept {
-  for_each_and_device([&](LaneState& L) { signal_abort(L, ctx_.size, value); });
+void Lanes::abort_peers(std::uint32_t value, int skip) noexcept {
+  for_each_and_device([&](LaneState& L) { signal_abort(L, ctx_.size, value, skip); });
 }
 
 std::vector<LinkInfo> Lanes::links() const {

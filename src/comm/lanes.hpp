@@ -127,8 +127,8 @@ class Lanes {
   void attach_device(LaneState* lane) noexcept { device_.store(lane, std::memory_order_release); }
   /// Ends this rank's in-flight work: every lane's own abort word gets `value`. Any thread.
   void local_abort(std::uint32_t value) noexcept;
-  /// Tells every peer on every lane (best effort). Never throws.
-  void abort_peers(std::uint32_t value) noexcept;
+  /// Tells every peer on every lane but `skip` (best effort). Never throws.
+  void abort_peers(std::uint32_t value, int skip = -1) noexcept;
   /// The link table (`links()`): safe against a move replacing a link. Any thread.
   std::vector<LinkInfo> links() const;
   /// Guards each connection's `link` and `transport_name` where a move replaces them, against

@@ -431,6 +431,41 @@ TEST_CASE("a peer that closes its communicator makes the next collective fail at
   REQUIRE(took_ms < 10000);  // refused up front, not after the 30 s timeout
 }
 
+TEST_CASE("a peer that failed, aborted the others and closed is named for its failure, not for leaving", "[failure][heartbeat]") {
+  // Rank 0 runs an allreduce alone and times out; it aborts the others (idle) and destroys its
+  // communicator. Their next collective must report rank 0's failure, which explains why it
+  // left (8 ranks on tcp: a rank that saw only its neighbour leave blamed the neighbour).
+  CommOptions o = options(std::chrono::seconds(30));
+  o.heartbeat_interval = std::chrono::milliseconds(10);
+  std::atomic<bool> closed{false};
+  std::atomic<int> named{0};
+  std::vector<std::string> seen(3);
+  const std::string err = test::run_ranks(3, o, [&](Communicator& comm) {
+    if (comm.rank() == 0) {
+      std::vector<float> v(64, 1.0f);
+      comm.set_timeout(std::chrono::milliseconds(200));
+      try {
+        comm.allreduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+      } catch (const TimeoutError&) {
+      }
+      closed = true;
+      return;  // the destructor says goodbye
+    }
+    while (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the goodbye has arrived
+    try {
+      comm.barrier();
+      seen[static_cast<std::size_t>(comm.rank())] = "no error";
+    } catch (const Error& e) {
+      seen[static_cast<std::size_t>(comm.rank())] = e.what();
+      if (seen[static_cast<std::size_t>(comm.rank())].find("rank 0 failed (timeout, blaming rank") != std::string::npos) ++named;
+    }
+  });
+  REQUIRE(err.empty());
+  INFO(seen[1] << " | " << seen[2]);
+  REQUIRE(named == 2);
+}
+
 TEST_CASE("set_timeout: a per-call deadline overrides the communicator's", "[failure][timeout]") {
   // Timeout 30 s; rank 0 sets 200 ms for one call that rank 1 joins late (after 3 s): that call
   // fails with TimeoutError naming the 200 ms deadline.
