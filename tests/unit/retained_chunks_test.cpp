@@ -1,7 +1,7 @@
 // Chunks a call leaves unaccepted when it returns (checksum mode, RingRunner::retain_unaccepted):
 // a receiver may find one corrupted after the sender's call returned, and the re-send must
 // carry the bytes the call was given, whatever the caller did with its buffer since. The calls
-// here overwrite their input the moment a call returns.
+// here overwrite their input and output the moment a call returns.
 #include <atomic>
 #include <limits>
 #include <ringfence/communicator.hpp>
@@ -18,8 +18,13 @@ TEST_CASE("retained chunks: a caller that overwrites its input as soon as a call
           "[integrity][fault][retain]") {
   const int n = GENERATE(2, 3);  // one-shot at 2 ranks (every rank sends its input); a ring at 3
   const std::size_t count = GENERATE(std::size_t{2}, std::size_t{12}, std::size_t{256}, std::size_t{2048});  // 8 B-8 KiB
-  INFO(n << " ranks, " << count << " floats");
+  // One chunk per call, or (256-byte chunks, 4 slots) up to 32: then a call returns with its
+  // last `slots` chunks possibly unaccepted, and a damaged one may be any of them, not only
+  // the last (retain_call_chunks keeps them all).
+  const std::size_t chunk_bytes = GENERATE(std::size_t{256} << 10, std::size_t{256});
+  INFO(n << " ranks, " << count << " floats, " << chunk_bytes << "-byte chunks");
   CommOptions o;
+  o.chunk_bytes = chunk_bytes;
   o.checksum = true;
   o.health_enabled = false;  // the link must stay in use: no fence, no relay
   o.timeout = std::chrono::seconds(30);
@@ -36,6 +41,8 @@ TEST_CASE("retained chunks: a caller that overwrites its input as soon as a call
       comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
       std::fill(in.begin(), in.end(), std::numeric_limits<float>::quiet_NaN());  // reused at once
       wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count, first);
+      // A ring's last chunks are sent from the output: overwritten too.
+      std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
     }
     // Re-sends of the last call's chunks happen during a later call.
     float one = 1.0f;
