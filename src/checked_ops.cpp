@@ -2,7 +2,8 @@
 // AVX-512 (crc32c_fold.hpp), copies and float32 sums up to a slot fold the very registers they
 // load, in one loop (fold_pieces); other passes run their kernel over 2 KiB groups and fold each
 // group after it (fold_along), so on a memory-bound pass the CRCs cost little more than the
-// pass. Elsewhere the pass and the CRCs take turns over blocks that stay in the L1 cache.
+// pass. Elsewhere the pass and the CRCs take turns over blocks that stay in the L1 cache. A
+// sender's small copy into a peer's slot copies first and folds after (staging_copy_crc).
 #include "checked_ops.hpp"
 
 #include <algorithm>
@@ -138,6 +139,12 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
     crc = crc32c(src + at, n, crc);
   }
   return crc;
+}
+
+std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (bytes > kCopyThenCrcMaxBytes) return copy_bytes_crc(dst, src, bytes);
+  copy_bytes(dst, src, bytes);
+  return crc32c(src, bytes);
 }
 
 }  // namespace ringfence

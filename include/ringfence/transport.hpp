@@ -137,8 +137,8 @@ class RemoteRegion {
 
 /// One one-sided put: `bytes` bytes from `src` into `dst` at `dst_offset`.
 /// The CRC32C of a write's bytes, asked of the link by the engine when checksums are on: a
-/// link whose `write` copies the bytes through the CPU computes it in the same pass
-/// (`copy_bytes_crc`) and sets `done`; any other link leaves it alone and the engine reads the
+/// link whose `write` copies the bytes through the CPU computes it with the copy
+/// (`staging_copy_crc`) and sets `done`; any other link leaves it alone and the engine reads the
 /// bytes once more itself. Always the CRC of the source, never of what landed.
 struct WriteCrc {
   std::uint32_t value = 0;
@@ -285,8 +285,8 @@ struct TransportTraits {
   /// `MemoryKind::Device` whose staging slots `allocate(bytes, MemoryKind::Device)` made. The
   /// engine's device regions run only over such transports (docs/device.md).
   bool writes_device_memory = false;
-  /// `write` into a staging slot copies the bytes through the CPU and fills `WriteOp::crc` in
-  /// that pass (`copy_bytes_crc`). Then the engine leaves the CRC of a result it is about to
+  /// `write` into a staging slot copies the bytes through the CPU and fills `WriteOp::crc` with
+  /// that copy (`staging_copy_crc`). Then the engine leaves the CRC of a result it is about to
   /// send to the write instead of folding it in the reduction that made it: a copy hides the
   /// folding behind its stores, a reduction in the cache does not (docs/health.md).
   bool crc_in_writes = false;

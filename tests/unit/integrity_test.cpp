@@ -78,12 +78,18 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
   std::vector<std::byte> a(70000), b(70000), dst(70000), want(70000);
   for (auto& x : a) x = static_cast<std::byte>(rng());
   for (auto& x : b) x = static_cast<std::byte>(rng() & 0x3f);  // small values: no overflow worries for exactness
-  // Lengths around the 256-byte fold steps, the 2 KiB groups and the 8 KiB blocks.
-  for (std::size_t len : {0u, 1u, 16u, 255u, 256u, 257u, 2047u, 2048u, 2049u, 8191u, 8192u, 8200u, 65536u, 69999u}) {
+  // Lengths around the 256-byte fold steps, the 2 KiB groups, the 8 KiB blocks and the 16 KiB
+  // up to which a staging copy copies before it folds.
+  for (std::size_t len : {0u, 1u, 16u, 255u, 256u, 257u, 2047u, 2048u, 2049u, 8191u, 8192u, 8200u, 16383u, 16384u, 16385u,
+                          65536u, 69999u}) {
     CAPTURE(len);
     std::fill(dst.begin(), dst.end(), std::byte{0});
     REQUIRE(copy_bytes_crc(dst.data(), a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
     REQUIRE(std::memcmp(dst.data(), a.data() + 1, len) == 0);
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    REQUIRE(staging_copy_crc(dst.data() + 1, a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
+    REQUIRE(std::memcmp(dst.data() + 1, a.data() + 1, len) == 0);
+    REQUIRE(std::all_of(dst.begin() + 1 + static_cast<std::ptrdiff_t>(len), dst.end(), [](std::byte x) { return x == std::byte{0}; }));
     for (const auto& [type, elem] : {std::pair{DataType::Uint8, std::size_t{1}}, std::pair{DataType::Float16, std::size_t{2}},
                                      std::pair{DataType::Int32, std::size_t{4}}, std::pair{DataType::Float32, std::size_t{4}},
                                      std::pair{DataType::Float64, std::size_t{8}}}) {

@@ -128,8 +128,8 @@ class ShmLink final : public Link {
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
-      if (op.crc) {  // the engine wants the bytes' CRC: in the same pass as the copy
-        op.crc->value = copy_bytes_crc(dst->base + op.dst_offset, op.src, op.bytes);
+      if (op.crc) {  // the engine wants the bytes' CRC: with the copy (staging_copy_crc)
+        op.crc->value = staging_copy_crc(dst->base + op.dst_offset, op.src, op.bytes);
         op.crc->done = true;
       } else {
         copy_bytes(dst->base + op.dst_offset, op.src, op.bytes);
