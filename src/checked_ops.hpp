@@ -13,7 +13,8 @@ namespace ringfence::detail {
 /// Bytes per block: three operands of this size stay in a 32 KiB L1 data cache.
 inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 
-// Copies with their CRC: `copy_bytes_crc` (reduce_ops.hpp), which transports use too.
+// Copies with their CRC: `copy_bytes_crc` and `staging_copy_crc` (reduce_ops.hpp), the second
+// for transports' writes into a peer's slot.
 
 /// `dst = a + b` over `count` float32 elements with the CRC32C of `a` into `*crc_a`, the adds
 /// and the folding in one loop over the same registers (the most common reduction in training:

@@ -126,9 +126,11 @@ static_assert(sizeof(CallFingerprint) == 32);
 ///   (value c, low 32 bits);
 /// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again;
 /// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
-///   (reporting rank + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody). A
-///   reporting rank equal to this rank means a local abort (`abort()`, the heartbeat, a
-///   sibling lane).
+///   (origin + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody). The origin is
+///   the rank that failed first: a rank that fails on the word passes it on unchanged
+///   (`CommFailure::forward_abort`). An origin equal to this rank means a local abort
+///   (`abort()`, the heartbeat, a sibling lane). Peers write it with a plain store: the last
+///   writer wins.
 /// All values are monotone for the communicator's lifetime: nothing is ever reset.
 struct FlagBlock {
   SignalFlag* data = nullptr;
@@ -156,9 +158,9 @@ struct FlagBlock {
     return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * sizeof(CallFingerprint);
   }
   /// Encodes an abort word.
-  static std::uint32_t abort_value(ErrorCode code, int reporter, int blamed) noexcept {
+  static std::uint32_t abort_value(ErrorCode code, int origin, int blamed) noexcept {
     auto field = [](int r) { return r >= 0 && r < 4095 ? static_cast<std::uint32_t>(r + 1) : 0u; };
-    return static_cast<std::uint32_t>(code) << 24 | field(reporter) << 12 | field(blamed);
+    return static_cast<std::uint32_t>(code) << 24 | field(origin) << 12 | field(blamed);
   }
   static std::size_t flag_offset(Word w, int size, int rank) noexcept {
     return (static_cast<std::size_t>(w) * static_cast<std::size_t>(size) + static_cast<std::size_t>(rank)) *
@@ -310,7 +312,7 @@ struct Failure {
 };
 
 /// An abort word (`FlagBlock::abort_value`, nonzero) as the failure it reports: `peer` is the
-/// reporter, `blamed` the rank it blamed.
+/// origin (-1 when the word could not name it), `blamed` the rank the origin blamed.
 inline Failure abort_failure(std::uint32_t value, const char* what, std::uint64_t message) noexcept {
   Failure f{Status(static_cast<ErrorCode>(value >> 24)), static_cast<int>((value >> 12) & 0xfffu) - 1, what, message};
   f.aborted_by_peer = true;

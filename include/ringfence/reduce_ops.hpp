@@ -232,7 +232,8 @@ void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
 
 /// `copy_bytes` that also returns the CRC32C of the bytes copied (of `src`), computed in the
 /// same pass: with AVX-512 folding interleaved with the copy, else block by block from the L1
-/// cache. Transports that copy through the CPU answer `WriteOp::crc` with it. Never throws.
+/// cache. A receiver's copy out of a staging slot uses it; transports that copy through the CPU
+/// answer `WriteOp::crc` with `staging_copy_crc`. Never throws.
 std::uint32_t copy_bytes_crc(void* dst, const void* src, std::size_t n) noexcept;
 
 /// Up to this many bytes `staging_copy_crc` copies first and reads the source again for the

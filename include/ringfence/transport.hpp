@@ -288,7 +288,8 @@ struct TransportTraits {
   /// `write` into a staging slot copies the bytes through the CPU and fills `WriteOp::crc` with
   /// that copy (`staging_copy_crc`). Then the engine leaves the CRC of a result it is about to
   /// send to the write instead of folding it in the reduction that made it: a copy hides the
-  /// folding behind its stores, a reduction in the cache does not (docs/health.md).
+  /// folding behind its stores or, up to `kCopyThenCrcMaxBytes`, folds from the cache right after
+  /// them; a reduction in the cache does not hide it (docs/protection-cost.md).
   bool crc_in_writes = false;
   /// Transports a link of this one may move to when the health layer must fence it, in order of
   /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.

@@ -29,8 +29,7 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
   if (heartbeat_ && heartbeat_->any_left()) {
     // A peer that failed aborted us before it closed: its reason explains the call's failure
     // better than the ranks that left in turn.
-    const SignalFlag* abort = p_.lanes.main().flags.abort;
-    if (const std::uint32_t a = abort ? abort->value.load(std::memory_order_acquire) : 0; a != 0) {
+    if (const std::uint32_t a = p_.lanes.main().flags.abort->value.load(std::memory_order_acquire); a != 0) {
       ++ctx.seq;
       raise(call, abort_failure(a, "the start of the call", 0));
     }
@@ -220,15 +219,20 @@ DirectWrite Dispatch::direct_write_for(LaneState& lane, const RingCall& c, std::
 
 void Dispatch::raise(const char* call, const Failure& f) {
   const CommContext& ctx = p_.ctx;
-  if (f.aborted_by_peer && f.peer == ctx.rank) {
-    // A local abort (abort(), or the heartbeat found a peer gone): the reason was recorded.
+  // A local abort (abort(), or the heartbeat found a peer gone) recorded its reason first. A
+  // peer's abort word may have replaced ours since (a peer writes it with a plain store), so a
+  // reason recorded by another thread during this call is this rank's answer either way.
+  if (f.aborted_by_peer && (f.peer == ctx.rank || p_.failure.failed())) {
     const auto [s, why] = p_.failure.get();
     if (!s.is_ok()) {
-      p_.failure.abort_peers(s.code(), f.blamed);  // ranks waiting on us learn it now (this thread drives the links)
+      // Ranks waiting on us learn it now (this thread drives the links). The word we saw names
+      // whom to blame: ours, or a peer's that failed on the same cause (a stopped rank: our
+      // heartbeat recorded it while the peer's word arrived).
+      p_.failure.abort_peers(s.code(), f.blamed);
       throw_status(s, fmt::format("rank {}: {} #{} failed: {}", ctx.rank, call, ctx.seq, why));
     }
   }
-  if (f.aborted_by_peer && f.peer != ctx.rank) {
+  if (f.aborted_by_peer && f.peer != ctx.rank && f.peer >= 0) {
     // Another rank failed and told us: pass it on before anything here closes a link, so a rank
     // that waits on us and has not heard from it names it, not our exit (seen with 8 ranks on
     // tcp: a rank blamed its neighbour, which had only gone on to destroy its communicator).

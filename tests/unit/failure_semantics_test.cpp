@@ -466,6 +466,39 @@ TEST_CASE("a peer that failed, aborted the others and closed is named for its fa
   REQUIRE(named == 2);
 }
 
+TEST_CASE("a rank ended by a peer's abort passes it on to a rank the peer cannot reach in time", "[failure][abort]") {
+  // Signals on link 0-2 are held for 10 s. Rank 0 (200 ms deadline) fails first, waiting on
+  // rank 2; its abort reaches rank 1 at once and rank 2 only after 10 s. Rank 1 fails on it and
+  // must pass it on: rank 2 (3 s deadline) then names rank 0's failure long before its own
+  // deadline, instead of timing out on a neighbour.
+  CommOptions o = options(std::chrono::seconds(3));
+  o.heartbeat_interval = std::chrono::milliseconds(0);  // its beats on 0-2 would be held too
+  o.fault = "hold:ms=10000,link=0-2";
+  std::atomic<int> done{0};
+  std::vector<std::string> seen(3);
+  std::atomic<long long> rank2_ms{-1};
+  const std::string err = test::run_ranks(3, o, [&](Communicator& comm) {
+    std::vector<float> v(64, 1.0f);
+    if (comm.rank() == 0) comm.set_timeout(std::chrono::milliseconds(200));
+    const auto t0 = Clock::now();
+    try {
+      comm.allreduce(v.data(), v.data(), v.size(), DataType::Float32, ReduceOp::Sum);
+      seen[static_cast<std::size_t>(comm.rank())] = "no error";
+    } catch (const Error& e) {
+      seen[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+    if (comm.rank() == 2) rank2_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    ++done;
+    while (done < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no rank leaves early
+  });
+  REQUIRE(err.empty());
+  INFO(seen[0] << " | " << seen[1] << " | " << seen[2]);
+  CHECK(seen[0].find("timed out") != std::string::npos);
+  CHECK(seen[1].find("rank 0 failed (timeout") != std::string::npos);
+  CHECK(seen[2].find("rank 0 failed (timeout") != std::string::npos);
+  CHECK(rank2_ms < 2000);  // the forwarded word, not rank 2's own 3 s deadline
+}
+
 TEST_CASE("set_timeout: a per-call deadline overrides the communicator's", "[failure][timeout]") {
   // Timeout 30 s; rank 0 sets 200 ms for one call that rank 1 joins late (after 3 s): that call
   // fails with TimeoutError naming the 200 ms deadline.

@@ -14,7 +14,7 @@
 
 using namespace ringfence;
 
-TEST_CASE("retained chunks: a caller that overwrites its input as soon as a call returns still gets exact results over a corrupting link",
+TEST_CASE("retained chunks: a caller that overwrites its buffers as soon as a call returns still gets exact results over a corrupting link",
           "[integrity][fault][retain]") {
   const int n = GENERATE(2, 3);  // one-shot at 2 ranks (every rank sends its input); a ring at 3
   const std::size_t count = GENERATE(std::size_t{2}, std::size_t{12}, std::size_t{256}, std::size_t{2048});  // 8 B-8 KiB
