@@ -80,7 +80,8 @@ struct HealthSnapshot {
   std::uint64_t background_samples = 0;  ///< counter-source samples taken by the background sampler
   std::uint64_t agreements = 0;  ///< fence agreements run so far (0 with health off)
   /// Collectives from the last agreement to the next: `CommOptions::health_agree_every`, or a
-  /// multiple of it while agreements are paced by time (`health_agree_min_interval`).
+  /// multiple of it while agreements are paced by time (`health_agree_min_interval`); 0 while
+  /// agreements are off (health off, `health_agree_every` 0, or one rank).
   std::uint64_t agree_every = 0;
   std::vector<LinkInfo> links;  ///< this rank's links
   std::vector<HardwareCounter> counters;  ///< raw counters of this rank's mapped links (empty without a link map)

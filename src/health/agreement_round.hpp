@@ -57,8 +57,8 @@ class AgreementRound {
   Status compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error);
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
   /// Agreements run so far, and the collectives from the last to the next (by count; bytes
-  /// may bring it sooner): `HealthSnapshot::agreements`, `agree_every`.
-  AgreementCount count() const noexcept { return {agreements_, every_}; }
+  /// may bring it sooner): `HealthSnapshot::agreements`, `agree_every` (0 while agreements are off).
+  AgreementCount count() const noexcept { return {agreements_, enabled() ? every_ : 0}; }
 
  private:
   Status max_allreduce(void* data, std::size_t count, DataType type, Failure& failure);

@@ -95,6 +95,18 @@ TEST_CASE("without an interval, or with collectives slower than it, agreements k
   }
 }
 
+TEST_CASE("with agreements off the snapshot says 0 agreements and 0 collectives to the next", "[agreement][pace]") {
+  // health_agree_every 0 (RINGFENCE_HEALTH_AGREE_EVERY=0) or health off: nothing is paced, and
+  // `agree_every` must not claim an agreement every call.
+  CommOptions every_zero = paced(0, std::chrono::microseconds(0));
+  CommOptions health_off = paced(8, std::chrono::microseconds(0));
+  health_off.health_enabled = false;
+  for (const CommOptions& o : {every_zero, health_off}) {
+    INFO("agree_every " << o.health_agree_every << ", health " << o.health_enabled);
+    require_paced(run_paced(2, o, 50, 8), 0, 0);
+  }
+}
+
 TEST_CASE("a link that corrupts once agreements are spaced out is fenced, and the count drops back at its vote",
           "[agreement][pace][integrity]") {
   // Link 0-1 flips bits only from its 1500th write: by then the agreements run every 64
