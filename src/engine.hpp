@@ -67,6 +67,10 @@ inline constexpr std::size_t kPieceUnit = 256;
 inline constexpr int kWholeDeliveries = 4;
 /// The first piece size tried, and the size pieces grow back to while they get through.
 inline constexpr std::size_t kLargestPiece = 16 * 1024;
+/// A re-send request with this piece word asks for no chunk: the receiver of a direct
+/// point-to-point transfer re-publishes its receive-buffer key, which reached the sender damaged
+/// (or not at all: a dropped write). encode_piece never yields it (first < end).
+inline constexpr std::uint32_t kRepublishKeyPiece = 0xffffffffu;
 /// Largest slot that piece requests can address (16 bits of units).
 inline constexpr std::size_t kMaxPieceSlotBytes = kPieceUnit * 0xffff;
 constexpr std::uint32_t encode_piece(std::size_t first, std::size_t end) noexcept {
@@ -252,6 +256,9 @@ struct Connection {
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
   std::uint32_t p2p_mail_header[3] = {};
+  /// The key last published to this peer (viewing the registration cache, which keeps it for
+  /// the call): published again when the sender asks (kRepublishKeyPiece).
+  std::span<const std::byte> p2p_key;
   std::uint32_t nacks_seen = 0, nacks_sent = 0;
   /// As a receiver: the piece size that last got through this link when whole chunks did not
   /// (0: whole chunks get through). A damaged link's next chunk starts from it.
@@ -429,7 +436,9 @@ struct P2POp {
 
 /// How point-to-point transfers may skip the receiver's copy: from `min_bytes` a receiver
 /// publishes its buffer's key (registered with the link's transport; empty = "use staging")
-/// and the sender writes into it. Off with checksums (a corrupted chunk must land in staging).
+/// and the sender writes into it. With checksums the receiver verifies each chunk where it
+/// landed and asks for damaged ones again (the sender waits for that before it returns, and
+/// asks for a damaged key again: kRepublishKeyPiece).
 struct P2PDirect {
   bool enabled = false;
   std::size_t min_bytes = SIZE_MAX;

@@ -343,6 +343,7 @@ class RingRunner {
   void retain_call_chunks() noexcept;
 
   std::size_t unaccepted_bytes() noexcept;
+  bool unaccepted_direct(Connection& ch) noexcept;
 
  public:
   void drain_retained(std::chrono::steady_clock::time_point deadline) noexcept;

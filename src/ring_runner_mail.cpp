@@ -121,17 +121,26 @@ Status RingRunner::publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d
                           FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number,
                           "publishing a receive-buffer key"));
   ch.p2p_keys_published = number;
+  ch.p2p_key = key;
   op.landed = !key.empty();
   return Status::ok();
 }
 
 // Direct point-to-point, sender side: reads the receiver's key for our next direct send
-// (its p2p_mail word reached it) and imports it (nullptr = write into its staging slots).
+// (its p2p_mail word reached it) and imports it (nullptr = write into its staging slots). With
+// checksums a key that arrived damaged (or not at all) is asked for again, as a chunk would be:
+// the receiver is in the matching receive and serves the request from its waits.
 Status RingRunner::fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept {
   const std::uint32_t number = ch.p2p_keys_used + 1;
+  const std::byte* box = flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes;
   std::span<const std::byte> key;
-  if (!read_mail(flags_.p2p_mailboxes + static_cast<std::size_t>(ch.peer) * kMailboxBytes, number, key))
-    return fail(Status(ErrorCode::Transient), ch, "an intact receive-buffer key (it arrived corrupted)", ch.sent);
+  for (int attempt = 1; !read_mail(box, number, key); ++attempt) {
+    if (!c_.checksum || attempt >= c_.max_attempts)
+      return fail(Status(ErrorCode::Transient), ch, "an intact receive-buffer key (it arrived corrupted)", ch.sent);
+    ++ch.checksum_errors;
+    RINGFENCE_TRY(request_resend(ch, ch.received, kRepublishKeyPiece));
+    RINGFENCE_TRY(wait_flag(ch, flags_.retry[ch.peer], ch.nacks_sent, "a receive-buffer key published again", ch.sent));
+  }
   op.dst = nullptr;
   if (!key.empty()) {
     op.dst = d.resolve(d.ctx, key, ch);

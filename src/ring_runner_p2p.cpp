@@ -132,7 +132,15 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   // With checksums a chunk is only done once the receiver accepted it; the receiver may not
   // take it before its own next call (a send outside a group, then a receive, on every rank),
   // so the unaccepted chunks are copied aside and the call returns, as it does without checksums.
-  if (c_.checksum) retain_unaccepted(connection_of);
+  // A chunk written straight into the receiver's buffer is different: the receiver published
+  // that buffer's key, so it is in this very transfer and verifies it now; and a re-send must
+  // write the same bytes there, which our caller may change once we return. So we wait for
+  // those (a copy would cost as much as the single copy saved).
+  if (c_.checksum) {
+    for (int r = 0; r < c_.size; ++r)
+      if (Connection* ch = connection_of[r]; ch && unaccepted_direct(*ch)) RINGFENCE_TRY(await_acceptance(*ch));
+    retain_unaccepted(connection_of);
+  }
   return Status::ok();
 }
 
@@ -149,6 +157,14 @@ void RingRunner::retain(Connection& ch, std::uint64_t first) noexcept {
     copy_bytes(copy_at, c.src, c.bytes);
     c.src = copy_at;
   }
+}
+
+// Whether a chunk to `ch` its receiver has not accepted yet went straight into its buffer.
+bool RingRunner::unaccepted_direct(Connection& ch) noexcept {
+  const std::uint32_t accepted = ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+  for (std::uint64_t m = first_unaccepted(ch, accepted); m < ch.sent; ++m)
+    if (ch.sent_log[m % kSentLog].dst) return true;
+  return false;
 }
 
 // Every chunk a peer has not accepted yet, by its credit read now.
