@@ -123,7 +123,8 @@ static_assert(sizeof(CallFingerprint) == 32);
 /// - `mail[p]`: p wrote the key of its output buffer for call c into `mailbox(p)` (value c);
 /// - `nack[p]`: p found a chunk from us corrupted (value = p's nack count); which one is in
 ///   `nack_msg[p]` (its message number, low 32 bits), signalled just before on the same link;
-/// - `retry[p]`: p re-sent the chunk we asked for (value = p's re-send count);
+/// - `retry[p]`: p re-sent the chunk we asked for, or published its receive-buffer key again
+///   (value = p's count of both; kRepublishKeyPiece);
 /// - `p2p_mail[p]`: p wrote the key of a receive buffer into `p2p_mailbox(p)` (value = how many
 ///   keys p published to us so far): the destination of our next direct point-to-point send.
 /// - `call[p]`: p wrote the fingerprint of its collective number c into `call_area(p, c)`
@@ -256,9 +257,10 @@ struct Connection {
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
   std::uint32_t p2p_mail_header[3] = {};
-  /// The key last published to this peer (viewing the registration cache, which keeps it for
-  /// the call): published again when the sender asks (kRepublishKeyPiece).
-  std::span<const std::byte> p2p_key;
+  /// A copy of the key last published to this peer, published again when the sender asks
+  /// (kRepublishKeyPiece). A copy: the registration cache may evict the entry during the call.
+  std::byte p2p_key[kMailboxBytes] = {};
+  std::size_t p2p_key_bytes = 0;
   std::uint32_t nacks_seen = 0, nacks_sent = 0;
   /// As a receiver: the piece size that last got through this link when whole chunks did not
   /// (0: whole chunks get through). A damaged link's next chunk starts from it.
@@ -441,6 +443,9 @@ struct P2POp {
 /// asks for a damaged key again: kRepublishKeyPiece).
 struct P2PDirect {
   bool enabled = false;
+  /// Every rank runs every transfer of this exchange in the same call (alltoall), so no send
+  /// can wait on a receive its peer has not reached: transfers that fit the slots go direct too.
+  bool whole_exchange = false;
   std::size_t min_bytes = SIZE_MAX;
   /// Plain user receive buffers (not from alloc()) take direct writes from this size.
   std::size_t user_min_bytes = SIZE_MAX;

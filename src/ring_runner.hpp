@@ -25,7 +25,12 @@
 // payload-carrying word (which a bad link could corrupt too) names it. S services NACKs inside
 // every wait (so no cycle of waiting ranks can form), re-writes the chunk from its source (still intact: nothing downstream of a chunk can
 // overwrite its source before the chunk was accepted) and bumps retry[S] at R. At the end of a
-// call S waits until R has accepted everything it sent. A corrupted chunk never reaches a result.
+// call S waits until R has accepted everything it sent, or leaves copies of what R has not
+// (retain_unaccepted: small calls, point-to-point). A corrupted chunk never reaches a result.
+// Direct point-to-point (P2PDirect): R publishes its buffer's key, S writes the chunks there and
+// R verifies them in place; S waits for their acceptance before it returns. A key S reads
+// damaged is asked for with a NACK whose piece word is kRepublishKeyPiece; R posts it again
+// and bumps retry[R] (the NACK and retry counters count both kinds alike).
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -343,7 +348,7 @@ class RingRunner {
   void retain_call_chunks() noexcept;
 
   std::size_t unaccepted_bytes() noexcept;
-  bool unaccepted_direct(Connection& ch) noexcept;
+  std::uint64_t direct_unaccepted_end(Connection& ch) noexcept;
 
  public:
   void drain_retained(std::chrono::steady_clock::time_point deadline) noexcept;

@@ -102,7 +102,8 @@ Status RingRunner::service_nacks(Connection& ch) noexcept {
     const std::uint32_t piece = flags_.nack_piece[ch.peer].value.load(std::memory_order_acquire);
     if (piece == kRepublishKeyPiece) {  // our receive-buffer key reached the peer damaged
       RINGFENCE_TRY(post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
-                              FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), ch.p2p_key, ch.p2p_keys_published,
+                              FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank),
+                              std::span<const std::byte>(ch.p2p_key, ch.p2p_key_bytes), ch.p2p_keys_published,
                               "publishing a receive-buffer key again"));
       const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank),
                                                 ++ch.resends, 0});

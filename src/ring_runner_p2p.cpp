@@ -31,9 +31,14 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     ++j;
   }
   if (c_.size == 1) return settle_device();  // only transfers to ourselves (no connections exist)
-  // Both ends decide by size alone, so they agree on which transfers go direct.
+  // Both ends decide by size alone, so they agree on which transfers go direct. A direct send
+  // waits for its receiver's key, so a send outside an exchange (P2PDirect::whole_exchange) goes
+  // direct only when it would wait for its receiver anyway: when it does not fit the slots. One
+  // that fits returns once written, so every rank may send before it receives.
+  const std::size_t fits = c_.slot_bytes * static_cast<std::size_t>(c_.slots);
   for (std::size_t i = 0; i < n; ++i)
-    ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes;
+    ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes &&
+                    (direct.whole_exchange || ops[i].bytes > fits);
   const auto slots = static_cast<std::uint64_t>(c_.slots);
   auto last_progress = std::chrono::steady_clock::now();
   for (int idle = 0;;) {
@@ -135,11 +140,16 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   // A chunk written straight into the receiver's buffer is different: the receiver published
   // that buffer's key, so it is in this very transfer and verifies it now; and a re-send must
   // write the same bytes there, which our caller may change once we return. So we wait for
-  // those (a copy would cost as much as the single copy saved).
+  // those (a copy would cost as much as the single copy saved), and only for those: a staged
+  // chunk after them may wait for the receiver's next call.
   if (c_.checksum) {
-    for (int r = 0; r < c_.size; ++r)
-      if (Connection* ch = connection_of[r]; ch && unaccepted_direct(*ch)) RINGFENCE_TRY(await_acceptance(*ch));
-    retain_unaccepted(connection_of);
+    for (int r = 0; r < c_.size; ++r) {
+      Connection* ch = connection_of[r];
+      if (const std::uint64_t end = ch ? direct_unaccepted_end(*ch) : 0; end != 0)
+        RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(end),
+                                "acceptance of the chunks written into the receiver's buffer", end - 1));
+    }
+    retain_unaccepted(connection_of);  // staged chunks after the last direct one
   }
   return Status::ok();
 }
@@ -153,18 +163,19 @@ void RingRunner::retain(Connection& ch, std::uint64_t first) noexcept {
   for (std::uint64_t m = first; m < ch.sent; ++m) {
     Connection::SentChunk& c = ch.sent_log[m % kSentLog];
     std::byte* copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
-    if (c.src == copy_at || c.dst) continue;  // kept already; direct writes do not happen with checksums
+    if (c.src == copy_at || c.dst) continue;  // kept already; or direct, which run_p2p waited for
     copy_bytes(copy_at, c.src, c.bytes);
     c.src = copy_at;
   }
 }
 
-// Whether a chunk to `ch` its receiver has not accepted yet went straight into its buffer.
-bool RingRunner::unaccepted_direct(Connection& ch) noexcept {
+// One past the last chunk to `ch` its receiver has not accepted yet that went straight into its
+// buffer (0: none did).
+std::uint64_t RingRunner::direct_unaccepted_end(Connection& ch) noexcept {
   const std::uint32_t accepted = ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
-  for (std::uint64_t m = first_unaccepted(ch, accepted); m < ch.sent; ++m)
-    if (ch.sent_log[m % kSentLog].dst) return true;
-  return false;
+  for (std::uint64_t m = ch.sent; m > first_unaccepted(ch, accepted); --m)
+    if (ch.sent_log[(m - 1) % kSentLog].dst) return m;
+  return 0;
 }
 
 // Every chunk a peer has not accepted yet, by its credit read now.

@@ -104,8 +104,9 @@ struct CommOptions {
   std::size_t p2p_direct_user_min_bytes = SIZE_MAX;
   /// The same for alltoall with 3 or more ranks, where every pair exchanges at once and staging
   /// costs a wake-up of the receiver per chunk per peer: measured 4 ranks on 2 cores, 1 MiB
-  /// blocks, 1.40 (direct) vs 0.26 GB/s (staged) busbw without checksums; with the default
-  /// checksums 256 KiB-4 MiB blocks 2.6-3.2 vs 1.1-2.3 GB/s; with 2 ranks alltoall is one send/recv
+  /// blocks, 1.40 (direct) vs 0.26 GB/s (staged) busbw. Without checksums only: with them the
+  /// receiver reads each block again to verify it in place, and direct measured slower from
+  /// 1 MiB blocks (docs/collectives.md), so `p2p_direct_user_min_bytes` applies; with 2 ranks alltoall is one send/recv
   /// pair and follows `p2p_direct_user_min_bytes`. The lower of the two applies.
   /// Env: RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t alltoall_direct_user_min_bytes = 256 * 1024;

@@ -80,7 +80,9 @@ class Dispatch {
   void check_p2p_routes(const char* call, std::vector<P2POp>& ops);
   /// Runs `ops` (consumed) on the host lane 0, or on the device lane during a device-lane call;
   /// from `user_min_bytes` plain user receive buffers take direct writes (cross-memory attach).
-  void run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes);
+  /// `whole_exchange`: every rank runs all of its transfers in this call (alltoall), so those
+  /// that fit the slots may go direct too (P2PDirect::whole_exchange).
+  void run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange = false);
 
   // ---- issue ----
   /// Runs `run` now (blocking call: after the queue drained; nothing is allocated) or queues it
@@ -135,7 +137,7 @@ class Dispatch {
   void run_device_call(const char* call, const RingCall& c, const Reducer& reducer);
   int lanes_for(const RingCall& c, std::size_t elem_size) const noexcept;
   DirectWrite direct_write_for(LaneState& lane, const RingCall& c, std::size_t elem_size);
-  P2PDirect p2p_direct(std::size_t user_min_bytes) noexcept;
+  P2PDirect p2p_direct(std::size_t user_min_bytes, bool whole_exchange) noexcept;
   void run_alltoall(const char* call, const void* send, void* recv, std::size_t block);
   static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept;
 

@@ -133,10 +133,14 @@ void Dispatch::run_alltoall(const char* call, const void* send, void* recv, std:
   }
   // Every pair exchanges at once: with staging each receiver must be scheduled for every chunk
   // of every peer, which costs wake-ups on a busy host; direct writes need only the sender
-  // (measured: 4 ranks on 2 cores, 1 MiB blocks, 1.40 vs 0.26 GB/s busbw).
-  const std::size_t user_min = size >= 3 ? std::min(ctx.options.p2p_direct_user_min_bytes, ctx.options.alltoall_direct_user_min_bytes)
-                                         : ctx.options.p2p_direct_user_min_bytes;
-  if (!relayed) return run_ops(call, ops, user_min);
+  // (measured: 4 ranks on 2 cores, 1 MiB blocks, 1.40 vs 0.26 GB/s busbw). Not with checksums:
+  // then the receiver reads every block once more to verify it where it landed, and direct
+  // measured slower from 1 MiB blocks (docs/collectives.md).
+  const bool checksum = p_.lanes.main().engine.checksum;
+  const std::size_t user_min = size >= 3 && !checksum
+                                   ? std::min(ctx.options.p2p_direct_user_min_bytes, ctx.options.alltoall_direct_user_min_bytes)
+                                   : ctx.options.p2p_direct_user_min_bytes;
+  if (!relayed) return run_ops(call, ops, user_min, true);
   // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
   // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the same
   // relays from the agreed fence list, and ops to one peer keep the same order at both ends (own
@@ -160,7 +164,7 @@ void Dispatch::run_alltoall(const char* call, const void* send, void* recv, std:
       ops.push_back(P2POp{false, l.b, tmp + block, block, 0});  // b's block for a
     }
   }
-  run_ops(call, ops, user_min);
+  run_ops(call, ops, user_min, true);
   for (std::size_t i = 0; i < fenced.size(); ++i) {
     const LinkId l = fenced[i];
     std::byte* tmp = alltoall_relay_.data() + 2 * i * block;
@@ -171,7 +175,7 @@ void Dispatch::run_alltoall(const char* call, const void* send, void* recv, std:
     if (rank == l.a) ops.push_back(P2POp{false, via[i], block_of(out, l.b), block, 0});
     if (rank == l.b) ops.push_back(P2POp{false, via[i], block_of(out, l.a), block, 0});
   }
-  run_ops(call, ops, user_min);
+  run_ops(call, ops, user_min, true);
 }
 
 }  // namespace ringfence::detail

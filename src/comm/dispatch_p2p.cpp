@@ -53,19 +53,20 @@ void Dispatch::check_p2p_routes(const char* call, std::vector<P2POp>& ops) {
     }
 }
 
-void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes) {
+void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange) {
   Failure failure;
   LaneState& lane0 = p_.lanes.main();
   DeviceLane* device = p_.device.current();
   const Status s = device ? device->run_p2p(call, ops.data(), ops.size(), failure)
-                          : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(), p2p_direct(user_min_bytes), failure);
+                          : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(), p2p_direct(user_min_bytes, whole_exchange), failure);
   ops.clear();
   if (!s.is_ok()) raise(call, failure);
 }
 
 // Point-to-point direct writes (see P2PDirect).
-P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes) noexcept {
+P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes, bool whole_exchange) noexcept {
   P2PDirect d;
+  d.whole_exchange = whole_exchange;
   d.enabled = p_.ctx.size > 1;  // with checksums too: the receiver verifies its buffer (run_p2p)
   d.min_bytes = p_.ctx.options.direct_write_min_bytes;
   d.user_min_bytes = user_min_bytes;

@@ -17,9 +17,9 @@ using namespace ringfence;
 
 TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and keys are asked for again, every transfer exact",
           "[integrity][fault][p2p][direct]") {
-  // One chunk per transfer, or five (more than the four slots: the sender waits for credits
-  // while the receiver repairs).
-  const std::size_t count = GENERATE(std::size_t{600}, std::size_t{5000});
+  // More than the four 4 KiB slots hold (a blocking send that fits them is staged): five chunks,
+  // the last of 4 bytes, or twelve; the sender waits for credits while the receiver repairs.
+  const std::size_t count = GENERATE(std::size_t{4097}, std::size_t{12000});
   // shm writes user buffers by cross-memory attach; tcp's receiver thread writes them.
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
   INFO(count << " floats over " << transport);
@@ -28,6 +28,7 @@ TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and key
   o.checksum = true;
   o.health_enabled = false;  // the link must stay in use: no fence, no relay
   o.chunk_bytes = 4096;
+  o.transport_settings["RINGFENCE_TCP_CHUNK_BYTES"] = "4096";  // tcp's own default is larger
   o.direct_write_min_bytes = 1000;  // every transfer here goes direct...
   o.p2p_direct_user_min_bytes = 1;  // ...into plain user buffers
   o.timeout = std::chrono::seconds(30);
@@ -59,6 +60,79 @@ TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and key
   INFO(error);
   REQUIRE(error.empty());
   CHECK(wrong == 0);
+  INFO(damaged_keys << " damaged keys, " << damaged_chunks << " damaged chunks");
   CHECK(damaged_keys > 0);
   CHECK(damaged_chunks > 0);
+}
+
+namespace {
+// Direct transfers from 1000 bytes into plain user buffers, 4 KiB chunks: a message fits the
+// slots (4 x 4 KiB) up to 16 KiB.
+CommOptions direct_options(bool checksum, const std::string& transport) {
+  CommOptions o;
+  o.checksum = checksum;
+  o.transports = {transport};
+  o.chunk_bytes = 4096;
+  o.transport_settings["RINGFENCE_TCP_CHUNK_BYTES"] = "4096";  // tcp's own default is larger
+  o.direct_write_min_bytes = 1000;
+  o.p2p_direct_user_min_bytes = 1;
+  o.timeout = std::chrono::seconds(5);  // a deadlock shows as a timeout, not a hang
+  o.host_id = "p2p-direct-order";
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a send that fits the slots returns once written, direct transfers or not: every rank may send before it receives",
+          "[p2p][direct]") {
+  const bool checksum = GENERATE(true, false);
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  const int n = GENERATE(2, 3);
+  INFO(n << " ranks over " << transport << ", checksums " << checksum);
+  std::atomic<std::size_t> wrong{0};
+  const std::string error = test::run_ranks(n, direct_options(checksum, transport), [&](Communicator& comm) {
+    const int right = (comm.rank() + 1) % n, left = (comm.rank() + n - 1) % n;
+    const std::size_t count = 3000;  // 12000 bytes: above the direct threshold, within the slots
+    std::vector<float> out(count), in(count);
+    for (int it = 0; it < 20; ++it) {
+      test::fill_pattern(DataType::Float32, comm.rank(), out.data(), count, static_cast<std::size_t>(it));
+      comm.send(out.data(), count, DataType::Float32, right);  // outside a group: must not wait for `right`'s recv
+      comm.recv(in.data(), count, DataType::Float32, left);
+      wrong += test::count_wrong_pattern(DataType::Float32, left, in.data(), count, static_cast<std::size_t>(it));
+    }
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("a sender waits for its direct chunks to be accepted, not for staged ones queued behind them", "[p2p][direct]") {
+  const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO(transport);
+  std::atomic<std::size_t> wrong{0};
+  const std::size_t big = 20000, small = 100;  // 80 KB: more than the slots hold, so direct; 400 B: staged
+  const std::string error = test::run_ranks(2, direct_options(true, transport), [&](Communicator& comm) {
+    std::vector<float> x(big), b(small), d(big);
+    if (comm.rank() == 0) {
+      test::fill_pattern(DataType::Float32, 0, x.data(), big, 1);
+      test::fill_pattern(DataType::Float32, 0, b.data(), small, 2);
+      comm.group_start();
+      comm.send(x.data(), big, DataType::Float32, 1);    // direct
+      comm.send(b.data(), small, DataType::Float32, 1);  // staged: rank 1 takes it last
+      comm.group_end();
+      // Rank 1 sends `d` before it receives `b`: had the group waited for `b`'s acceptance, both
+      // ranks would wait on each other.
+      comm.recv(d.data(), big, DataType::Float32, 1);
+      wrong += test::count_wrong_pattern(DataType::Float32, 1, d.data(), big, 3);
+    } else {
+      comm.recv(x.data(), big, DataType::Float32, 0);
+      test::fill_pattern(DataType::Float32, 1, d.data(), big, 3);
+      comm.send(d.data(), big, DataType::Float32, 0);  // direct: waits for rank 0's receive
+      comm.recv(b.data(), small, DataType::Float32, 0);
+      wrong += test::count_wrong_pattern(DataType::Float32, 0, x.data(), big, 1);
+      wrong += test::count_wrong_pattern(DataType::Float32, 0, b.data(), small, 2);
+    }
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(wrong == 0);
 }
