@@ -12,6 +12,10 @@
 
 #include "crc32c_fold.hpp"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace ringfence::detail {
 namespace {
 
@@ -84,6 +88,22 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
   return ~crcfold::finish(s, src + body, bytes - body);
 }
 
+// copy_fold with streaming stores (dst 64-byte aligned): the destination's lines are not read
+// first and do not stay in the cache.
+RF_FOLD_TARGET std::uint32_t copy_fold_stream(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
+  auto* dst = reinterpret_cast<unsigned char*>(dst_b);
+  const auto* src = reinterpret_cast<const unsigned char*>(src_b);
+  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
+  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
+    const crcfold::Block x = crcfold::load(src + at);
+    for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
+    return x;
+  });
+  _mm_sfence();
+  if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
+  return ~crcfold::finish(s, src + body, bytes - body);
+}
+
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
 // registers the folding takes. The same IEEE additions as the float sum kernel, which also does
 // the tail (`tail`), so results are bit-identical.
@@ -118,6 +138,33 @@ bool folds() noexcept {
 }  // namespace ringfence::detail
 
 namespace ringfence {
+
+std::uint32_t copy_bytes_crc_stream(void* dst_v, const void* src_v, std::size_t bytes) noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes &&
+      reinterpret_cast<std::uintptr_t>(dst_v) % 64 == 0)
+    return detail::copy_fold_stream(static_cast<std::byte*>(dst_v), static_cast<const std::byte*>(src_v), bytes);
+#endif
+  return copy_bytes_crc(dst_v, src_v, bytes);
+}
+
+void copy_bytes_stream(void* dst_v, const void* src_v, std::size_t bytes) noexcept {
+#if defined(__x86_64__)
+  // SSE2 streaming stores exist on every x86-64; a 16-byte store streams as well as a wider one.
+  if (bytes >= 256 && reinterpret_cast<std::uintptr_t>(dst_v) % 16 == 0) {
+    auto* dst = static_cast<std::byte*>(dst_v);
+    const auto* src = static_cast<const std::byte*>(src_v);
+    const std::size_t body = bytes / 64 * 64;
+    for (std::size_t i = 0; i < body; i += 64)
+      for (std::size_t k = 0; k < 64; k += 16)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + k)));
+    _mm_sfence();
+    if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
+    return;
+  }
+#endif
+  copy_bytes(dst_v, src_v, bytes);
+}
 
 // The source's bytes, read again from the cache after the copy: the CRC says what was meant to
 // be sent, whatever happened to the destination.

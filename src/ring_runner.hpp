@@ -75,6 +75,9 @@ class RingRunner {
 
   // Device regions for this call (see DeviceRegions in engine.hpp); null: host memory.
   void use_device(const DeviceRegions* device) noexcept { dev_ = device; }
+  // Received chunks are copied into the output with streaming stores (kStreamResultMinBytes):
+  // only where every copy of a received chunk writes a final value the call does not read again.
+  void stream_results(bool on) noexcept { stream_results_ = on; }
 
   // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
   // relayed sender's schedule (to know how many of its chunks this call carries).
@@ -416,6 +419,7 @@ class RingRunner {
   bool dev_pending_ = false;            // device work enqueued and not yet synchronized
   KnownCrc known_;                      // checksum mode: the CRC of the range written last
   std::size_t bytes_sent_ = 0;          // by this call's send_chunk (kRetainUncheckedBytes)
+  bool stream_results_ = false;         // stream_results()
   bool crc_at_send_ = false;            // checksum mode: results' CRCs come from the send's copy (sends_crc_in_writes)
 };
 

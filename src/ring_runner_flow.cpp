@@ -319,7 +319,12 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   if (!c_.checksum || dev_ || in_place) {
     const std::byte* data = nullptr;
     RINGFENCE_TRY(wait_chunk(ch, data, nullptr, bytes));
-    RINGFENCE_TRY(produce(dst, data, b, count, last));
+    if (!b && stream_results_ && !c_.checksum && !dev_) {
+      copy_bytes_stream(dst, data, bytes);
+      known_ = KnownCrc{};
+    } else {
+      RINGFENCE_TRY(produce(dst, data, b, count, last));
+    }
     return release_chunk(ch);
   }
   RINGFENCE_TRY(await_chunk(ch, slot));
@@ -329,7 +334,7 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     if (b) combine_with_crc(reducer_, last, dst, data, b, count, c_.size, &crc_in, crc_of_result ? &crc_out : nullptr);
-    else crc_in = crc_out = copy_bytes_crc(dst, data, bytes);
+    else crc_in = crc_out = stream_results_ ? copy_bytes_crc_stream(dst, data, bytes) : copy_bytes_crc(dst, data, bytes);
     if (repaired || intact(ch, bytes, crc_in)) {
       known_ = crc_of_result ? KnownCrc{dst, bytes, crc_out} : KnownCrc{};
       return release_chunk(ch);

@@ -236,6 +236,15 @@ void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
 /// answer `WriteOp::crc` with `staging_copy_crc`. Never throws.
 std::uint32_t copy_bytes_crc(void* dst, const void* src, std::size_t n) noexcept;
 
+/// `copy_bytes` and `copy_bytes_crc` with streaming (non-temporal) stores: the destination's
+/// lines are neither read before they are written nor kept in the cache, which saves a third of
+/// a copy's memory traffic when the destination is not read again soon (a large collective's
+/// final values: `kStreamResultMinBytes`). The stores are fenced before they return. Where the
+/// destination is not aligned (16 bytes; 64 for the CRC variant) or the CPU lacks the
+/// instructions they are the plain functions. Never throw.
+void copy_bytes_stream(void* dst, const void* src, std::size_t n) noexcept;
+std::uint32_t copy_bytes_crc_stream(void* dst, const void* src, std::size_t n) noexcept;
+
 /// Up to this many bytes `staging_copy_crc` copies first and reads the source again for the
 /// CRC: a third of a 48 KiB L1 data cache, so the second read hits it.
 inline constexpr std::size_t kCopyThenCrcMaxBytes = 16 * 1024;
