@@ -24,14 +24,16 @@ inline constexpr std::size_t kMailHeader = 12;
 /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
 /// receivers copies them to the retained areas and returns instead of waiting.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
-/// A 2-rank ring allreduce or allgather of at least this many bytes copies the chunks it
+/// A 2-rank ring allreduce or allgather of at least this many bytes (per channel slice; for
+/// allgather each rank's block) copies the chunks it
 /// receives into its output with streaming stores (copy_bytes_stream): those are final values
 /// nothing in the call reads again, and a message this large leaves the private caches anyway.
 /// Measured 2026-12-03 against the build before, defaults (checksums on), four alternating runs,
 /// medians of busbw: allreduce 16, 64, 256 MiB 5.07 / 4.09 / 3.96 against 4.23 / 3.52 / 3.44
 /// GB/s (checksums off: 4.68 / 4.44 / 4.36 against 4.52 / 3.89 / 3.85); allgather (three runs)
 /// 8.70 / 6.77 / 6.59 against 7.60 / 4.90 / 5.26. At 1-4 MiB no steady gain, so not there (the
-/// output may still be in the cache when the caller reads it).
+/// output may still be in the cache when the caller reads it). A chunk whose destination is not
+/// aligned (16 bytes; 64 with checksums) is copied plainly, e.g. rank 1's half of an odd count.
 inline constexpr std::size_t kStreamResultMinBytes = std::size_t{16} << 20;
 /// Checksum mode: a call that sent at most this many bytes copies all of them to the retained
 /// areas without asking which were accepted: the credits' lines are written by the receivers,
@@ -445,7 +447,8 @@ struct P2POp {
   std::byte* local_dst = nullptr;  ///< send to ourselves: the matching receive's buffer (copied by the executor)
 };
 
-/// How point-to-point transfers may skip the receiver's copy: from `min_bytes` a receiver
+/// How point-to-point transfers may skip the receiver's copy: from `min_bytes` (a send/recv
+/// also only when larger than the slots hold, unless `whole_exchange`) a receiver
 /// publishes its buffer's key (registered with the link's transport; empty = "use staging")
 /// and the sender writes into it. With checksums the receiver verifies each chunk where it
 /// landed and asks for damaged ones again (the sender waits for that before it returns, and

@@ -121,7 +121,7 @@ Status RingRunner::publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d
                           FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number,
                           "publishing a receive-buffer key"));
   ch.p2p_keys_published = number;
-  std::memcpy(ch.p2p_key, key.data(), key.size());  // post_mail refused keys longer than the mailbox
+  if (!key.empty()) std::memcpy(ch.p2p_key, key.data(), key.size());  // post_mail refused longer keys; empty: no data()
   ch.p2p_key_bytes = key.size();
   op.landed = !key.empty();
   return Status::ok();

@@ -16,8 +16,8 @@
 /// | RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS | tuner model: per-hop cost (us), link bandwidth (GB/s) | 6, 2 |
 /// | RINGFENCE_DIRECT_WRITE_MIN_BYTES | from this size, final values go straight into `alloc()`ed outputs; `off` disables | 256K |
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |
-/// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
-/// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks writes straight into user receive buffers from this size; `off` disables | 256K |
+/// | RINGFENCE_P2P_DIRECT_USER_MIN_BYTES | send/recv (larger than the slots hold) and alltoall write straight into user receive buffers from this size (cross-memory attach); `off` disables | off |
+/// | RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES | alltoall with 3+ ranks and checksums off writes straight into user receive buffers from this size; `off` disables | 256K |
 /// | RINGFENCE_CHANNELS | parallel channels (lanes with their own links and worker thread) for large ring collectives; 0 = auto (cores ÷ local ranks, ≤ 4; ≥ 2 for network-only links on a host not oversubscribed) | 0 |
 /// | RINGFENCE_CHANNEL_MIN_BYTES | smallest slice per channel | 1M |
 /// | RINGFENCE_CHECKSUM | on/off: CRC32C per chunk, verified, re-sent on mismatch | on |

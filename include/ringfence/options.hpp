@@ -96,18 +96,21 @@ struct CommOptions {
   /// Point-to-point transfers (send/recv, alltoall) of at least `direct_write_min_bytes` go
   /// straight into the receiver's buffer when it comes from `alloc()`, or when it is a plain
   /// user buffer of at least this many bytes (cross-memory attach): one copy instead of two.
-  /// With checksums the receiver verifies the chunks in its buffer and asks for damaged ones
-  /// again (docs/architecture.md). Off by default: on the development VM cross-memory attach
-  /// was slower than staging for send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB),
-  /// and with checksums no faster (2026-12-03, docs/protection-cost.md); alltoall at 4 ranks
-  /// gained. Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
+  /// A send/recv only when it is also larger than the slots hold (`slots` x chunk bytes): a
+  /// direct send waits for its receiver, and one that fits must return once written. With
+  /// checksums the receiver verifies the chunks in its buffer and asks for damaged ones again
+  /// (docs/architecture.md). Off by default: on the development VM cross-memory attach was
+  /// slower than staging for send/recv at 2 and 4 ranks (e.g. 4.4 vs 5.6 GB/s at 4 MiB), and
+  /// with checksums slower for alltoall too (2026-12-03, docs/collectives.md).
+  /// Env: RINGFENCE_P2P_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t p2p_direct_user_min_bytes = SIZE_MAX;
   /// The same for alltoall with 3 or more ranks, where every pair exchanges at once and staging
   /// costs a wake-up of the receiver per chunk per peer: measured 4 ranks on 2 cores, 1 MiB
   /// blocks, 1.40 (direct) vs 0.26 GB/s (staged) busbw. Without checksums only: with them the
   /// receiver reads each block again to verify it in place, and direct measured slower from
-  /// 1 MiB blocks (docs/collectives.md), so `p2p_direct_user_min_bytes` applies; with 2 ranks alltoall is one send/recv
-  /// pair and follows `p2p_direct_user_min_bytes`. The lower of the two applies.
+  /// 1 MiB blocks (docs/collectives.md), so only `p2p_direct_user_min_bytes` applies then. With
+  /// 2 ranks alltoall is one send/recv pair and follows `p2p_direct_user_min_bytes`. Otherwise
+  /// the lower of the two applies.
   /// Env: RINGFENCE_ALLTOALL_DIRECT_USER_MIN_BYTES=<bytes>|off.
   std::size_t alltoall_direct_user_min_bytes = 256 * 1024;
   /// Parallel channels ("lanes"): each has its own connection, flags and staging slots to every

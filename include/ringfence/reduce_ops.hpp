@@ -239,9 +239,10 @@ std::uint32_t copy_bytes_crc(void* dst, const void* src, std::size_t n) noexcept
 /// `copy_bytes` and `copy_bytes_crc` with streaming (non-temporal) stores: the destination's
 /// lines are neither read before they are written nor kept in the cache, which saves a third of
 /// a copy's memory traffic when the destination is not read again soon (a large collective's
-/// final values: `kStreamResultMinBytes`). The stores are fenced before they return. Where the
-/// destination is not aligned (16 bytes; 64 for the CRC variant) or the CPU lacks the
-/// instructions they are the plain functions. Never throw.
+/// final values: `kStreamResultMinBytes`). The stores are fenced before they return. Under
+/// 256 bytes, where the destination is not aligned (16 bytes; 64 for the CRC variant), above a
+/// slot (256 KiB, the CRC variant) or where the CPU lacks the instructions they are the plain
+/// functions. Never throw.
 void copy_bytes_stream(void* dst, const void* src, std::size_t n) noexcept;
 std::uint32_t copy_bytes_crc_stream(void* dst, const void* src, std::size_t n) noexcept;
 
