@@ -75,31 +75,23 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
   return s;
 }
 
+// `kStream`: streaming stores (dst 64-byte aligned), whose lines are neither read first nor kept
+// in the cache; fenced before the tail and the return.
+template <bool kStream>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
     const crcfold::Block x = crcfold::load(src + at);
-    crcfold::store(dst + at, x);
+    if constexpr (kStream) {
+      for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
+    } else {
+      crcfold::store(dst + at, x);
+    }
     return x;
   });
-  if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
-  return ~crcfold::finish(s, src + body, bytes - body);
-}
-
-// copy_fold with streaming stores (dst 64-byte aligned): the destination's lines are not read
-// first and do not stay in the cache.
-RF_FOLD_TARGET std::uint32_t copy_fold_stream(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
-  auto* dst = reinterpret_cast<unsigned char*>(dst_b);
-  const auto* src = reinterpret_cast<const unsigned char*>(src_b);
-  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
-    const crcfold::Block x = crcfold::load(src + at);
-    for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
-    return x;
-  });
-  _mm_sfence();
+  if constexpr (kStream) _mm_sfence();
   if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
   return ~crcfold::finish(s, src + body, bytes - body);
 }
@@ -143,7 +135,7 @@ std::uint32_t copy_bytes_crc_stream(void* dst_v, const void* src_v, std::size_t 
 #if defined(RINGFENCE_CRC_X86)
   if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes &&
       reinterpret_cast<std::uintptr_t>(dst_v) % 64 == 0)
-    return detail::copy_fold_stream(static_cast<std::byte*>(dst_v), static_cast<const std::byte*>(src_v), bytes);
+    return detail::copy_fold<true>(static_cast<std::byte*>(dst_v), static_cast<const std::byte*>(src_v), bytes);
 #endif
   return copy_bytes_crc(dst_v, src_v, bytes);
 }
@@ -173,7 +165,7 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
   const auto* src = static_cast<const std::byte*>(src_v);
   std::uint32_t crc = 0;
 #if defined(RINGFENCE_CRC_X86)
-  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes) return detail::copy_fold(dst, src, bytes);
+  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false>(dst, src, bytes);
   if (detail::folds()) {
     detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
                        nullptr);

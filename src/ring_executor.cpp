@@ -25,8 +25,9 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Connection* left, C
   runner.use_device(call.device);
   // On two ranks a ring's received chunk is never passed on: every copy of one (an allreduce's
   // or allgather's second half) writes a final value. A 2-rank broadcast measured no gain (16 MiB
-  // 6.6 against 7.5 GB/s, 64-256 MiB within noise), so it keeps the plain copy.
-  runner.stream_results(config.size == 2 && (call.kind == RingCollective::Allreduce || call.kind == RingCollective::Allgather) &&
+  // 6.6 against 7.5 GB/s, 64-256 MiB within noise), so it keeps the plain copy. Host memory only.
+  runner.stream_results(!call.device && config.size == 2 &&
+                        (call.kind == RingCollective::Allreduce || call.kind == RingCollective::Allgather) &&
                         call.count * reducer.elem_size >= kStreamResultMinBytes);
   const std::size_t chunk = config.slot_bytes / reducer.elem_size;
   const int n = config.size;

@@ -332,6 +332,8 @@ class RingRunner {
   Status fetch_peer_output(const RemoteRegion*& region) noexcept;
 
   Status publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
+  Status post_p2p_key(Connection& ch, std::span<const std::byte> key, std::uint32_t number, const char* what) noexcept;
+  Status republish_p2p_key(Connection& ch) noexcept;
 
   Status fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
 

@@ -319,7 +319,7 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   if (!c_.checksum || dev_ || in_place) {
     const std::byte* data = nullptr;
     RINGFENCE_TRY(wait_chunk(ch, data, nullptr, bytes));
-    if (!b && stream_results_ && !c_.checksum && !dev_) {
+    if (!b && stream_results_) {  // a final value; checksummed copies (never in place) take the verified path below
       copy_bytes_stream(dst, data, bytes);
       known_ = KnownCrc{};
     } else {

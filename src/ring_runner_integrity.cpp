@@ -100,15 +100,8 @@ Status RingRunner::service_nacks(Connection& ch) noexcept {
     // re-send before it asks again, so this load sees the number that goes with this nack.
     const std::uint32_t which = flags_.nack_msg[ch.peer].value.load(std::memory_order_acquire);
     const std::uint32_t piece = flags_.nack_piece[ch.peer].value.load(std::memory_order_acquire);
-    if (piece == kRepublishKeyPiece) {  // our receive-buffer key reached the peer damaged
-      RINGFENCE_TRY(post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
-                              FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank),
-                              std::span<const std::byte>(ch.p2p_key, ch.p2p_key_bytes), ch.p2p_keys_published,
-                              "publishing a receive-buffer key again"));
-      const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank),
-                                                ++ch.resends, 0});
-      if (!s.is_ok()) return fail(s, ch, "signalling a re-published key", 0);
-      RINGFENCE_TRY(drain(ch, "completing a re-published key"));
+    if (piece == kRepublishKeyPiece) {  // not a chunk: our receive-buffer key reached the peer damaged
+      RINGFENCE_TRY(republish_p2p_key(ch));
       continue;
     }
     const std::uint64_t m = ch.sent - static_cast<std::uint32_t>(static_cast<std::uint32_t>(ch.sent) - which);

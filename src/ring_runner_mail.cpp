@@ -117,14 +117,29 @@ Status RingRunner::fetch_peer_output(const RemoteRegion*& region) noexcept {
 Status RingRunner::publish_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept {
   const std::span<const std::byte> key = d.key_of(d, op.buf, op.bytes, ch);
   const std::uint32_t number = ch.p2p_keys_published + 1;
-  RINGFENCE_TRY(post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
-                          FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number,
-                          "publishing a receive-buffer key"));
+  RINGFENCE_TRY(post_p2p_key(ch, key, number, "publishing a receive-buffer key"));
   ch.p2p_keys_published = number;
   if (!key.empty()) std::memcpy(ch.p2p_key, key.data(), key.size());  // post_mail refused longer keys; empty: no data()
   ch.p2p_key_bytes = key.size();
   op.landed = !key.empty();
   return Status::ok();
+}
+
+// `key` numbered `number` into the peer's p2p mailbox for us, then its p2p_mail word.
+Status RingRunner::post_p2p_key(Connection& ch, std::span<const std::byte> key, std::uint32_t number, const char* what) noexcept {
+  return post_mail(ch, ch.p2p_mail_header, FlagBlock::p2p_mailbox_offset(c_.size, c_.rank),
+                   FlagBlock::flag_offset(FlagBlock::kP2PMail, c_.size, c_.rank), key, number, what);
+}
+
+// The sender read our last key damaged (or not at all) and asked for it again
+// (kRepublishKeyPiece): the same key and number, then retry, which answers the request as a
+// re-sent chunk would. The sender cannot have used the key yet, so no later one replaced it.
+Status RingRunner::republish_p2p_key(Connection& ch) noexcept {
+  RINGFENCE_TRY(post_p2p_key(ch, std::span<const std::byte>(ch.p2p_key, ch.p2p_key_bytes), ch.p2p_keys_published,
+                             "publishing a receive-buffer key again"));
+  const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRetry, c_.size, c_.rank), ++ch.resends, 0});
+  if (!s.is_ok()) return fail(s, ch, "signalling a re-published key", 0);
+  return drain(ch, "completing a re-published key");
 }
 
 // Direct point-to-point, sender side: reads the receiver's key for our next direct send

@@ -15,6 +15,23 @@
 
 using namespace ringfence;
 
+namespace {
+// Direct transfers from 1000 bytes into plain user buffers, 4 KiB chunks: a message fits the
+// slots (4 x 4 KiB) up to 16 KiB.
+CommOptions direct_options(bool checksum, const std::string& transport) {
+  CommOptions o;
+  o.checksum = checksum;
+  o.transports = {transport};
+  o.chunk_bytes = 4096;
+  o.transport_settings["RINGFENCE_TCP_CHUNK_BYTES"] = "4096";  // tcp's own default is larger
+  o.direct_write_min_bytes = 1000;
+  o.p2p_direct_user_min_bytes = 1;
+  o.timeout = std::chrono::seconds(5);  // a deadlock shows as a timeout, not a hang
+  o.host_id = "p2p-direct";
+  return o;
+}
+}  // namespace
+
 TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and keys are asked for again, every transfer exact",
           "[integrity][fault][p2p][direct]") {
   // More than the four 4 KiB slots hold (a blocking send that fits them is staged): five chunks,
@@ -23,19 +40,12 @@ TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and key
   // shm writes user buffers by cross-memory attach; tcp's receiver thread writes them.
   const std::string transport = GENERATE(std::string("shm"), std::string("tcp"));
   INFO(count << " floats over " << transport);
-  CommOptions o;
-  o.transports = {transport};
-  o.checksum = true;
+  CommOptions o = direct_options(true, transport);  // every transfer here goes direct
   o.health_enabled = false;  // the link must stay in use: no fence, no relay
-  o.chunk_bytes = 4096;
-  o.transport_settings["RINGFENCE_TCP_CHUNK_BYTES"] = "4096";  // tcp's own default is larger
-  o.direct_write_min_bytes = 1000;  // every transfer here goes direct...
-  o.p2p_direct_user_min_bytes = 1;  // ...into plain user buffers
   o.timeout = std::chrono::seconds(30);
   // About one key in twenty (header and key, some 50 bytes) arrives damaged, one write in
   // twenty not at all; most 4 KiB chunks are damaged, many whole deliveries in a row.
   o.fault = "flip:rate=1e-3,link=0-1,seed=5;drop:rate=0.05,link=0-1,seed=6";
-  o.host_id = "p2p-direct-checked";
   std::atomic<std::size_t> wrong{0};
   std::atomic<std::uint64_t> damaged_keys{0}, damaged_chunks{0};
   const int transfers = 150;
@@ -65,22 +75,6 @@ TEST_CASE("direct point-to-point with checksums: damaged and lost chunks and key
   CHECK(damaged_chunks > 0);
 }
 
-namespace {
-// Direct transfers from 1000 bytes into plain user buffers, 4 KiB chunks: a message fits the
-// slots (4 x 4 KiB) up to 16 KiB.
-CommOptions direct_options(bool checksum, const std::string& transport) {
-  CommOptions o;
-  o.checksum = checksum;
-  o.transports = {transport};
-  o.chunk_bytes = 4096;
-  o.transport_settings["RINGFENCE_TCP_CHUNK_BYTES"] = "4096";  // tcp's own default is larger
-  o.direct_write_min_bytes = 1000;
-  o.p2p_direct_user_min_bytes = 1;
-  o.timeout = std::chrono::seconds(5);  // a deadlock shows as a timeout, not a hang
-  o.host_id = "p2p-direct-order";
-  return o;
-}
-}  // namespace
 
 TEST_CASE("a send that fits the slots returns once written, direct transfers or not: every rank may send before it receives",
           "[p2p][direct]") {
