@@ -13,6 +13,12 @@ namespace ringfence {
 struct TunerModel {
   double alpha_us = 6.0;  ///< one chunk hop: signal, wake-up, pipeline bubble (microseconds)
   double gbps = 2.0;      ///< bytes a link moves per nanosecond (GB/s)
+  /// At two ranks, Auto runs one-shot up to this many bytes whatever the model says (0: the
+  /// model alone). Measured, not modelled: a ring hop of a message this small moves a chunk
+  /// under ~24 KiB, which crosses between cores at about half the speed of a larger one (its
+  /// lines are still in the writer's L1 cache), while one-shot moves the whole message in one
+  /// hop (docs/tuning.md, "Two ranks"). Shared memory only: network links keep the model.
+  std::size_t pair_oneshot_bytes = 48 * 1024;
 };
 
 /// ceil(log2(n)) for n >= 1: the depth of the binary trees.
@@ -69,7 +75,8 @@ constexpr double predict_oneshot_us(const TunerModel& m, int n, std::size_t byte
 /// Auto wins where the plan allows it (Tree needs `tree_allowed`: no relayed hop, no fenced tree
 /// edge; Direct and OneShot need `direct_allowed`: no fenced link at all), else the ring runs.
 /// Auto takes the fastest prediction (ties go to the ring, which relays fenced hops). At two
-/// ranks the tree and direct are the ring; only one-shot differs (one hop instead of two).
+/// ranks the tree and direct are the ring; only one-shot differs (one hop instead of two), and
+/// runs up to `m.pair_oneshot_bytes` whatever the prediction.
 constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, int n, std::size_t bytes, bool tree_allowed,
                                      bool direct_allowed) noexcept {
   if (n <= 1) return Algorithm::Ring;
@@ -77,6 +84,7 @@ constexpr Algorithm choose_allreduce(const TunerModel& m, Algorithm requested, i
   if (requested == Algorithm::Tree) return tree_allowed ? Algorithm::Tree : Algorithm::Ring;
   if (requested == Algorithm::Direct || requested == Algorithm::OneShot) return direct_allowed ? requested : Algorithm::Ring;
   if (requested == Algorithm::Ring) return Algorithm::Ring;
+  if (n == 2 && direct_allowed && bytes <= m.pair_oneshot_bytes) return Algorithm::OneShot;
   // The fastest predicted; ties go to the ring (it relays fenced hops, so it never changes
   // plan under a fence), then to the tree.
   Algorithm best = Algorithm::Ring;

@@ -171,6 +171,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   if (hosts > 1 || ctx.network_only()) {
     tuner.alpha_us = std::max(tuner.alpha_us, kInterHostAlphaUs);
     tuner.gbps = std::min(tuner.gbps, kInterHostGbps);
+    tuner.pair_oneshot_bytes = 0;  // measured on shared memory: a network hop has no such cliff
   }
   plan.start(rank, home);
   set_plan(detail::Plan{std::move(home), {}});  // installs the home ring

@@ -70,16 +70,34 @@ TEST_CASE("tuner: one-shot for tiny messages, tree and direct for medium ones, t
 }
 
 TEST_CASE("tuner: network figures move the two-rank one-shot crossover up, not to bulk sizes", "[tuner]") {
-  const TunerModel shm{};           // the defaults: shared memory
-  const TunerModel tcp{25.0, 1.25};  // across hosts or tcp only (the communicator's network figures)
+  const TunerModel model{6.0, 2.0, 0};  // the shared-memory figures, the model alone
+  const TunerModel tcp{25.0, 1.25, 0};  // across hosts or tcp only (the communicator's network figures)
   auto crossover = [](const TunerModel& m) {
     std::size_t b = 8;
     while (choose_allreduce(m, Algorithm::Auto, 2, b, true, true) != Algorithm::Ring) b *= 2;
     return b;
   };
   // One-shot wins while its extra volume (2S vs S) costs less than the hop it saves: S/beta < alpha.
-  REQUIRE(crossover(shm) == 16384);  // 8 KiB < 6 us * 2 GB/s = 12 KB < 16 KiB
-  REQUIRE(crossover(tcp) == 32768);  // 16 KiB < 25 us * 1.25 GB/s = 31.25 KB < 32 KiB
+  REQUIRE(crossover(model) == 16384);  // 8 KiB < 6 us * 2 GB/s = 12 KB < 16 KiB
+  REQUIRE(crossover(tcp) == 32768);    // 16 KiB < 25 us * 1.25 GB/s = 31.25 KB < 32 KiB
   REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, std::size_t{1} << 20, true, true) == Algorithm::Ring);
   REQUIRE(choose_allreduce(tcp, Algorithm::Auto, 2, 8, true, false) == Algorithm::Ring);  // a fence rules it out
+}
+
+TEST_CASE("tuner: two ranks on shared memory run one-shot up to the measured 48 KiB", "[tuner]") {
+  const TunerModel shm{};  // the defaults
+  REQUIRE(shm.pair_oneshot_bytes == 48 * 1024);
+  // Past the model's 8 KiB, up to the measured limit: one hop of the whole message beats two
+  // ring hops of chunks under ~24 KiB (docs/tuning.md, "Two ranks").
+  for (std::size_t b : {std::size_t{8}, std::size_t{16384}, std::size_t{32768}, std::size_t{49152}}) {
+    INFO("bytes=" << b);
+    REQUIRE(choose_allreduce(shm, Algorithm::Auto, 2, b, true, true) == Algorithm::OneShot);
+  }
+  REQUIRE(choose_allreduce(shm, Algorithm::Auto, 2, 49153, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(shm, Algorithm::Auto, 2, 65536, true, true) == Algorithm::Ring);
+  // Only Auto, only two ranks, only with every link trusted.
+  REQUIRE(choose_allreduce(shm, Algorithm::Ring, 2, 32768, true, true) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(shm, Algorithm::Auto, 2, 32768, true, false) == Algorithm::Ring);
+  REQUIRE(choose_allreduce(shm, Algorithm::Auto, 4, 32768, true, true) == choose_allreduce(TunerModel{6.0, 2.0, 0}, Algorithm::Auto, 4, 32768, true, true));
+  REQUIRE(choose_allreduce(shm, Algorithm::Auto, 3, 32768, true, true) == Algorithm::Ring);
 }
