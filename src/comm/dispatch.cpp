@@ -188,7 +188,7 @@ int Dispatch::lanes_for(const RingCall& c, std::size_t elem_size) const noexcept
 
 const RemoteRegion* Dispatch::resolve_remote(void* ctx, std::span<const std::byte> key) noexcept {
   auto& self = *static_cast<Dispatch*>(ctx);
-  return self.p_.regs.import(key, *self.p_.lanes.main().right, 2 * static_cast<std::size_t>(self.p_.ctx.size));
+  return self.p_.regs.import(key, *self.p_.lanes.main().right, self.registrations_per_call());
 }
 
 // Direct writes of final values into the right neighbour's output (ring allreduce, allgather and
@@ -210,7 +210,7 @@ DirectWrite Dispatch::direct_write_for(LaneState& lane, const RingCall& c, std::
     direct.call = static_cast<std::uint32_t>(ctx.seq);
     if (p_.lanes.is_user_memory(recv, bytes) || bytes >= ctx.options.direct_write_user_min_bytes ||
         lane.left->transport->traits().cheap_user_writes)
-      direct.own_key = p_.regs.local_key(recv, bytes, lane.left->transport);
+      direct.own_key = p_.regs.local_key(recv, bytes, lane.left->transport, registrations_per_call());
     direct.resolve = &Dispatch::resolve_remote;
     direct.ctx = this;
   }

@@ -75,7 +75,7 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes, bool whole_exchange) 
     auto& self = *static_cast<Dispatch*>(d.ctx);
     if (!self.p_.lanes.is_user_memory(ptr, bytes) && bytes < d.user_min_bytes && !ch.transport->traits().cheap_user_writes) return {};
     try {
-      return self.p_.regs.local_key(ptr, bytes, ch.transport);
+      return self.p_.regs.local_key(ptr, bytes, ch.transport, self.registrations_per_call());
     } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
       self.p_.ctx.log.debug("receive buffer not shareable with rank {} ({}): staging", ch.peer, e.what());
       return {};
@@ -83,7 +83,7 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes, bool whole_exchange) 
   };
   d.resolve = [](void* ctx, std::span<const std::byte> key, Connection& ch) noexcept {
     auto& self = *static_cast<Dispatch*>(ctx);
-    return self.p_.regs.import(key, ch, 2 * static_cast<std::size_t>(self.p_.ctx.size));
+    return self.p_.regs.import(key, ch, self.registrations_per_call());
   };
   return d;
 }

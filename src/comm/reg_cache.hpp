@@ -15,8 +15,11 @@ namespace ringfence::detail {
 class RegistrationCache {
  public:
   explicit RegistrationCache(const Logger& log) : log_(log) {}
-  /// Key of `ptr` registered with `t` (a miss registers; throws when `t` cannot).
-  std::span<const std::byte> local_key(void* ptr, std::size_t bytes, Transport* t);
+  /// Key of `ptr` registered with `t` (a miss registers; throws when `t` cannot). A miss drops
+  /// the oldest registration only while more than max(32, `min_entries`) are kept: a call
+  /// must not lose a registration a peer is still writing into, so `min_entries` must cover
+  /// the registrations one call can hold at once (one per peer and lane).
+  std::span<const std::byte> local_key(void* ptr, std::size_t bytes, Transport* t, std::size_t min_entries);
   /// Imports a peer's key with `ch`'s transport (a hit allocates nothing); null when the
   /// import fails (logged). Lane workers call it at once: thread-safe.
   const RemoteRegion* import(std::span<const std::byte> key, Connection& ch, std::size_t min_entries) noexcept;
