@@ -39,6 +39,11 @@ inline constexpr std::size_t kStreamResultMinBytes = std::size_t{16} << 20;
 /// areas without asking which were accepted: the credits' lines are written by the receivers,
 /// and reading one right after is a cache miss that costs a small call more than the copy.
 inline constexpr std::size_t kRetainUncheckedBytes = 4 * 1024;
+/// EngineConfig::spin_polls with a CPU per rank.
+inline constexpr int kSpinPolls = 64;
+/// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, 8 B-4 KiB
+/// allreduce (docs/tuning.md "Spinning and yielding"): 7.3-10.5 µs with 64, 4.9-5.2 with 4.
+inline constexpr int kOversubscribedSpinPolls = 4;
 /// Bytes reserved after every staging slot for the chunk trailer when trailers do not lie with
 /// the data flag (EngineConfig::trailers_with_flag): one cache line, with the trailer in its last
 /// bytes (EngineConfig::trailer_offset).
@@ -352,6 +357,12 @@ struct EngineConfig {
   /// Deliveries of one chunk before the call fails: high enough that a link passing even 1 chunk
   /// in 10 keeps working until the next agreement fences it (p(fail) < 1e-11).
   int max_attempts = 256;
+  /// Polls of a flag before a wait takes its slow path (deadline, services, the link's wait with
+  /// its yields): a small message's answer usually arrives within a microsecond, and reading
+  /// the clock would cost as much. `kOversubscribedSpinPolls` when this host runs more of the
+  /// job's ranks than it has CPUs: there the answer needs the peer to run, which spinning only
+  /// delays.
+  int spin_polls = kSpinPolls;
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
   /// Trailers lie in the line of the receiver's data flag (kFlagLineTrailerStart) when the

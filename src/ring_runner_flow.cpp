@@ -133,9 +133,8 @@ Status RingRunner::await_all_acceptance() noexcept {
 // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
 // communicator timeout. Services re-send requests from the right neighbour meanwhile.
 Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
-  // A short spin first: a small message's answer usually arrives within a microsecond, and
-  // reading the clock for the deadline would cost as much as the wait.
-  for (int i = 0; i < 64; ++i) {
+  // A short spin first (EngineConfig::spin_polls says why and how long).
+  for (int i = 0; i < c_.spin_polls; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     cpu_pause();
   }

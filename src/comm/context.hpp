@@ -2,6 +2,9 @@
 // What every part of one communicator reads: its options, logger, rank, size, bootstrap store,
 // who the ranks are and the transports it selected. Filled once at setup (before any part
 // runs); only `seq` changes afterwards.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <ringfence/log.hpp>
@@ -12,6 +15,9 @@
 #include <vector>
 
 namespace ringfence::detail {
+
+/// CPUs online on this host (at least 1).
+inline int online_cpus() noexcept { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
 struct CommContext {
   CommOptions options;
@@ -32,6 +38,14 @@ struct CommContext {
   FallbackTable fallbacks;
 
   const PeerInfo& peer(int r) const { return peer_info[static_cast<std::size_t>(r)]; }
+  /// Ranks of this communicator on this rank's host, itself included (peer_info must be known).
+  int ranks_on_host() const noexcept {
+    int n = 0;
+    for (const PeerInfo& p : peer_info) n += p.host_id == self.host_id;
+    return n;
+  }
+  /// More of this communicator's ranks on this host than it has CPUs (peer_info must be known).
+  bool oversubscribed() const noexcept { return ranks_on_host() > online_cpus(); }
   /// True when no selected transport shares memory: every link is a network link.
   bool network_only() const noexcept {
     for (const auto& t : transports)

@@ -84,14 +84,13 @@ std::size_t Lanes::choose_transports() {
 // protocol fingerprint.
 int Lanes::lane_count() const {
   if (ctx_.options.channels > 0) return ctx_.options.channels;
-  int local = 1;
-  for (const auto& ch : lane0_.connections) local += ctx_.peer(ch->peer).host_id == ctx_.self.host_id;
-  const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const int local = ctx_.ranks_on_host();
+  const int cpus = online_cpus();
   // Every link a network link: at least two lanes unless the host is oversubscribed. A tcp
   // lane's thread blocks in sends and socket reads, and a second lane overlaps them; 2 tcp
   // ranks on the 2-core VM gain 1.16-1.20x median busbw from 16 MiB (docs/tuning.md "Channels").
   const int least = ctx_.network_only() && local <= cpus ? kNetworkMinLanes : 1;
-  return std::clamp(std::max(static_cast<int>(cpus) / local, least), 1, kMaxAutoLanes);
+  return std::clamp(std::max(cpus / local, least), 1, kMaxAutoLanes);
 }
 
 void Lanes::follow_lane0(LaneState& L, bool expected) const {

@@ -95,6 +95,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
     ctx.peer_info[static_cast<std::size_t>(p)] = std::move(info);
   }
 
+  // Ranks outnumbering the CPUs wait for peers that must be scheduled first: waits leave the
+  // spin for the link's wait, which yields, almost at once (EngineConfig::spin_polls).
+  if (ctx.oversubscribed()) engine.spin_polls = detail::kOversubscribedSpinPolls;
+
   // 2. A transport per peer; a transport may want larger chunks (tcp: each chunk costs a wake-up
   //    and a signal round). Every rank sees the same links' preferences (a job spread over hosts
   //    gives every rank a network link); the protocol fingerprint checks it.

@@ -1,0 +1,28 @@
+// What CommContext derives from the peer list: the ranks sharing this host, and whether they
+// outnumber its CPUs (then waits yield almost at once: EngineConfig::spin_polls).
+#include "comm/context.hpp"
+#include "support/catch.hpp"
+
+using namespace ringfence;
+using ringfence::detail::CommContext;
+
+TEST_CASE("communicator context: ranks on this host, and oversubscription against the online CPUs", "[setup]") {
+  const int cpus = detail::online_cpus();
+  REQUIRE(cpus >= 1);
+  CommContext ctx;
+  ctx.self = PeerInfo{0, "host-a", 1};
+  auto job = [&](int here, int elsewhere) {
+    ctx.peer_info.assign(1, ctx.self);
+    for (int i = 1; i < here; ++i) ctx.peer_info.push_back(PeerInfo{i, "host-a", 1 + i});
+    for (int i = 0; i < elsewhere; ++i) ctx.peer_info.push_back(PeerInfo{here + i, "host-b", 100 + i});
+  };
+  job(1, 3);
+  CHECK(ctx.ranks_on_host() == 1);
+  CHECK_FALSE(ctx.oversubscribed());
+  job(cpus, 5);  // one rank per CPU here, more elsewhere: not oversubscribed
+  CHECK(ctx.ranks_on_host() == cpus);
+  CHECK_FALSE(ctx.oversubscribed());
+  job(cpus + 1, 0);
+  CHECK(ctx.ranks_on_host() == cpus + 1);
+  CHECK(ctx.oversubscribed());
+}
