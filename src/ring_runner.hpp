@@ -348,6 +348,7 @@ class RingRunner {
 
   Status service_all_nacks() noexcept;
 
+  static const char* waiting_for(const P2POp& op) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
   void retain_call_chunks() noexcept;

@@ -106,8 +106,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       for (std::size_t i = 0; i < n; ++i)
         if (ops[i].done < ops[i].bytes) {
           Connection& ch = *connection_of[ops[i].peer];
-          return fail(Status(ErrorCode::Timeout), ch, ops[i].send ? "a free staging slot (credit) for a send" : "data for a receive",
-                      ops[i].send ? ch.sent : ch.received);
+          return fail(Status(ErrorCode::Timeout), ch, waiting_for(ops[i]), ops[i].send ? ch.sent : ch.received);
         }
     }
     // Nothing to do: wait on the flag the first runnable op needs (the link spins briefly,
@@ -127,8 +126,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
                                       std::chrono::microseconds(20));
       if (st.is_error()) {
         RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
-        return fail(st, ch, op.send ? "a free staging slot (credit) for a send" : "data for a receive",
-                    op.send ? ch.sent : ch.received);
+        return fail(st, ch, waiting_for(op), op.send ? ch.sent : ch.received);
       }
       break;
     }
@@ -152,6 +150,13 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     retain_unaccepted(connection_of);  // staged chunks after the last direct one
   }
   return Status::ok();
+}
+
+// What a point-to-point op that cannot move waits for, as a failure names it.
+const char* RingRunner::waiting_for(const P2POp& op) noexcept {
+  if (op.send && op.direct && !op.keyed)
+    return "the receiver's buffer key for a direct send (the receiver has not posted the matching receive)";
+  return op.send ? "a free staging slot (credit) for a send" : "data for a receive";
 }
 
 // Copies of the chunks [first, ch.sent) to `ch` in its retained area (slot m % slots: at most

@@ -7,6 +7,7 @@
 #include <limits>
 #include <ringfence/communicator.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -167,4 +168,33 @@ TEST_CASE("a group receiving into more buffers than the registration cache holds
   INFO(error);
   REQUIRE(error.empty());
   CHECK(wrong == 0);
+}
+
+TEST_CASE("a direct send whose receive never comes times out naming the receiver's key, not a staging slot",
+          "[p2p][direct][failure]") {
+  const bool checksum = GENERATE(true, false);
+  INFO((checksum ? "checksums" : "no checksums"));
+  CommOptions o = direct_options(checksum, "shm");
+  o.timeout = std::chrono::milliseconds(500);
+  o.heartbeat_interval = std::chrono::milliseconds(0);  // rank 1 idles: nothing else may end the send first
+  std::atomic<bool> done{false};
+  std::string what;
+  const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
+    if (comm.rank() == 1) {  // never receives; stays until rank 0 gave up
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::vector<float> buf(12000, 1.0f);  // more than the slots hold: direct
+    try {
+      comm.send(buf.data(), buf.size(), DataType::Float32, 1);
+      what = "no error";
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    done = true;
+  });
+  INFO(error << " | " << what);
+  REQUIRE(error.empty());
+  CHECK(what.find("buffer key for a direct send") != std::string::npos);
+  CHECK(what.find("rank 1") != std::string::npos);
 }
