@@ -48,7 +48,7 @@ class CountingTransport final : public Transport {
 };
 }  // namespace
 
-TEST_CASE("registration cache: a hit registers nothing; past its size the oldest goes, unless one call needs more",
+TEST_CASE("registration cache: a hit registers nothing, and past its size the oldest goes unless one call needs more",
           "[direct]") {
   const Logger log;
   CountingTransport t;
