@@ -111,6 +111,7 @@ void Dispatch::judge_call(const char* call) {
 // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
 void Dispatch::run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct) {
   if (p_.device.current()) return run_device_call(call, c, reducer);
+  p_.regs.begin_call();
   LaneState& lane0 = p_.lanes.main();
   const int lanes = lanes_for(c, reducer.elem_size);
   const bool deferred = p_.calls.can_defer(lane0, c, lanes, p_.ctx.size);  // false when there is none or it was judged
@@ -188,7 +189,7 @@ int Dispatch::lanes_for(const RingCall& c, std::size_t elem_size) const noexcept
 
 const RemoteRegion* Dispatch::resolve_remote(void* ctx, std::span<const std::byte> key) noexcept {
   auto& self = *static_cast<Dispatch*>(ctx);
-  return self.p_.regs.import(key, *self.p_.lanes.main().right, self.registrations_per_call());
+  return self.p_.regs.import(key, *self.p_.lanes.main().right);
 }
 
 // Direct writes of final values into the right neighbour's output (ring allreduce, allgather and
@@ -210,7 +211,7 @@ DirectWrite Dispatch::direct_write_for(LaneState& lane, const RingCall& c, std::
     direct.call = static_cast<std::uint32_t>(ctx.seq);
     if (p_.lanes.is_user_memory(recv, bytes) || bytes >= ctx.options.direct_write_user_min_bytes ||
         lane.left->transport->traits().cheap_user_writes)
-      direct.own_key = p_.regs.local_key(recv, bytes, lane.left->transport, registrations_per_call());
+      direct.own_key = p_.regs.local_key(recv, bytes, lane.left->transport);
     direct.resolve = &Dispatch::resolve_remote;
     direct.ctx = this;
   }

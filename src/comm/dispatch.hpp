@@ -140,11 +140,6 @@ class Dispatch {
   P2PDirect p2p_direct(std::size_t user_min_bytes, bool whole_exchange) noexcept;
   void run_alltoall(const char* call, const void* send, void* recv, std::size_t block);
   static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept;
-  // Registrations one call may use at once, which the caches must keep: a direct receive per
-  // peer (and its key re-published), an output slice per lane.
-  std::size_t registrations_per_call() const noexcept {
-    return 2 * static_cast<std::size_t>(p_.ctx.size) + static_cast<std::size_t>(p_.lanes.count());
-  }
 
   DispatchParts p_;
   const Heartbeat* heartbeat_ = nullptr;

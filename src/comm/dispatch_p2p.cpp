@@ -57,6 +57,7 @@ void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t us
   Failure failure;
   LaneState& lane0 = p_.lanes.main();
   DeviceLane* device = p_.device.current();
+  p_.regs.begin_call();
   const Status s = device ? device->run_p2p(call, ops.data(), ops.size(), failure)
                           : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(), p2p_direct(user_min_bytes, whole_exchange), failure);
   ops.clear();
@@ -75,7 +76,7 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes, bool whole_exchange) 
     auto& self = *static_cast<Dispatch*>(d.ctx);
     if (!self.p_.lanes.is_user_memory(ptr, bytes) && bytes < d.user_min_bytes && !ch.transport->traits().cheap_user_writes) return {};
     try {
-      return self.p_.regs.local_key(ptr, bytes, ch.transport, self.registrations_per_call());
+      return self.p_.regs.local_key(ptr, bytes, ch.transport);
     } catch (const std::exception& e) {  // not shareable: the sender uses our staging slots
       self.p_.ctx.log.debug("receive buffer not shareable with rank {} ({}): staging", ch.peer, e.what());
       return {};
@@ -83,7 +84,7 @@ P2PDirect Dispatch::p2p_direct(std::size_t user_min_bytes, bool whole_exchange) 
   };
   d.resolve = [](void* ctx, std::span<const std::byte> key, Connection& ch) noexcept {
     auto& self = *static_cast<Dispatch*>(ctx);
-    return self.p_.regs.import(key, ch, self.registrations_per_call());
+    return self.p_.regs.import(key, ch);
   };
   return d;
 }

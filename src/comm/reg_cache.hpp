@@ -1,9 +1,13 @@
 #pragma once
 // Direct-write registration caches: our output and receive buffers registered with a link's
 // transport (their keys go to the peer that writes into them), and the peers' keys imported.
-// Bounded; a miss allocates (like NCCL's lazy registration), a hit does not.
+// Bounded; a miss allocates (like NCCL's lazy registration), a hit does not. An entry the
+// current call used is never dropped: a peer may still write into that buffer, or we through
+// that region, until the call ends.
 #include <cstddef>
-#include <deque>
+#include <cstdint>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <ringfence/log.hpp>
 #include <span>
@@ -15,19 +19,23 @@ namespace ringfence::detail {
 class RegistrationCache {
  public:
   explicit RegistrationCache(const Logger& log) : log_(log) {}
-  /// Key of `ptr` registered with `t` (a miss registers; throws when `t` cannot). A miss drops
-  /// the oldest registration only while more than max(32, `min_entries`) are kept: a call
-  /// must not lose a registration a peer is still writing into, so `min_entries` must cover
-  /// the registrations one call can hold at once (one per peer and lane).
-  std::span<const std::byte> local_key(void* ptr, std::size_t bytes, Transport* t, std::size_t min_entries);
+  /// Marks the start of a call (dispatch thread, before its lanes run): entries used from now
+  /// on belong to it and stay until the next call starts.
+  void begin_call() noexcept { ++call_; }
+  /// Key of `ptr` registered with `t` (a miss registers; throws when `t` cannot). A miss with
+  /// `kEntries` or more kept first drops the oldest entries the current call has not used.
+  std::span<const std::byte> local_key(void* ptr, std::size_t bytes, Transport* t);
   /// Imports a peer's key with `ch`'s transport (a hit allocates nothing); null when the
-  /// import fails (logged). Lane workers call it at once: thread-safe.
-  const RemoteRegion* import(std::span<const std::byte> key, Connection& ch, std::size_t min_entries) noexcept;
+  /// import fails (logged). The region stays valid until a later call. Lane workers call it at
+  /// once: thread-safe.
+  const RemoteRegion* import(std::span<const std::byte> key, Connection& ch) noexcept;
   /// Forgets our registrations (the memory they describe is being freed, or a move changed the
   /// transport).
   void clear_local() noexcept { local_.clear(); }
   /// Forgets the imported keys (they were made for a transport a move replaced).
   void clear_remote() noexcept;
+  /// Entries kept across calls; a call may hold more while it runs (each one it uses).
+  static constexpr std::size_t kEntries = 32;
 
  private:
   struct LocalReg {
@@ -35,15 +43,24 @@ class RegistrationCache {
     std::size_t bytes;
     MemoryRegion region;
     Bytes key;
+    std::uint64_t call;  // the last call that used it
   };
   struct RemoteReg {
     Bytes key;
     RemoteRegion region;
+    std::uint64_t call;
   };
-  static constexpr std::size_t kEntries = 32;
+  // Drops the oldest entries of `list` that the current call has not used until one more fits
+  // under kEntries (or none is left to drop: the call holds them all).
+  template <class List>
+  void make_room(List& list) noexcept {
+    for (auto it = list.begin(); list.size() >= kEntries && it != list.end();)
+      it = it->call != call_ ? list.erase(it) : std::next(it);
+  }
   const Logger& log_;
-  std::deque<LocalReg> local_;  // deques: entries keep their address while others come and go
-  std::deque<RemoteReg> remote_;
+  std::uint64_t call_ = 0;
+  std::list<LocalReg> local_;  // lists: entries keep their address while others come and go
+  std::list<RemoteReg> remote_;
   std::mutex remote_mutex_;
 };
 
