@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
         return c == 'h' ? 0 : 2;
     }
   }
-  if (steps <= 0 || slots == 0) return std::fprintf(stderr, "-n and -s must be positive\n"), 2;
+  // One slot would let a thread overwrite the chunk its peer is still reading.
+  if (steps <= 0 || slots < 2) return std::fprintf(stderr, "-n must be positive and -s at least 2\n"), 2;
   constexpr std::size_t kSlotBytes = std::size_t{256} << 10;  // the default staging slot
   std::printf("# %d steps per size, %zu slots of 256 KiB, CPUs %d and %d; times of thread 0 per step\n", steps, slots,
               cpu[0], cpu[1]);

@@ -41,8 +41,9 @@ inline constexpr std::size_t kStreamResultMinBytes = std::size_t{16} << 20;
 inline constexpr std::size_t kRetainUncheckedBytes = 4 * 1024;
 /// EngineConfig::spin_polls with a CPU per rank.
 inline constexpr int kSpinPolls = 64;
-/// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, 8 B-4 KiB
-/// allreduce (docs/tuning.md "Spinning and yielding"): 7.3-10.5 µs with 64, 4.9-5.2 with 4.
+/// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, median
+/// allreduce time against 64 (docs/tuning.md "Spinning and yielding"): 8 B 6.75 -> 5.32 µs,
+/// 4 KiB 9.93 -> 8.35.
 inline constexpr int kOversubscribedSpinPolls = 4;
 /// Bytes reserved after every staging slot for the chunk trailer when trailers do not lie with
 /// the data flag (EngineConfig::trailers_with_flag): one cache line, with the trailer in its last

@@ -155,7 +155,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
 // What a point-to-point op that cannot move waits for, as a failure names it.
 const char* RingRunner::waiting_for(const P2POp& op) noexcept {
   if (op.send && op.direct && !op.keyed)
-    return "the receiver's buffer key for a direct send (the receiver has not posted the matching receive)";
+    return "the receiver's buffer key for a direct send (has the receiver posted a receive of the same size, after its earlier ones from us?)";
   return op.send ? "a free staging slot (credit) for a send" : "data for a receive";
 }
 

@@ -48,7 +48,7 @@ enum class Algorithm : std::uint8_t {
   Ring,  ///< pipelined ring reduce-scatter + allgather (bandwidth-optimal; relays fenced hops)
   Tree,  ///< double binary tree (latency grows with log2 n); ring when the plan has relays
   Direct,  ///< every rank reduces one slice from all peers (two hops); ring once a link is fenced
-  OneShot, ///< every rank sends its whole input to all and reduces all itself (one hop; tiny messages)
+  OneShot, ///< every rank sends its whole input to all and reduces all itself (one hop; small messages)
 };
 
 /// Options of one communicator. Plain aggregate; every field has a sane default.

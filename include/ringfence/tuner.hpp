@@ -17,7 +17,8 @@ struct TunerModel {
   /// model alone). Measured, not modelled: a ring hop of a message this small moves a chunk
   /// under ~24 KiB, which crosses between cores at about half the speed of a larger one (its
   /// lines are still in the writer's L1 cache), while one-shot moves the whole message in one
-  /// hop (docs/tuning.md, "Two ranks"). Shared memory only: network links keep the model.
+  /// hop (docs/tuning.md, "Two ranks"). Network links keep the model (the communicator sets 0
+  /// across hosts and with tcp only); the device lane uses it too, unmeasured there.
   std::size_t pair_oneshot_bytes = 48 * 1024;
 };
 

@@ -2,6 +2,7 @@
 // progress thread (Dispatch::issue).
 #include <cstring>
 #include <ringfence/error.hpp>
+#include <ringfence/reduce_ops.hpp>
 
 #include "dispatch.hpp"
 
@@ -25,7 +26,7 @@ Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t c
     if (algo == Algorithm::OneShot && bytes > oneshot_copy_.size()) algo = Algorithm::Ring;
     const void* src = send;
     if (algo == Algorithm::OneShot && send == recv && bytes > 0 && !device) {
-      std::memcpy(oneshot_copy_.data(), send, bytes);
+      ringfence::copy_bytes(oneshot_copy_.data(), send, bytes);  // the vector copy: glibc's is slow at these sizes here
       src = oneshot_copy_.data();
     }
     if (algo != Algorithm::Ring) {

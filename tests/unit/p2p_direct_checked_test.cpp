@@ -174,16 +174,21 @@ TEST_CASE("a direct send whose receive never comes times out naming the receiver
           "[p2p][direct][failure]") {
   const bool checksum = GENERATE(true, false);
   INFO((checksum ? "checksums" : "no checksums"));
-  CommOptions o = direct_options(checksum, "shm");
-  o.timeout = std::chrono::milliseconds(500);
+  CommOptions o = direct_options(checksum, "shm");  // setup keeps the helper's 5 s
   o.heartbeat_interval = std::chrono::milliseconds(0);  // rank 1 idles: nothing else may end the send first
   std::atomic<bool> done{false};
   std::string what;
   const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
-    if (comm.rank() == 1) {  // never receives; stays until rank 0 gave up
-      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (comm.rank() == 1) {  // never receives; stays until rank 0 gave up (or 60 s passed)
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!done && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       return;
     }
+    struct Done {  // however rank 0 leaves, rank 1 stops waiting
+      std::atomic<bool>& flag;
+      ~Done() { flag = true; }
+    } mark{done};
+    comm.set_timeout(std::chrono::milliseconds(500));
     std::vector<float> buf(12000, 1.0f);  // more than the slots hold: direct
     try {
       comm.send(buf.data(), buf.size(), DataType::Float32, 1);
@@ -191,7 +196,6 @@ TEST_CASE("a direct send whose receive never comes times out naming the receiver
     } catch (const TimeoutError& e) {
       what = e.what();
     }
-    done = true;
   });
   INFO(error << " | " << what);
   REQUIRE(error.empty());

@@ -69,7 +69,7 @@ TEST_CASE("tuner: one-shot for tiny messages, tree and direct for medium ones, t
   REQUIRE(choose_allreduce(m, Algorithm::Direct, 8, std::size_t{1} << 30, true, true) == Algorithm::Direct);
 }
 
-TEST_CASE("tuner: network figures move the two-rank one-shot crossover up, not to bulk sizes", "[tuner]") {
+TEST_CASE("tuner: the model alone, network figures move the two-rank one-shot crossover up, not to bulk sizes", "[tuner]") {
   const TunerModel model{6.0, 2.0, 0};  // the shared-memory figures, the model alone
   const TunerModel tcp{25.0, 1.25, 0};  // across hosts or tcp only (the communicator's network figures)
   auto crossover = [](const TunerModel& m) {
