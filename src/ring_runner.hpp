@@ -348,6 +348,8 @@ class RingRunner {
 
   Status service_all_nacks() noexcept;
 
+  // A direct send that has not read its receiver's buffer key yet: it waits on the p2p mail flag.
+  static bool awaits_key(const P2POp& op) noexcept { return op.send && op.direct && !op.keyed; }
   static const char* waiting_for(const P2POp& op) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;

@@ -117,7 +117,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       const P2POp& op = ops[i];
       if (op.done >= op.bytes || op.local_dst) continue;
       Connection& ch = *connection_of[op.peer];
-      const bool needs_key = op.send && op.direct && !op.keyed;
+      const bool needs_key = awaits_key(op);
       SignalFlag& flag = needs_key ? flags_.p2p_mail[ch.peer] : op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
       const std::uint64_t target = needs_key ? ch.p2p_keys_used + 1
                                    : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
@@ -154,7 +154,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
 
 // What a point-to-point op that cannot move waits for, as a failure names it.
 const char* RingRunner::waiting_for(const P2POp& op) noexcept {
-  if (op.send && op.direct && !op.keyed)
+  if (awaits_key(op))
     return "the receiver's buffer key for a direct send (has the receiver posted a receive of the same size, after its earlier ones from us?)";
   return op.send ? "a free staging slot (credit) for a send" : "data for a receive";
 }

@@ -1,6 +1,5 @@
 #include "lanes.hpp"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>

@@ -6,6 +6,7 @@
 #include <ringfence/log.hpp>
 #include <ringfence/transport.hpp>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "comm/reg_cache.hpp"
@@ -81,7 +82,8 @@ TEST_CASE("registration cache: a hit registers nothing, and past its size the ol
   CHECK(t.registrations == 40);
   CHECK(t.live.size() == 40);
   // A hit costs no registration and returns the same key.
-  CHECK(key_of(at(7)) == Bytes(cache.local_key(at(7), 64, &t).begin(), cache.local_key(at(7), 64, &t).end()));
+  const std::span<const std::byte> hit = cache.local_key(at(7), 64, &t);
+  CHECK(key_of(at(7)) == Bytes(hit.begin(), hit.end()));
   CHECK(t.registrations == 40);
 
   // The next call: its first miss drops old entries down to the size (31 plus the new one).
