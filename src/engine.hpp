@@ -21,9 +21,11 @@ namespace ringfence::detail {
 inline constexpr std::size_t kMailboxBytes = 512;
 /// Bytes of the mailbox header.
 inline constexpr std::size_t kMailHeader = 12;
-/// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
-/// receivers copies them to the retained areas and returns instead of waiting.
+/// EngineConfig::retain_max_bytes where ranks share CPUs.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
+/// EngineConfig::retain_max_bytes with a CPU per rank (docs/protection-cost.md, "Waiting for
+/// the last chunk").
+inline constexpr std::size_t kRunningRetainMaxBytes = 16 * 1024;
 /// A 2-rank ring allreduce or allgather of at least this many bytes (per channel slice; for
 /// allgather each rank's block) copies the chunks it
 /// receives into its output with streaming stores (copy_bytes_stream): those are final values
@@ -364,6 +366,19 @@ struct EngineConfig {
   /// job's ranks than it has CPUs: there the answer needs the peer to run, which spinning only
   /// delays.
   int spin_polls = kSpinPolls;
+  /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
+  /// receivers copies them to the retained areas and returns; with more it waits for the
+  /// receivers. With a CPU per rank (`kRunningRetainMaxBytes`) a receiver busy with our last chunk accepts
+  /// it about when we finish, and waiting for its credit costs less than copying tens of KiB;
+  /// where this host runs more of the job's ranks than it has CPUs (kRetainMaxBytes) the
+  /// receiver may first have to be scheduled.
+  std::size_t retain_max_bytes = kRetainMaxBytes;
+  /// Sets the waits for this host's load: `oversubscribed` when it runs more of the job's ranks
+  /// than it has online CPUs (CommContext::oversubscribed).
+  void fit_to_host(bool oversubscribed) noexcept {
+    spin_polls = oversubscribed ? kOversubscribedSpinPolls : kSpinPolls;
+    retain_max_bytes = oversubscribed ? kRetainMaxBytes : kRunningRetainMaxBytes;
+  }
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }
   /// Trailers lie in the line of the receiver's data flag (kFlagLineTrailerStart) when the

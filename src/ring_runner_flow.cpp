@@ -14,7 +14,7 @@ Status RingRunner::finish_call() noexcept {
   if (c_.checksum && c_.size > 1) {
     if (c_.retained_peers && relays_.count == 0 && bytes_sent_ <= kRetainUncheckedBytes) {
       retain_call_chunks();
-    } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= kRetainMaxBytes) {
+    } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= c_.retain_max_bytes) {
       retain_unaccepted(c_.retained_peers);
     } else if (by_position_) {
       RINGFENCE_TRY(await_all_acceptance());

@@ -96,8 +96,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   }
 
   // Ranks outnumbering the CPUs wait for peers that must be scheduled first: waits leave the
-  // spin for the link's wait, which yields, almost at once (EngineConfig::spin_polls).
-  if (ctx.oversubscribed()) engine.spin_polls = detail::kOversubscribedSpinPolls;
+  // spin for the link's wait, which yields, almost at once (EngineConfig::spin_polls). With a
+  // CPU per rank, a checked call waits for receivers about to accept its last chunk rather
+  // than copy it aside (EngineConfig::retain_max_bytes).
+  engine.fit_to_host(ctx.oversubscribed());
 
   // 2. A transport per peer; a transport may want larger chunks (tcp: each chunk costs a wake-up
   //    and a signal round). Every rank sees the same links' preferences (a job spread over hosts

@@ -1,6 +1,7 @@
 // What CommContext derives from the peer list: the ranks sharing this host, and whether they
-// outnumber its CPUs (then waits yield almost at once: EngineConfig::spin_polls).
+// outnumber its CPUs; and what the engine's waits make of that (EngineConfig::fit_to_host).
 #include "comm/context.hpp"
+#include "engine.hpp"
 #include "support/catch.hpp"
 
 using namespace ringfence;
@@ -25,4 +26,21 @@ TEST_CASE("communicator context: ranks on this host, and oversubscription agains
   job(cpus + 1, 0);
   CHECK(ctx.ranks_on_host() == cpus + 1);
   CHECK(ctx.oversubscribed());
+}
+
+TEST_CASE("engine waits fit the host: a CPU per rank spins longer and waits for its receivers, shared CPUs yield and copy aside",
+          "[setup]") {
+  detail::EngineConfig engine;
+  engine.fit_to_host(false);
+  CHECK(engine.spin_polls == detail::kSpinPolls);
+  CHECK(engine.retain_max_bytes == detail::kRunningRetainMaxBytes);
+  engine.fit_to_host(true);
+  CHECK(engine.spin_polls == detail::kOversubscribedSpinPolls);
+  CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
+  // The two settings differ, or the host's load would change nothing.
+  CHECK(detail::kSpinPolls != detail::kOversubscribedSpinPolls);
+  CHECK(detail::kRunningRetainMaxBytes < detail::kRetainMaxBytes);
+  engine.fit_to_host(false);  // and back: nothing sticks from an earlier call
+  CHECK(engine.spin_polls == detail::kSpinPolls);
+  CHECK(engine.retain_max_bytes == detail::kRunningRetainMaxBytes);
 }
