@@ -77,6 +77,21 @@ static_assert(sizeof(ChunkTrailer) == 12);
 inline constexpr std::size_t kFlagLineTrailerStart = sizeof(SignalFlag::value) + sizeof(SignalFlag::waiters);
 inline constexpr int kFlagLineTrailers = static_cast<int>((sizeof(SignalFlag) - kFlagLineTrailerStart) / sizeof(ChunkTrailer));
 static_assert(sizeof(SignalFlag) == 64 && kFlagLineTrailers == 4);
+/// A sender's current call, as {sequence modulo 2^32, fingerprint CRC}, in the last 8 bytes of
+/// the line of its receiver's data flag (after the trailers): written before its first chunk of
+/// each call on the link (with a fingerprint check left to the executor). A receiver that checks
+/// this sender and finds its own call's number and CRC there has the sender's fingerprint
+/// without reading the slot and the flag that carry the whole one: two cache lines a call,
+/// a third of a small allreduce's time (RingRunner::settle_call). Anything else there (a later
+/// call's word, one a fault damaged, none yet, a relay that does not write one) sends it to
+/// the whole fingerprint, as before.
+struct CallWord {
+  std::uint32_t sequence = 0;
+  std::uint32_t crc = 0;
+  friend bool operator==(const CallWord&, const CallWord&) = default;
+};
+inline constexpr std::size_t kFlagLineCallWord = sizeof(SignalFlag) - sizeof(CallWord);
+static_assert(kFlagLineTrailerStart + kFlagLineTrailers * sizeof(ChunkTrailer) <= kFlagLineCallWord);
 
 /// Re-sends of part of a chunk (ring_runner_repair.cpp): a link so damaged that whole chunks
 /// never arrive intact is asked for pieces small enough to get through. A request names bytes
@@ -106,13 +121,15 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 }
 
 /// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
-inline constexpr std::size_t kCallSlots = 8;
+/// Enough that acknowledgements (kCallAckEvery) are rare: each is a line the sender then
+/// reads again from the receiver's cache.
+inline constexpr std::size_t kCallSlots = 32;
 /// The ring executor acknowledges every this many-th fingerprint it compares (acknowledgements
 /// count up, so one frees every slot before it too); `settle_fingerprint` acknowledges every
 /// one, which covers the fingerprints compared before a fence agreement (it may re-pair the
 /// ranks). At most `kCallSlots`, so a slot's previous call is always followed by an
 /// acknowledged one before the slot comes round again.
-inline constexpr std::size_t kCallAckEvery = 4;
+inline constexpr std::size_t kCallAckEvery = 16;
 static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 
 /// Collectives as named in fingerprints and mismatch errors.
@@ -272,6 +289,10 @@ struct Connection {
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
   CallFingerprint call_fp[kCallSlots];  ///< our fingerprints written to this peer (outlive the writes)
+  CallWord call_word;  ///< our call's word last written to this peer's data flag line (outlives the write)
+  /// The peer's acknowledgement of our fingerprints as we last read it (a lower bound: they only
+  /// grow): a post whose slot it already frees reads nothing (RingRunner::post_fingerprint).
+  std::uint32_t call_ack_seen = 0;
   // Direct point-to-point: keys of our receive buffers published to this peer, and keys of the
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
@@ -515,6 +536,8 @@ struct CallCheck {
   CallFingerprint theirs;   ///< `from`'s, once read
   bool settled = false;     ///< `theirs` was read
   bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
+  /// `mine` as the word a sender writes beside its data flag (CallWord).
+  CallWord word() const noexcept { return CallWord{static_cast<std::uint32_t>(mine.sequence), mine.crc}; }
   /// Read, intact, and a different call: the ranks disagree.
   bool disagree() const noexcept {
     return settled && intact &&

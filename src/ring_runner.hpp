@@ -166,9 +166,9 @@ class RingRunner {
 
   Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept;
 
-  Status settle_call(CallCheck& check, bool block, bool always_ack) noexcept;
+  Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
-  Status verify_call(bool block) noexcept;
+  Status verify_call(bool block, const Connection* data_from = nullptr) noexcept;
 
   // Leaves this call's fingerprint check to the executor (see RingCall::check).
   void check_with(CallCheck* check) noexcept { check_ = check; }
@@ -342,6 +342,7 @@ class RingRunner {
   Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
   Status write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept;
   Status put_trailer(Connection& ch, std::uint64_t m, std::uint32_t crc, std::size_t bytes) noexcept;
+  Status put_call_word(Connection& ch, std::uint64_t m) noexcept;
 
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;

@@ -249,6 +249,7 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
     c.has_crc = true;
     c.crc = known_.crc;
   }
+  if (check_ && !(ch.call_word == check_->word())) RINGFENCE_TRY(put_call_word(ch, m));  // first chunk of the call here
   RINGFENCE_TRY(put_chunk(ch, m));
   const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
                                             static_cast<std::uint32_t>(m + 1), m});
@@ -263,8 +264,9 @@ Status RingRunner::await_chunk(Connection& ch, const std::byte*& slot) noexcept 
   const std::uint64_t m = ch.received;
   RINGFENCE_TRY(wait_flag(ch, flags_.data[ch.peer], static_cast<std::uint32_t>(m + 1), "data", m));
   // No chunk is used before the sender's call is known to be ours. From the checked rank the
-  // fingerprint came before the data on the same link, so this does not wait.
-  RINGFENCE_TRY(verify_call(true));
+  // fingerprint (and the call word beside the flag) came before the data on the same link, so
+  // this does not wait.
+  RINGFENCE_TRY(verify_call(true, &ch));
   slot = ch.inbox + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
   return Status::ok();
 }

@@ -12,9 +12,11 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
     Connection& ch = *to[i];
     // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
     // must have been read before it is overwritten.
-    if (const std::uint64_t previous = ch.call_fp[slot].sequence; previous != 0)
-      RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], static_cast<std::uint32_t>(previous),
-                              "the reading of an earlier call fingerprint", 0));
+    if (const auto previous = static_cast<std::uint32_t>(ch.call_fp[slot].sequence);
+        ch.call_fp[slot].sequence != 0 && !reached(ch.call_ack_seen, previous)) {
+      RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], previous, "the reading of an earlier call fingerprint", 0));
+      ch.call_ack_seen = flags_.call_ack[ch.peer].value.load(std::memory_order_acquire);
+    }
     ch.call_fp[slot] = mine;
     Status s = ch.link->write(WriteOp{&ch.call_fp[slot], nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
                                       sizeof(CallFingerprint), 0});
@@ -27,11 +29,18 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
 
 // Reads the checked neighbour's fingerprint of this call into `check` (waiting for it when
 // `block`; else only if it is there) and acknowledges it when its number is a multiple of
-// kCallAckEvery or `always_ack`, freeing its slot and every one before it.
-Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack) noexcept {
+// kCallAckEvery or `always_ack`, freeing its slot and every one before it. `by_word`: a chunk
+// from the neighbour has just arrived, so the line of its data flag holds the word of the call
+// it sent it in (CallWord); when that is ours, it stands for the whole fingerprint.
+Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack, bool by_word) noexcept {
   Connection& from = *check.from;
   const auto number = static_cast<std::uint32_t>(check.mine.sequence);
-  if (!read_fingerprint(flags_, check)) {
+  CallWord word;
+  if (by_word) std::memcpy(&word, reinterpret_cast<const std::byte*>(&flags_.data[from.peer]) + kFlagLineCallWord, sizeof word);
+  if (by_word && word == check.word()) {
+    check.theirs = check.mine;
+    check.settled = check.intact = true;
+  } else if (!read_fingerprint(flags_, check)) {
     if (!block) return Status::ok();
     settling_ = true;  // the wait below must not try to settle the same check again
     const Status waited = wait_flag(from, flags_.call[from.peer], number,
@@ -49,12 +58,21 @@ Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack) no
 // The executor's side of a check left to it: settle it (see settle_call) and fail the call
 // when the ranks disagree. Called before the first received chunk is used, by waits that
 // find the fingerprint there, and at the end of the call.
-Status RingRunner::verify_call(bool block) noexcept {
+// `data_from`: the connection a chunk just arrived on (its word may settle the check).
+Status RingRunner::verify_call(bool block, const Connection* data_from) noexcept {
   if (!check_ || check_->settled || settling_) return Status::ok();
-  RINGFENCE_TRY(settle_call(*check_, block, false));
+  RINGFENCE_TRY(settle_call(*check_, block, false, data_from == check_->from));
   if (check_->disagree())
     return fail(Status(ErrorCode::InvalidUsage), *check_->from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
   return Status::ok();
+}
+
+// Our call's word into the line of `ch`'s data flag for us, before message m (CallWord).
+Status RingRunner::put_call_word(Connection& ch, std::uint64_t m) noexcept {
+  ch.call_word = check_->word();
+  const Status s = ch.link->write(WriteOp{&ch.call_word, nullptr, &ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank) + kFlagLineCallWord,
+                                          sizeof ch.call_word, m});
+  return s.is_ok() ? s : fail(s, ch, "writing the call word", m);
 }
 
 // Writes our output's key (empty = "use my staging slots") into the left neighbour's mailbox
