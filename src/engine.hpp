@@ -21,10 +21,10 @@ namespace ringfence::detail {
 inline constexpr std::size_t kMailboxBytes = 512;
 /// Bytes of the mailbox header.
 inline constexpr std::size_t kMailHeader = 12;
-/// EngineConfig::retain_max_bytes where ranks share CPUs.
+/// EngineConfig::retain_max_bytes where ranks share CPUs or a link is a network link.
 inline constexpr std::size_t kRetainMaxBytes = 64 * 1024;
-/// EngineConfig::retain_max_bytes with a CPU per rank (docs/protection-cost.md, "Waiting for
-/// the last chunk").
+/// EngineConfig::retain_max_bytes with a CPU per rank on shared memory (docs/protection-cost.md,
+/// "Waiting for the last chunk").
 inline constexpr std::size_t kRunningRetainMaxBytes = 16 * 1024;
 /// A 2-rank ring allreduce or allgather of at least this many bytes (per channel slice; for
 /// allgather each rank's block) copies the chunks it
@@ -384,21 +384,26 @@ struct EngineConfig {
   /// Polls of a flag before a wait takes its slow path (deadline, services, the link's wait with
   /// its yields): a small message's answer usually arrives within a microsecond, and reading
   /// the clock would cost as much. `kOversubscribedSpinPolls` when this host runs more of the
-  /// job's ranks than it has CPUs: there the answer needs the peer to run, which spinning only
+  /// communicator's ranks than it has CPUs: there the answer needs the peer to run, which spinning only
   /// delays.
   int spin_polls = kSpinPolls;
   /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
   /// receivers copies them to the retained areas and returns; with more it waits for the
-  /// receivers. With a CPU per rank (`kRunningRetainMaxBytes`) a receiver busy with our last chunk accepts
-  /// it about when we finish, and waiting for its credit costs less than copying tens of KiB;
-  /// where this host runs more of the job's ranks than it has CPUs (kRetainMaxBytes) the
-  /// receiver may first have to be scheduled.
+  /// receivers. With a CPU per rank and shared memory only (`kRunningRetainMaxBytes`) a
+  /// receiver busy with our last chunk accepts it about when we finish, and waiting for its
+  /// credit costs less than copying tens of KiB; where this host runs more of the
+  /// communicator's ranks than it has CPUs, or a link crosses a network (kRetainMaxBytes), the
+  /// credit may first need the receiver scheduled or a network round trip.
   std::size_t retain_max_bytes = kRetainMaxBytes;
-  /// Sets the waits for this host's load: `oversubscribed` when it runs more of the job's ranks
-  /// than it has online CPUs (CommContext::oversubscribed).
-  void fit_to_host(bool oversubscribed) noexcept {
+  /// Sets the waits for this host's load and links: `oversubscribed` when this host runs more
+  /// of the communicator's ranks than it has online CPUs (CommContext::oversubscribed);
+  /// `network_links` when some link is a network link (ranks on several hosts, or no
+  /// shared-memory transport selected). Waiting for a receiver's credit pays off only where it
+  /// comes within a cache line's trip: across a network it is a round trip, and the copy aside
+  /// (kRetainMaxBytes) costs less.
+  void fit_to_host(bool oversubscribed, bool network_links) noexcept {
     spin_polls = oversubscribed ? kOversubscribedSpinPolls : kSpinPolls;
-    retain_max_bytes = oversubscribed ? kRetainMaxBytes : kRunningRetainMaxBytes;
+    retain_max_bytes = oversubscribed || network_links ? kRetainMaxBytes : kRunningRetainMaxBytes;
   }
   /// Distance between staging slots: payload plus the trailer.
   std::size_t slot_stride() const noexcept { return slot_bytes + kTrailerBytes; }

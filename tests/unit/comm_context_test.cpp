@@ -31,16 +31,27 @@ TEST_CASE("communicator context: ranks on this host, and oversubscription agains
 TEST_CASE("engine waits fit the host: a CPU per rank spins longer and waits for its receivers, shared CPUs yield and copy aside",
           "[setup]") {
   detail::EngineConfig engine;
-  engine.fit_to_host(false);
+  engine.fit_to_host(false, false);
   CHECK(engine.spin_polls == detail::kSpinPolls);
   CHECK(engine.retain_max_bytes == detail::kRunningRetainMaxBytes);
-  engine.fit_to_host(true);
+  engine.fit_to_host(true, false);
   CHECK(engine.spin_polls == detail::kOversubscribedSpinPolls);
   CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
   // The two settings differ, or the host's load would change nothing.
   CHECK(detail::kSpinPolls != detail::kOversubscribedSpinPolls);
   CHECK(detail::kRunningRetainMaxBytes < detail::kRetainMaxBytes);
-  engine.fit_to_host(false);  // and back: nothing sticks from an earlier call
+  engine.fit_to_host(false, false);  // and back: nothing sticks from an earlier call
   CHECK(engine.spin_polls == detail::kSpinPolls);
   CHECK(engine.retain_max_bytes == detail::kRunningRetainMaxBytes);
+}
+
+TEST_CASE("engine waits fit the links: over a network link a checked call copies aside rather than wait a round trip",
+          "[setup]") {
+  detail::EngineConfig engine;
+  engine.fit_to_host(false, true);
+  CHECK(engine.spin_polls == detail::kSpinPolls);  // spinning depends on the CPUs alone
+  CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
+  engine.fit_to_host(true, true);
+  CHECK(engine.spin_polls == detail::kOversubscribedSpinPolls);
+  CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
 }
