@@ -124,7 +124,8 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 /// Enough that acknowledgements (kCallAckEvery) are rare: each is a line the sender then
 /// reads again from the receiver's cache.
 inline constexpr std::size_t kCallSlots = 32;
-/// The ring executor acknowledges every this many-th fingerprint it compares (acknowledgements
+/// The ring executor acknowledges the fingerprints it compares of calls whose number is a
+/// multiple of this (acknowledgements
 /// count up, so one frees every slot before it too); `settle_fingerprint` acknowledges every
 /// one, which covers the fingerprints compared before a fence agreement (it may re-pair the
 /// ranks). At most `kCallSlots`, so a slot's previous call is always followed by an
@@ -392,15 +393,16 @@ struct EngineConfig {
   /// receivers. With a CPU per rank and shared memory only (`kRunningRetainMaxBytes`) a
   /// receiver busy with our last chunk accepts it about when we finish, and waiting for its
   /// credit costs less than copying tens of KiB; where this host runs more of the
-  /// communicator's ranks than it has CPUs, or a link crosses a network (kRetainMaxBytes), the
-  /// credit may first need the receiver scheduled or a network round trip.
+  /// communicator's ranks than it has CPUs, or any of this rank's links crosses a network
+  /// (kRetainMaxBytes), the credit may first need the receiver scheduled or a network round trip.
   std::size_t retain_max_bytes = kRetainMaxBytes;
-  /// Sets the waits for this host's load and links: `oversubscribed` when this host runs more
-  /// of the communicator's ranks than it has online CPUs (CommContext::oversubscribed);
-  /// `network_links` when some link is a network link (ranks on several hosts, or no
-  /// shared-memory transport selected). Waiting for a receiver's credit pays off only where it
-  /// comes within a cache line's trip: across a network it is a round trip, and the copy aside
-  /// (kRetainMaxBytes) costs less.
+  /// Sets the waits for this host's load and this rank's links: `oversubscribed` when this
+  /// host runs more of the communicator's ranks than it has online CPUs
+  /// (CommContext::oversubscribed); `network_links` when any of this rank's links is a network
+  /// link (Lanes::has_network_link). Waiting for a receiver's credit pays off where it comes
+  /// within a cache line's trip; across a network it is a round trip, which is expected to cost
+  /// more than the copy aside (kRetainMaxBytes; measured for tcp on loopback only,
+  /// docs/protection-cost.md "Waiting for the last chunk").
   void fit_to_host(bool oversubscribed, bool network_links) noexcept {
     spin_polls = oversubscribed ? kOversubscribedSpinPolls : kSpinPolls;
     retain_max_bytes = oversubscribed || network_links ? kRetainMaxBytes : kRunningRetainMaxBytes;

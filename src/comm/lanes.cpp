@@ -79,6 +79,12 @@ std::size_t Lanes::choose_transports() {
   return min_chunk;
 }
 
+bool Lanes::has_network_link() const noexcept {
+  for (const auto& ch : lane0_.connections)
+    if (ch->transport && !ch->transport->traits().shares_memory) return true;
+  return false;
+}
+
 // Every rank computes the same number only if hosts look alike, so the result is checked in the
 // protocol fingerprint.
 int Lanes::lane_count() const {

@@ -49,6 +49,10 @@ class Lanes {
   /// agree. Returns the largest chunk preference of the chosen transports. Throws
   /// `Error(PeerUnreachable)` naming every transport's reason when none reaches a peer.
   std::size_t choose_transports();
+  /// Whether a transport lane 0 chose (choose_transports) reaches some peer over a network
+  /// (does not share memory): tcp or verbs across hosts, or ahead of shm in
+  /// RINGFENCE_TRANSPORTS on one host. This rank's own links; other ranks may differ.
+  bool has_network_link() const noexcept;
   /// Lanes to build: RINGFENCE_CHANNELS, or (0 = auto) one per core this rank can count on
   /// (online cores over the ranks on this host), at most 4.
   int lane_count() const;

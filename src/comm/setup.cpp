@@ -100,19 +100,13 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   //    gives every rank a network link); the protocol fingerprint checks it.
   const std::size_t min_chunk = lanes.choose_transports();
   if (min_chunk > engine.slot_bytes) engine.slot_bytes = (min_chunk + 63) / 64 * 64;
-  int hosts = 0;  // distinct host ids
-  for (auto it = ctx.peer_info.begin(); it != ctx.peer_info.end(); ++it)
-    hosts += std::none_of(ctx.peer_info.begin(), it, [&](const PeerInfo& q) { return q.host_id == it->host_id; });
-  // Across hosts, or with no shared-memory transport selected, the slowest hop is a network
-  // link. Both are the same on every rank (host ids are global; the transport selection is in
-  // the protocol fingerprint).
-  const bool network_links = hosts > 1 || ctx.network_only();
 
   // Ranks outnumbering the CPUs wait for peers that must be scheduled first: waits leave the
   // spin for the link's wait, which yields, almost at once (EngineConfig::spin_polls). With a
-  // CPU per rank and shared memory only, a checked call waits for receivers about to accept
-  // its last chunk rather than copy it aside (EngineConfig::retain_max_bytes).
-  engine.fit_to_host(ctx.oversubscribed(), network_links);
+  // CPU per rank and only shared-memory links chosen, a checked call waits for receivers about
+  // to accept its last chunk rather than copy it aside (EngineConfig::retain_max_bytes). A
+  // local choice: ranks may differ.
+  engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link());
 
   // With health on every link of this rank is judged on its transport's evidence (checksum
   // errors, timeouts; speeds are compared across the job by the agreement itself), mapped
@@ -174,9 +168,14 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   for (int i = 0; i < size; ++i)
     joined_hops += gpu_joined(placement, home[static_cast<std::size_t>(i)], home[static_cast<std::size_t>((i + 1) % size)]);
   if (joined_hops > 0) ctx.log.info("planner: home ring {} ({} of {} hops NVLink or same GPU)", fmt::join(home, ","), joined_hops, size);
-  // The tuner's model: over a network link the slowest hop has tcp's figures.
+  int hosts = 0;  // distinct host ids
+  for (auto it = ctx.peer_info.begin(); it != ctx.peer_info.end(); ++it)
+    hosts += std::none_of(ctx.peer_info.begin(), it, [&](const PeerInfo& q) { return q.host_id == it->host_id; });
+  // The tuner's model: across hosts, or with no shared-memory transport selected, the slowest
+  // hop is a network link (tcp's figures). Both are the same on every rank (host ids are
+  // global; the transport selection is in the protocol fingerprint).
   TunerModel tuner{options.tuner_alpha_us, options.tuner_gbps};
-  if (network_links) {
+  if (hosts > 1 || ctx.network_only()) {
     tuner.alpha_us = std::max(tuner.alpha_us, kInterHostAlphaUs);
     tuner.gbps = std::min(tuner.gbps, kInterHostGbps);
     tuner.pair_oneshot_bytes = 0;  // measured on shared memory: a network hop has no such cliff

@@ -1,5 +1,6 @@
 // What CommContext derives from the peer list: the ranks sharing this host, and whether they
-// outnumber its CPUs; and what the engine's waits make of that (EngineConfig::fit_to_host).
+// outnumber its CPUs; and what the engine's waits make of that and of network links
+// (EngineConfig::fit_to_host).
 #include "comm/context.hpp"
 #include "engine.hpp"
 #include "support/catch.hpp"
@@ -48,9 +49,12 @@ TEST_CASE("engine waits fit the host: a CPU per rank spins longer and waits for 
 TEST_CASE("engine waits fit the links: over a network link a checked call copies aside rather than wait a round trip",
           "[setup]") {
   detail::EngineConfig engine;
+  engine.fit_to_host(false, false);  // from the shared-memory setting, so each assignment shows
   engine.fit_to_host(false, true);
   CHECK(engine.spin_polls == detail::kSpinPolls);  // spinning depends on the CPUs alone
   CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
+  engine.spin_polls = 0;  // whatever came before, both are set
+  engine.retain_max_bytes = 0;
   engine.fit_to_host(true, true);
   CHECK(engine.spin_polls == detail::kOversubscribedSpinPolls);
   CHECK(engine.retain_max_bytes == detail::kRetainMaxBytes);
