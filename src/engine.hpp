@@ -125,11 +125,10 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 /// reads again from the receiver's cache.
 inline constexpr std::size_t kCallSlots = 32;
 /// The ring executor acknowledges the fingerprints it compares of calls whose number is a
-/// multiple of this (acknowledgements
-/// count up, so one frees every slot before it too); `settle_fingerprint` acknowledges every
-/// one, which covers the fingerprints compared before a fence agreement (it may re-pair the
-/// ranks). At most `kCallSlots`, so a slot's previous call is always followed by an
-/// acknowledged one before the slot comes round again.
+/// multiple of this (acknowledgements count up, so one frees every slot before it too);
+/// `settle_fingerprint` acknowledges every one, which covers the fingerprints compared before a
+/// fence agreement (it may re-pair the ranks). At most `kCallSlots`, so a slot's previous call
+/// is always followed by an acknowledged one before the slot comes round again.
 inline constexpr std::size_t kCallAckEvery = 16;
 static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 
@@ -385,8 +384,8 @@ struct EngineConfig {
   /// Polls of a flag before a wait takes its slow path (deadline, services, the link's wait with
   /// its yields): a small message's answer usually arrives within a microsecond, and reading
   /// the clock would cost as much. `kOversubscribedSpinPolls` when this host runs more of the
-  /// communicator's ranks than it has CPUs: there the answer needs the peer to run, which spinning only
-  /// delays.
+  /// communicator's ranks than it has CPUs: there the answer needs the peer to run, which
+  /// spinning only delays.
   int spin_polls = kSpinPolls;
   /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
   /// receivers copies them to the retained areas and returns; with more it waits for the
@@ -402,7 +401,7 @@ struct EngineConfig {
   /// link (Lanes::has_network_link). Waiting for a receiver's credit pays off where it comes
   /// within a cache line's trip; across a network it is a round trip, which is expected to cost
   /// more than the copy aside (kRetainMaxBytes; measured for tcp on loopback only,
-  /// docs/protection-cost.md "Waiting for the last chunk").
+  /// docs/protection-cost.md "Network links").
   void fit_to_host(bool oversubscribed, bool network_links) noexcept {
     spin_polls = oversubscribed ? kOversubscribedSpinPolls : kSpinPolls;
     retain_max_bytes = oversubscribed || network_links ? kRetainMaxBytes : kRunningRetainMaxBytes;

@@ -18,8 +18,8 @@ namespace ringfence::detail {
 
 /// CPUs online on this host (at least 1). Not this process's affinity mask: a rank pinned to a
 /// core of its own (ringfence-run --bind-to core, mpirun's default) sees one CPU there, which
-/// says nothing about how many this communicator's ranks share. A job confined to fewer CPUs than ranks by
-/// other means (a cpuset) is not seen as oversubscribed.
+/// says nothing about how many this communicator's ranks share. A job confined to fewer CPUs
+/// than ranks by other means (a cpuset) is not seen as oversubscribed.
 inline int online_cpus() noexcept { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
 struct CommContext {
