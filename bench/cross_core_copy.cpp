@@ -5,7 +5,10 @@
 // the write and read halves for every size, so a per-size cliff shows without any library cost
 // (docs/tuning.md, "Two ranks": chunks under ~24 KiB cross between cores at half the speed).
 //
-//   cross_core_copy [-c cpu,cpu (0,1)] [-n steps per size (20000)] [-s slots (8)]
+// -w writes the chunk into the peer's slot with streaming stores (copy_bytes_stream), as the
+// engine does where CommOptions::stream_writes holds (docs/tuning.md "Streaming slot writes").
+//
+//   cross_core_copy [-c cpu,cpu (0,1)] [-n steps per size (20000)] [-s slots (8)] [-w]
 #include <getopt.h>
 #include <pthread.h>
 #include <sched.h>
@@ -54,23 +57,25 @@ int main(int argc, char** argv) {
   int cpu[2] = {0, 1};
   int steps = 20000;
   std::size_t slots = 8;
-  for (int c; (c = getopt(argc, argv, "c:n:s:h")) != -1;) {
+  bool stream = false;
+  for (int c; (c = getopt(argc, argv, "c:n:s:wh")) != -1;) {
     switch (c) {
       case 'c':
         if (std::sscanf(optarg, "%d,%d", &cpu[0], &cpu[1]) != 2) return std::fprintf(stderr, "-c expects cpu,cpu\n"), 2;
         break;
       case 'n': steps = std::atoi(optarg); break;
       case 's': slots = static_cast<std::size_t>(std::atol(optarg)); break;
+      case 'w': stream = true; break;
       default:
-        std::fprintf(stderr, "usage: cross_core_copy [-c cpu,cpu] [-n steps] [-s slots]\n");
+        std::fprintf(stderr, "usage: cross_core_copy [-c cpu,cpu] [-n steps] [-s slots] [-w]\n");
         return c == 'h' ? 0 : 2;
     }
   }
   // One slot would let a thread overwrite the chunk its peer is still reading.
   if (steps <= 0 || slots < 2) return std::fprintf(stderr, "-n must be positive and -s at least 2\n"), 2;
   constexpr std::size_t kSlotBytes = std::size_t{256} << 10;  // the default staging slot
-  std::printf("# %d steps per size, %zu slots of 256 KiB, CPUs %d and %d; times of thread 0 per step\n", steps, slots,
-              cpu[0], cpu[1]);
+  std::printf("# %d steps per size, %zu slots of 256 KiB, CPUs %d and %d, %s writes; times of thread 0 per step\n", steps,
+              slots, cpu[0], cpu[1], stream ? "streaming" : "plain");
   std::printf("%8s %10s %10s %10s %12s\n", "bytes", "step_us", "write_us", "read_us", "GB/s/dir");
   const std::size_t sizes[] = {1 << 10, 2 << 10, 4 << 10, 8 << 10, 12 << 10, 16 << 10, 20 << 10, 24 << 10,
                                28 << 10, 32 << 10, 48 << 10, 64 << 10, 128 << 10};
@@ -92,7 +97,8 @@ int main(int argc, char** argv) {
       for (int i = 1; i <= steps; ++i) {
         const std::size_t slot = static_cast<std::size_t>(i) % slots * kSlotBytes;
         const auto t0 = Clock::now();
-        ringfence::copy_bytes(peer.inbox.data() + slot, me.src.data(), bytes);
+        if (stream) ringfence::copy_bytes_stream(peer.inbox.data() + slot, me.src.data(), bytes);
+        else ringfence::copy_bytes(peer.inbox.data() + slot, me.src.data(), bytes);
         const auto t1 = Clock::now();
         flag[1 - r].value.store(static_cast<std::uint64_t>(i), std::memory_order_release);
         spin_until(flag[r], static_cast<std::uint64_t>(i));

@@ -186,6 +186,12 @@ std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t bytes) no
   return crc32c(src, bytes);
 }
 
+std::uint32_t staging_copy_crc_stream(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (bytes > kCopyThenCrcMaxBytes) return copy_bytes_crc_stream(dst, src, bytes);
+  copy_bytes_stream(dst, src, bytes);
+  return crc32c(src, bytes);
+}
+
 }  // namespace ringfence
 
 namespace ringfence::detail {

@@ -37,6 +37,10 @@ inline constexpr std::size_t kRunningRetainMaxBytes = 16 * 1024;
 /// output may still be in the cache when the caller reads it). A chunk whose destination is not
 /// aligned (16 bytes; 64 with checksums) is copied plainly, e.g. rank 1's half of an odd count.
 inline constexpr std::size_t kStreamResultMinBytes = std::size_t{16} << 20;
+/// Where the communicator streams its writes (EngineConfig::stream_writes), chunks of at least
+/// this many bytes go into a peer's slot with streaming stores: under it the plain copy was as
+/// fast or faster (bench/cross_core_copy -w, docs/tuning.md "Streaming slot writes").
+inline constexpr std::size_t kStreamWriteMinBytes = 4096;
 /// Checksum mode: a call that sent at most this many bytes copies all of them to the retained
 /// areas without asking which were accepted: the credits' lines are written by the receivers,
 /// and reading one right after is a cache miss that costs a small call more than the copy.
@@ -378,6 +382,10 @@ struct EngineConfig {
   std::size_t slot_bytes = 0;  ///< payload bytes per staging slot (multiple of 64, >= 64)
   bool checksum = false;       ///< CRC32C per chunk, verified by the receiver, re-sent on mismatch
   bool trailers = false;       ///< write chunk trailers even without checksums (relays read the length)
+  /// Chunks of at least kStreamWriteMinBytes are written with streaming stores (WriteOp::stream):
+  /// set at setup from CommOptions::stream_writes and, with auto, a probe of this host
+  /// (choose_stream_writes). A local choice: ranks may differ.
+  bool stream_writes = false;
   /// Deliveries of one chunk before the call fails: high enough that a link passing even 1 chunk
   /// in 10 keeps working until the next agreement fences it (p(fail) < 1e-11).
   int max_attempts = 256;

@@ -113,7 +113,7 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", "RINGFENCE_HEALTH_LEDGER", "RINGFENCE_HEALTH_LEDGER_QUARANTINE_S", "RINGFENCE_HEALTH_CONFIG",
     "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
     "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
-    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS"};
+    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES"};
 
 bool is_core_variable(std::string_view name) noexcept {
   return std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown);
@@ -170,6 +170,12 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_CHANNELS"))
     o.channels = static_cast<int>(parse_integer("RINGFENCE_CHANNELS", *v, 0, 16));
   if (auto v = env.get("RINGFENCE_CHANNEL_MIN_BYTES")) o.channel_min_bytes = parse_bytes(*v, "RINGFENCE_CHANNEL_MIN_BYTES");
+  if (auto v = env.get("RINGFENCE_STREAM_WRITES")) {
+    if (*v == "auto") o.stream_writes = StreamWritesMode::Auto;
+    else if (*v == "on") o.stream_writes = StreamWritesMode::On;
+    else if (*v == "off") o.stream_writes = StreamWritesMode::Off;
+    else throw InvalidUsage(fmt::format("RINGFENCE_STREAM_WRITES='{}': expected auto, on or off", *v));
+  }
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
   if (auto v = env.get("RINGFENCE_ALGO")) {
     if (*v == "auto") o.algorithm = Algorithm::Auto;

@@ -193,6 +193,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   // A chunk without a known CRC: the link may compute it in the pass that copies it.
   WriteCrc crc_of_write;
   if (c_.checksum && !c.has_crc) w.crc = &crc_of_write;
+  w.stream = c_.stream_writes && c.bytes >= kStreamWriteMinBytes;
   // Bandwidth evidence for the health layer, unless the link times its writes itself (they
   // only enqueue: a device copy).
   const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();

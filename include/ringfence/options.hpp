@@ -35,6 +35,13 @@ enum class DeviceRegionsMode : std::uint8_t {
   Off,   ///< always host-staged
 };
 
+/// How chunks are written into peers' staging slots (`CommOptions::stream_writes`).
+enum class StreamWritesMode : std::uint8_t {
+  Auto,  ///< streaming stores where a probe of this host at setup finds them clearly faster
+  On,    ///< always streaming stores (from kStreamWriteMinBytes, 4 KiB)
+  Off,   ///< always plain stores through the cache
+};
+
 /// What a result-digest mismatch does (`CommOptions::digest_action`).
 enum class DigestAction : std::uint8_t {
   Error,  ///< fail the collective on every rank
@@ -124,6 +131,14 @@ struct CommOptions {
   /// Smallest slice a channel is given (bytes); a call uses min(channels, bytes ÷ this) channels.
   /// Must match on every rank. Env: RINGFENCE_CHANNEL_MIN_BYTES.
   std::size_t channel_min_bytes = 1024 * 1024;
+  /// Chunks of 4 KiB or more that go through a shared-memory slot are written with streaming
+  /// (non-temporal) stores or through the cache. Which hands them to the reading core faster
+  /// depends on the host: on an AMD EPYC (Zen 5) VM whose two vCPUs do not share a cache,
+  /// streaming made 2-rank allreduce 2.2-2.9x faster at 64 KiB-8 MiB; on an Intel VM it was
+  /// slower (docs/tuning.md "Streaming slot writes"). Auto: the host's lowest rank times both
+  /// at setup (a few ms) and the host's ranks follow it. A local choice: ranks may differ.
+  /// Env: RINGFENCE_STREAM_WRITES=auto|on|off.
+  StreamWritesMode stream_writes = StreamWritesMode::Auto;
   /// Allowed transports in priority order, by registry name; empty = every registered
   /// transport in registry order. Env: RINGFENCE_TRANSPORTS=<name>,<name>.
   std::vector<std::string> transports;

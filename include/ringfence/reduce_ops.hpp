@@ -259,4 +259,9 @@ inline constexpr std::size_t kCopyThenCrcMaxBytes = 16 * 1024;
 /// keeps `copy_bytes_crc`: its CRC must be of the very bytes it stored. Never throws.
 std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t n) noexcept;
 
+/// `staging_copy_crc` with streaming stores, for a write the engine asks to stream
+/// (`WriteOp::stream`): up to `kCopyThenCrcMaxBytes` `copy_bytes_stream` and then the CRC of
+/// `src` from the cache, above it `copy_bytes_crc_stream`. Never throws.
+std::uint32_t staging_copy_crc_stream(void* dst, const void* src, std::size_t n) noexcept;
+
 }  // namespace ringfence

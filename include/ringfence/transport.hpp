@@ -153,6 +153,11 @@ struct WriteOp {
   std::size_t bytes = 0;                    ///< length in bytes
   std::uint64_t wr_id = 0;                  ///< echoed in the completion
   WriteCrc* crc = nullptr;                  ///< optional: see WriteCrc (a link may ignore it)
+  /// Hint: another core reads these bytes next, and on this host streaming (non-temporal)
+  /// stores hand them over faster than the cache does (`CommOptions::stream_writes`). A link
+  /// that copies through the CPU may write them so (shm: `copy_bytes_stream`, and
+  /// `staging_copy_crc_stream` for `crc`); any other link ignores it.
+  bool stream = false;
 };
 
 /// One signal: store `value` into the `SignalFlag` at `offset` of `dst`; visible at the peer

@@ -9,6 +9,7 @@
 
 #include "../health/gpu_topology.hpp"
 #include "comm_impl.hpp"
+#include "stream_probe.hpp"
 
 namespace ringfence {
 
@@ -107,6 +108,9 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   // to accept its last chunk rather than copy it aside (EngineConfig::retain_max_bytes). A
   // local choice: ranks may differ.
   engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link());
+  // Chunks into peers' slots with streaming stores where this host hands them over faster so
+  // (a probe by the host's lowest rank, unless RINGFENCE_STREAM_WRITES says). Local too.
+  engine.stream_writes = detail::choose_stream_writes(ctx);
 
   // With health on every link of this rank is judged on its transport's evidence (checksum
   // errors, timeouts; speeds are compared across the job by the agreement itself), mapped

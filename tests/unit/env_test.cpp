@@ -53,6 +53,7 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
                                                    {"RINGFENCE_SOCKET_IFNAME", "^docker,lo"},
                                                    {"RINGFENCE_HEALTH_GPU", "3"},
                                                    {"RINGFENCE_DEVICE_REGIONS", "off"},
+                                                   {"RINGFENCE_STREAM_WRITES", "on"},
                                                    {"RINGFENCE_CUDA_KERNELS", "/opt/rf/libringfence_kernels.so"}}));
   REQUIRE(o.timeout == std::chrono::milliseconds(1500));
   REQUIRE(o.chunk_bytes == 64 * 1024);
@@ -76,6 +77,10 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.device_regions == DeviceRegionsMode::Off);
   REQUIRE(o.cuda_kernels == "/opt/rf/libringfence_kernels.so");
   REQUIRE(CommOptions{}.device_regions == DeviceRegionsMode::Auto);
+  REQUIRE(o.stream_writes == StreamWritesMode::On);
+  REQUIRE(CommOptions{}.stream_writes == StreamWritesMode::Auto);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_STREAM_WRITES", "off"}})).stream_writes == StreamWritesMode::Off);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_STREAM_WRITES", "auto"}})).stream_writes == StreamWritesMode::Auto);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "on"}})).device_regions == DeviceRegionsMode::On);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "auto"}})).device_regions == DeviceRegionsMode::Auto);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_HEALTH_GPU", "cuda"}})).health_gpu == CommOptions::kHealthGpuFromCuda);
@@ -126,7 +131,8 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_CHANNELS", "17"},    {"RINGFENCE_TCP_SOCKETS", "0"}, {"RINGFENCE_TCP_SOCKETS", "9"},
                         {"RINGFENCE_HEALTH_GPU", "x"},   {"RINGFENCE_IB_HCA", ""},       {"RINGFENCE_IB_GID_INDEX", "256"},
                         {"RINGFENCE_IB_TIMEOUT", "0"},   {"RINGFENCE_IB_TIMEOUT", "32"}, {"RINGFENCE_IB_RETRY_CNT", "8"},
-                        {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"}};
+                        {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"},
+                        {"RINGFENCE_STREAM_WRITES", "1"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     // Core options fail in from_env; a transport's settings when the transport reads them.

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
+#include <ringfence/crc32c.hpp>
 #include <ringfence/error.hpp>
 #include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
@@ -101,6 +103,42 @@ TEST_CASE("shm: memory in another shm transport's segment registers as a segment
   std::vector<std::byte> heap(64);
   REQUIRE_THROWS_WITH(registrar->register_memory(heap.data(), heap.size(), MemoryKind::Host), Catch::Contains("cross-memory attach is disabled"));
   REQUIRE(owner->deallocate(mem));
+}
+
+TEST_CASE("shm: a write asked to stream lands the same bytes and answers the same CRC as a plain one", "[shm][stream]") {
+  // WriteOp::stream: streaming stores from 256 bytes where the destination is aligned, the
+  // plain copy elsewhere; with `crc` copy-then-CRC up to 16 KiB, fused above, plain past 256 KiB.
+  Pair p;
+  constexpr std::size_t kBytes = 320 * 1024;
+  auto* mem = static_cast<std::byte*>(p.b->allocate(kBytes + 64, MemoryKind::Host));
+  REQUIRE(mem != nullptr);
+  MemoryRegion region = p.b->register_memory(mem, kBytes + 64, MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  std::vector<std::byte> src(kBytes);
+  std::mt19937 rng(9);
+  for (auto& x : src) x = static_cast<std::byte>(rng());
+  std::uint64_t id = 0;
+  for (const std::size_t len : {100u, 4096u, 16384u, 20000u, 65539u, 262144u, 300000u})
+    for (const std::size_t at : {0u, 16u, 3u})
+      for (const bool stream : {false, true})
+        for (const bool with_crc : {false, true}) {
+          CAPTURE(len, at, stream, with_crc);
+          std::memset(mem, 0x5a, kBytes + 64);
+          WriteCrc crc;
+          WriteOp op{src.data() + 1, nullptr, &remote, at, len, ++id};
+          op.stream = stream;
+          if (with_crc) op.crc = &crc;
+          REQUIRE(p.a_to_b->write(op).is_ok());
+          REQUIRE(drain(*p.a_to_b).size() == 1);
+          REQUIRE(std::memcmp(mem + at, src.data() + 1, len) == 0);
+          REQUIRE(static_cast<unsigned char>(mem[at + len]) == 0x5a);  // nothing past the end
+          if (at > 0) REQUIRE(static_cast<unsigned char>(mem[at - 1]) == 0x5a);
+          if (with_crc) {
+            REQUIRE(crc.done);
+            REQUIRE(crc.value == crc32c(src.data() + 1, len));
+          }
+        }
+  REQUIRE(p.b->deallocate(mem));
 }
 
 TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach copy", "[shm][cma]") {

@@ -128,11 +128,14 @@ class ShmLink final : public Link {
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
+      std::byte* const to = dst->base + op.dst_offset;
       if (op.crc) {  // the engine wants the bytes' CRC: with the copy (staging_copy_crc)
-        op.crc->value = staging_copy_crc(dst->base + op.dst_offset, op.src, op.bytes);
+        op.crc->value = op.stream ? staging_copy_crc_stream(to, op.src, op.bytes) : staging_copy_crc(to, op.src, op.bytes);
         op.crc->done = true;
+      } else if (op.stream) {
+        copy_bytes_stream(to, op.src, op.bytes);
       } else {
-        copy_bytes(dst->base + op.dst_offset, op.src, op.bytes);
+        copy_bytes(to, op.src, op.bytes);
       }
     } else {  // the kernel copies (cross-memory attach): the engine computes the CRC itself
       RINGFENCE_TRY(cma_write(*dst, op));
