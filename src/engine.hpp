@@ -384,7 +384,7 @@ struct EngineConfig {
   bool trailers = false;       ///< write chunk trailers even without checksums (relays read the length)
   /// Chunks of at least kStreamWriteMinBytes are written with streaming stores (WriteOp::stream):
   /// set at setup from CommOptions::stream_writes and, with auto, a probe of this host
-  /// (choose_stream_writes). A local choice: ranks may differ.
+  /// (publish_stream_writes, read_stream_writes). A local choice: ranks may differ.
   bool stream_writes = false;
   /// Deliveries of one chunk before the call fails: high enough that a link passing even 1 chunk
   /// in 10 keeps working until the next agreement fences it (p(fail) < 1e-11).

@@ -108,9 +108,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   // to accept its last chunk rather than copy it aside (EngineConfig::retain_max_bytes). A
   // local choice: ranks may differ.
   engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link());
-  // Chunks into peers' slots with streaming stores where this host hands them over faster so
-  // (a probe by the host's lowest rank, unless RINGFENCE_STREAM_WRITES says). Local too.
-  engine.stream_writes = detail::choose_stream_writes(ctx);
+  // Chunks into peers' slots with streaming stores where this host hands them over faster so:
+  // the host's lowest rank probes now, every rank reads its answer once the lanes connected
+  // (their store round carries it). Local too.
+  detail::publish_stream_writes(ctx);
 
   // With health on every link of this rank is judged on its transport's evidence (checksum
   // errors, timeouts; speeds are compared across the job by the agreement itself), mapped
@@ -159,6 +160,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
     lanes.follow_lane0(beat, false);
     lanes.connect(beat, detail::kBeatLane);
   }
+
+  const bool stream_writes = detail::read_stream_writes(ctx);
+  // The workers already run but read a lane's engine only for work handed to them later.
+  for (int l = 0; l < planned; ++l) lanes.lane(l).engine.stream_writes = stream_writes;
 
   // 4. The home ring: each host's ranks next to each other (hosts in order of their lowest
   //    rank), so a ring crosses between hosts once per host and direction; within a host

@@ -113,20 +113,19 @@ std::optional<StreamProbe> probe_stream_writes(int cpu_a, int cpu_b) {
 
 bool prefers_stream(const StreamProbe& p) noexcept { return p.stream_us < kStreamWin * p.plain_us; }
 
-bool choose_stream_writes(const CommContext& ctx) {
+namespace {
+
+// The host's answer, as its lowest rank gives it: its own option when on or off; with auto,
+// false where no other rank of the communicator runs here or only network transports are
+// selected, else the probe between this rank's first CPU and the next online one (with one
+// CPU per rank, usually the next rank's). Logs the probe.
+bool probe_host(const CommContext& ctx) {
   switch (ctx.options.stream_writes) {
     case StreamWritesMode::On: return true;
     case StreamWritesMode::Off: return false;
     case StreamWritesMode::Auto: break;
   }
   if (ctx.ranks_on_host() < 2 || ctx.network_only()) return false;  // no slot here is written by another core
-  int lowest = ctx.rank;
-  for (const PeerInfo& p : ctx.peer_info)
-    if (p.host_id == ctx.self.host_id) lowest = std::min(lowest, p.rank);
-  const std::string key = "stream_writes/" + ctx.self.host_id;
-  if (ctx.rank != lowest) return to_string(ctx.store->get(key, ctx.options.timeout)) == "1";
-  // The first CPU this rank may run on, and the next online CPU after it (with one CPU per
-  // rank, usually the next rank's).
   cpu_set_t mine;
   CPU_ZERO(&mine);
   int cpu_a = 0;
@@ -136,13 +135,38 @@ bool choose_stream_writes(const CommContext& ctx) {
   std::optional<StreamProbe> probe;
   if (cpu_b != cpu_a) probe = probe_stream_writes(cpu_a, cpu_b);
   const bool stream = probe && prefers_stream(*probe);
-  ctx.store->set(key, to_bytes(stream ? "1" : "0"));
   if (probe)
     ctx.log.info("stream writes {}: a 64 KiB exchange step between CPUs {} and {} took {:.2f} us plain, {:.2f} us streaming",
                  stream ? "on" : "off", cpu_a, cpu_b, probe->plain_us, probe->stream_us);
   else
     ctx.log.info("stream writes off: the probe between CPUs {} and {} could not run", cpu_a, cpu_b);
   return stream;
+}
+
+}  // namespace
+
+namespace {
+int lowest_on_host(const CommContext& ctx) noexcept {
+  int lowest = ctx.rank;
+  for (const PeerInfo& p : ctx.peer_info)
+    if (p.host_id == ctx.self.host_id) lowest = std::min(lowest, p.rank);
+  return lowest;
+}
+std::string answer_key(int rank) { return "stream_writes/" + std::to_string(rank); }
+}  // namespace
+
+void publish_stream_writes(const CommContext& ctx) {
+  if (ctx.rank == lowest_on_host(ctx)) ctx.store->set(answer_key(ctx.rank), to_bytes(probe_host(ctx) ? "1" : "0"));
+}
+
+bool read_stream_writes(const CommContext& ctx) {
+  const bool host = to_string(ctx.store->get(answer_key(lowest_on_host(ctx)), ctx.options.timeout)) == "1";
+  switch (ctx.options.stream_writes) {
+    case StreamWritesMode::On: return true;
+    case StreamWritesMode::Off: return false;
+    case StreamWritesMode::Auto: break;
+  }
+  return host;
 }
 
 }  // namespace ringfence::detail

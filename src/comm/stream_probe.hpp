@@ -26,11 +26,17 @@ inline constexpr double kStreamWin = 0.8;
 /// Pure: `p.stream_us < kStreamWin * p.plain_us`.
 bool prefers_stream(const StreamProbe& p) noexcept;
 
-/// This communicator's choice (EngineConfig::stream_writes): CommOptions::stream_writes when
-/// on or off; with auto, false where this host runs no other rank of it or only network
-/// transports are selected, else the probe run by the host's lowest rank between its first CPU
-/// and the next online one, shared with the host's other ranks through the store (false where
-/// the probe cannot run). Logs the choice. May block on the store and throw its errors.
-bool choose_stream_writes(const CommContext& ctx);
+/// The host's answer, published by the host's lowest rank (others do nothing): by its own
+/// CommOptions::stream_writes when on or off; with auto false where this host runs no other
+/// rank of the communicator or only network transports are selected, else the probe between
+/// its first CPU and the next online one (false where the probe cannot run), logged. Call it
+/// before the lanes connect: their store round carries the answer, so MpiStore needs no round
+/// of its own (tests/mp/mpi_bootstrap_test.cpp counts them). May throw the store's errors.
+void publish_stream_writes(const CommContext& ctx);
+
+/// This communicator's choice (EngineConfig::stream_writes), after the lanes connected:
+/// CommOptions::stream_writes when on or off, else the host's published answer. May block on
+/// the store and throw its errors.
+bool read_stream_writes(const CommContext& ctx);
 
 }  // namespace ringfence::detail

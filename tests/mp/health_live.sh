@@ -52,7 +52,7 @@ kill $job 2>/dev/null; wait $job 2>/dev/null
 # --- a clean job reads healthy; an empty directory is no data -----------------------------
 mkdir -p "$work/clean" "$work/empty"
 RINGFENCE_HEALTH_PROMETHEUS="$work/clean/job-{rank}.prom" \
-  "$run" -n 2 --timeout 120 "$perf" -b 1M -e 1M -n 3000 -w 1 -c 0 >"$work/clean.out" 2>&1 &
+  "$run" -n 2 --timeout 120 "$perf" -b 1M -e 1M -n 100000 -w 1 -c 0 >"$work/clean.out" 2>&1 &  # killed after the scrape
 job=$!
 for _ in $(seq 200); do [[ $(ls "$work/clean"/*.prom 2>/dev/null | wc -l) -eq 2 ]] && break; sleep 0.1; done
 "$health" --live "$work/clean" --count 1 --interval 0.5 >"$work/clean.txt"

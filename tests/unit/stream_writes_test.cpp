@@ -54,7 +54,7 @@ TEST_CASE("the probe times both kinds of step between two CPUs, and gives up on 
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
 }
 
-TEST_CASE("with auto the host's lowest rank probes and logs the choice; on and off probe nothing", "[stream][probe]") {
+TEST_CASE("with auto the host's lowest rank probes and logs the choice, with on or off nothing probes", "[stream][probe]") {
   const auto mode = GENERATE(StreamWritesMode::Auto, StreamWritesMode::On, StreamWritesMode::Off);
   CAPTURE(static_cast<int>(mode));
   test::TempDir dir("rf-stream-log");
