@@ -134,7 +134,7 @@ struct CommOptions {
   /// Chunks of 4 KiB or more that go through a shared-memory slot are written with streaming
   /// (non-temporal) stores or through the cache. Which hands them to the reading core faster
   /// depends on the host: on an AMD EPYC (Zen 5) VM whose two vCPUs do not share a cache,
-  /// streaming made 2-rank allreduce 2.2-2.9x faster at 64 KiB-8 MiB; on an Intel VM it was
+  /// streaming made 2-rank allreduce 2.1-2.9x faster at 64 KiB-16 MiB; on an Intel VM it was
   /// slower (docs/tuning.md "Streaming slot writes"). Auto: the host's lowest rank times both
   /// at setup (a few ms) and the host's ranks follow it. A local choice: ranks may differ.
   /// Env: RINGFENCE_STREAM_WRITES=auto|on|off.
