@@ -14,6 +14,7 @@
 #include <memory>
 #include <new>
 #include <ringfence/reduce_ops.hpp>
+#include <system_error>
 #include <thread>
 
 namespace ringfence::detail {
@@ -103,10 +104,16 @@ std::optional<StreamProbe> probe_stream_writes(int cpu_a, int cpu_b) {
       }
     }
   };
-  // Two threads of its own: pinning the caller would move the rank's thread for good.
-  std::thread first(run, 0), second(run, 1);
+  // Two threads of its own: pinning the caller would move the rank's thread for good. If the
+  // second cannot start, the first gives up on its own.
+  std::thread first(run, 0);
+  try {
+    std::thread second(run, 1);
+    second.join();
+  } catch (const std::system_error&) {
+    failed = true;
+  }
   first.join();
-  second.join();
   if (failed) return std::nullopt;
   return StreamProbe{best[0], best[1]};
 }
