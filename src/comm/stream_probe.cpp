@@ -122,25 +122,26 @@ bool prefers_stream(const StreamProbe& p) noexcept { return p.stream_us < kStrea
 
 namespace {
 
+// CommOptions::stream_writes when it decides by itself (on, off); nullopt for auto.
+std::optional<bool> forced(StreamWritesMode mode) noexcept {
+  if (mode == StreamWritesMode::Auto) return std::nullopt;
+  return mode == StreamWritesMode::On;
+}
+
 // The host's answer, as its lowest rank gives it: its own option when on or off; with auto,
 // false where no other rank of the communicator runs here or only network transports are
 // selected, else the probe between this rank's first CPU and the next online one (with one
 // CPU per rank, usually the next rank's). Logs the probe.
 bool probe_host(const CommContext& ctx) {
-  switch (ctx.options.stream_writes) {
-    case StreamWritesMode::On: return true;
-    case StreamWritesMode::Off: return false;
-    case StreamWritesMode::Auto: break;
-  }
-  if (ctx.ranks_on_host() < 2 || ctx.network_only()) return false;  // no slot here is written by another core
+  if (const auto f = forced(ctx.options.stream_writes)) return *f;
+  if (ctx.ranks_on_host() < 2 || ctx.network_only() || online_cpus() < 2) return false;  // no other core writes a slot here
   cpu_set_t mine;
   CPU_ZERO(&mine);
   int cpu_a = 0;
   if (::sched_getaffinity(0, sizeof mine, &mine) == 0)
     while (cpu_a < CPU_SETSIZE - 1 && !CPU_ISSET(cpu_a, &mine)) ++cpu_a;
-  const int cpu_b = online_cpus() > 1 ? (cpu_a + 1) % std::max(2, online_cpus()) : cpu_a;
-  std::optional<StreamProbe> probe;
-  if (cpu_b != cpu_a) probe = probe_stream_writes(cpu_a, cpu_b);
+  const int cpu_b = (cpu_a + 1) % online_cpus();
+  const std::optional<StreamProbe> probe = probe_stream_writes(cpu_a, cpu_b);
   const bool stream = probe && prefers_stream(*probe);
   if (probe)
     ctx.log.info("stream writes {}: a 64 KiB exchange step between CPUs {} and {} took {:.2f} us plain, {:.2f} us streaming",
@@ -150,16 +151,15 @@ bool probe_host(const CommContext& ctx) {
   return stream;
 }
 
-}  // namespace
-
-namespace {
 int lowest_on_host(const CommContext& ctx) noexcept {
   int lowest = ctx.rank;
   for (const PeerInfo& p : ctx.peer_info)
     if (p.host_id == ctx.self.host_id) lowest = std::min(lowest, p.rank);
   return lowest;
 }
+
 std::string answer_key(int rank) { return "stream_writes/" + std::to_string(rank); }
+
 }  // namespace
 
 void publish_stream_writes(const CommContext& ctx) {
@@ -167,13 +167,9 @@ void publish_stream_writes(const CommContext& ctx) {
 }
 
 bool read_stream_writes(const CommContext& ctx) {
+  // Read even when this rank's option decides: every rank makes the same store calls.
   const bool host = to_string(ctx.store->get(answer_key(lowest_on_host(ctx)), ctx.options.timeout)) == "1";
-  switch (ctx.options.stream_writes) {
-    case StreamWritesMode::On: return true;
-    case StreamWritesMode::Off: return false;
-    case StreamWritesMode::Auto: break;
-  }
-  return host;
+  return forced(ctx.options.stream_writes).value_or(host);
 }
 
 }  // namespace ringfence::detail
