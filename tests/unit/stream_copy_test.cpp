@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/float_collectives.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 #include "engine.hpp"
@@ -67,14 +68,7 @@ TEST_CASE("2-rank collectives large enough to stream their final values are exac
       comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
       wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 2, out.data(), count, static_cast<std::size_t>(it));
     }
-    std::vector<float> gathered(2 * count, -1.0f);
-    test::fill_pattern(DataType::Float32, comm.rank(), in.data(), count, 3);
-    comm.allgather(in.data(), gathered.data(), count, DataType::Float32);
-    for (int r = 0; r < 2; ++r)
-      wrong += test::count_wrong_pattern(DataType::Float32, r, gathered.data() + static_cast<std::size_t>(r) * count, count, 3);
-    if (comm.rank() == 0) test::fill_pattern(DataType::Float32, 0, out.data(), count, 4);
-    comm.broadcast(out.data(), out.data(), count, DataType::Float32, 0);
-    wrong += test::count_wrong_pattern(DataType::Float32, 0, out.data(), count, 4);
+    wrong += test::wrong_after_allgather_broadcast(comm, count);
   });
   INFO(error);
   REQUIRE(error.empty());

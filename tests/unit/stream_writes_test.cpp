@@ -14,6 +14,7 @@
 
 #include "comm/stream_probe.hpp"
 #include "support/catch.hpp"
+#include "support/float_collectives.hpp"
 #include "support/temp_dir.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
@@ -99,14 +100,7 @@ TEST_CASE("collectives are exact with streaming slot writes forced on, with chec
       test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), count, count);
       comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
       wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count, count);
-      std::vector<float> gathered(static_cast<std::size_t>(n) * count, -1.0f);
-      test::fill_pattern(DataType::Float32, comm.rank(), in.data(), count, 3);
-      comm.allgather(in.data(), gathered.data(), count, DataType::Float32);
-      for (int r = 0; r < n; ++r)
-        wrong += test::count_wrong_pattern(DataType::Float32, r, gathered.data() + static_cast<std::size_t>(r) * count, count, 3);
-      if (comm.rank() == 0) test::fill_pattern(DataType::Float32, 0, out.data(), count, 4);
-      comm.broadcast(out.data(), out.data(), count, DataType::Float32, 0);
-      wrong += test::count_wrong_pattern(DataType::Float32, 0, out.data(), count, 4);
+      wrong += test::wrong_after_allgather_broadcast(comm, count);
     }
   });
   INFO(error);
