@@ -115,6 +115,15 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
     "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES"};
 
+// An auto / on / off variable into its mode (DeviceRegionsMode, StreamWritesMode).
+template <class Mode>
+Mode parse_auto_on_off(std::string_view name, std::string_view v) {
+  if (v == "auto") return Mode::Auto;
+  if (v == "on") return Mode::On;
+  if (v == "off") return Mode::Off;
+  throw InvalidUsage(fmt::format("{}='{}': expected auto, on or off", name, v));
+}
+
 bool is_core_variable(std::string_view name) noexcept {
   return std::find(std::begin(kKnown), std::end(kKnown), name) != std::end(kKnown);
 }
@@ -170,12 +179,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_CHANNELS"))
     o.channels = static_cast<int>(parse_integer("RINGFENCE_CHANNELS", *v, 0, 16));
   if (auto v = env.get("RINGFENCE_CHANNEL_MIN_BYTES")) o.channel_min_bytes = parse_bytes(*v, "RINGFENCE_CHANNEL_MIN_BYTES");
-  if (auto v = env.get("RINGFENCE_STREAM_WRITES")) {
-    if (*v == "auto") o.stream_writes = StreamWritesMode::Auto;
-    else if (*v == "on") o.stream_writes = StreamWritesMode::On;
-    else if (*v == "off") o.stream_writes = StreamWritesMode::Off;
-    else throw InvalidUsage(fmt::format("RINGFENCE_STREAM_WRITES='{}': expected auto, on or off", *v));
-  }
+  if (auto v = env.get("RINGFENCE_STREAM_WRITES")) o.stream_writes = parse_auto_on_off<StreamWritesMode>("RINGFENCE_STREAM_WRITES", *v);
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
   if (auto v = env.get("RINGFENCE_ALGO")) {
     if (*v == "auto") o.algorithm = Algorithm::Auto;
@@ -230,12 +234,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_CUDART")) o.cuda_runtime = *v;
   if (auto v = env.get("RINGFENCE_DEVICE_STAGING_SLOTS"))
     o.device_staging_slots = static_cast<std::size_t>(parse_integer("RINGFENCE_DEVICE_STAGING_SLOTS", *v, 1, 1024));
-  if (auto v = env.get("RINGFENCE_DEVICE_REGIONS")) {
-    if (*v == "auto") o.device_regions = DeviceRegionsMode::Auto;
-    else if (*v == "on") o.device_regions = DeviceRegionsMode::On;
-    else if (*v == "off") o.device_regions = DeviceRegionsMode::Off;
-    else throw InvalidUsage(fmt::format("RINGFENCE_DEVICE_REGIONS='{}': expected auto, on or off", *v));
-  }
+  if (auto v = env.get("RINGFENCE_DEVICE_REGIONS")) o.device_regions = parse_auto_on_off<DeviceRegionsMode>("RINGFENCE_DEVICE_REGIONS", *v);
   if (auto v = env.get("RINGFENCE_CUDA_KERNELS")) o.cuda_kernels = *v;
   if (auto v = env.get("RINGFENCE_NVML_LIBRARY")) o.health.nvml_library = *v;
   if (auto v = env.get("RINGFENCE_HEALTH_WINDOW_MS"))

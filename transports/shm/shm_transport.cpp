@@ -38,7 +38,7 @@ constexpr std::string_view kSegmentPrefix = "rf-";  // /dev/shm/rf-<pid>-<nonce>
 // Segments up to this size are mapped with their pages in place (MAP_POPULATE), by their owner
 // and by every peer that maps them: otherwise the first chunks through fresh staging slots pay
 // a page fault per 4 KiB on both sides (measured: a 2-rank 64 KiB allgather's first 20 calls
-// 12.6 -> 5.3 us each, docs/tuning.md "Streaming slot writes"). Larger ones (big alloc()
+// 12.5 -> 8.2 us each, docs/tuning.md "Streaming slot writes"). Larger ones (big alloc()
 // buffers) fault in as used rather than cost their whole size at allocation and import.
 constexpr std::size_t kPopulateMaxBytes = std::size_t{256} << 20;
 int populate_flag(std::size_t bytes) noexcept { return bytes <= kPopulateMaxBytes ? MAP_POPULATE : 0; }
