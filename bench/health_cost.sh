@@ -17,6 +17,23 @@
 # two clusters of figures, and a ratio between runs of different clusters measures the VM, not
 # protection. The summary under each table lists them and warns when off and on runs differ.
 set -uo pipefail
+# Warns when the probe figures (two space-separated lists, off runs and on runs) fall in two
+# clusters (the slowest over 1.6x the fastest) and off and on do not share one: the ratios then
+# compare the VM's modes. `--mode-check "OFF|ON"` runs only this (for its test).
+mode_warning() {
+  echo "$1|$2" | awk -F'|' '{
+      n = split($1, a, " "); m = split($2, b, " "); lo = 1e9; hi = 0
+      for (i = 1; i <= n; i++) { if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
+      for (i = 1; i <= m; i++) { if (b[i] < lo) lo = b[i]; if (b[i] > hi) hi = b[i] }
+      if (n && m && hi > 1.6 * lo) {
+        cut = sqrt(lo * hi); fo = so = fn = sn = 0
+        for (i = 1; i <= n; i++) if (a[i] < cut) fo++; else so++
+        for (i = 1; i <= m; i++) if (b[i] < cut) fn++; else sn++
+        if ((fo && !fn) || (fn && !fo) || (so && !sn) || (sn && !so))
+          printf "warning: off runs %d fast / %d slow, on runs %d fast / %d slow (split at %.1f us): ratios across modes\n", fo, so, fn, sn, cut
+      }
+    }'
+}
 build=build ranks="2 4" reps=3 min=8 max=256M transport=shm bind=core
 off_vars="RINGFENCE_CHECKSUM=off RINGFENCE_HEALTH=off" on_vars=""
 while [ $# -gt 0 ]; do
@@ -30,6 +47,7 @@ while [ $# -gt 0 ]; do
     --on) on_vars=$2; shift 2 ;;
     --transport) transport=$2; shift 2 ;;
     --bind) bind=$2; shift 2 ;;
+    --mode-check) mode_warning "${2%%|*}" "${2#*|}"; exit 0 ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "health_cost.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -104,20 +122,7 @@ for n in $ranks; do
   if [ -n "$off_p$on_p" ]; then
     echo
     echo "$n ranks, setup probe's plain 64 KiB step (us), off runs: ${off_p:-none}; on runs: ${on_p:-none}"
-    # Two clusters (the slowest figure over 1.6x the fastest) with off and on not in the same
-    # one: the ratios above compare the VM's modes.
-    echo "$off_p|$on_p" | awk -F'|' '{
-      n = split($1, a, " "); m = split($2, b, " "); lo = 1e9; hi = 0
-      for (i = 1; i <= n; i++) { if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
-      for (i = 1; i <= m; i++) { if (b[i] < lo) lo = b[i]; if (b[i] > hi) hi = b[i] }
-      if (n && m && hi > 1.6 * lo) {
-        cut = sqrt(lo * hi); fo = so = fn = sn = 0
-        for (i = 1; i <= n; i++) if (a[i] < cut) fo++; else so++
-        for (i = 1; i <= m; i++) if (b[i] < cut) fn++; else sn++
-        if ((fo && !fn) || (fn && !fo) || (so && !sn) || (sn && !so))
-          printf "warning: off runs %d fast / %d slow, on runs %d fast / %d slow (split at %.1f us): ratios across modes\n", fo, so, fn, sn, cut
-      }
-    }'
+    mode_warning "$off_p" "$on_p"
   fi
 done
 exit $failed
