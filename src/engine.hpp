@@ -293,6 +293,8 @@ struct Connection {
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
   CallFingerprint call_fp[kCallSlots];  ///< our fingerprints written to this peer (outlive the writes)
+  CallFingerprint spread_fp[kCallSlots];  ///< the same, written to a peer that does not check us (CallCheck::pairwise)
+  std::uint64_t pair_checked = 0;  ///< the last call whose fingerprint from this peer we compared (CallCheck::pairwise)
   CallWord call_word;  ///< our call's word last written to this peer's data flag line (outlives the write)
   /// The peer's acknowledgement of our fingerprints as we last read it (a lower bound: they only
   /// grow): a post whose slot it already frees reads nothing (RingRunner::post_fingerprint).
@@ -550,6 +552,10 @@ struct CallCheck {
   CallFingerprint theirs;   ///< `from`'s, once read
   bool settled = false;     ///< `theirs` was read
   bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
+  /// Every rank that sends us a chunk is compared before that chunk is used, not only `from`:
+  /// calls that receive from every rank (one-shot, direct, trees), whose senders wrote their
+  /// fingerprint to every peer first (docs/failure-semantics.md, "Calls that receive from every rank").
+  bool pairwise = false;
   /// `mine` as the word a sender writes beside its data flag (CallWord).
   CallWord word() const noexcept { return CallWord{static_cast<std::uint32_t>(mine.sequence), mine.crc}; }
   /// Read, intact, and a different call: the ranks disagree.
@@ -565,9 +571,11 @@ struct CallCheck {
 bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept;
 
 /// Call fingerprints, first half: writes `mine` to every connection in `to[0..n_to)` (after each
-/// has read the one `kCallSlots` calls earlier). Bounded by the timeout.
+/// has read the one `kCallSlots` calls earlier; `spread`: to peers that do not check us, which
+/// read it only to compare this call, so without waiting). Bounded by the timeout.
 Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
-                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept;
+                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure,
+                        bool spread = false) noexcept;
 
 /// Second half, for calls that do not leave it to the executor: waits for `check.from`'s
 /// fingerprint of the same call, reads it into `check` and acknowledges it. `check.intact` is

@@ -82,10 +82,10 @@ bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept {
 }
 
 Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
-                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure) noexcept {
+                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure, bool spread) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
-  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).post_fingerprint(to, n_to, mine);
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).post_fingerprint(to, n_to, mine, spread);
 }
 
 Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,

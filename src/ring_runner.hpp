@@ -164,11 +164,12 @@ class RingRunner {
 
   Status run_p2p(Connection* const* connection_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept;
 
-  Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept;
+  Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread = false) noexcept;
 
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
-  Status verify_call(bool block, const Connection* data_from = nullptr) noexcept;
+  Status verify_call(bool block, Connection* data_from = nullptr) noexcept;
+  Status verify_sender(Connection& sender) noexcept;
 
   // Leaves this call's fingerprint check to the executor (see RingCall::check).
   void check_with(CallCheck* check) noexcept { check_ = check; }

@@ -5,7 +5,10 @@
 namespace ringfence::detail {
 
 // See post_fingerprint() in engine.hpp.
-Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine) noexcept {
+// A spread fingerprint (CallCheck::pairwise) is read only by a peer comparing this very call,
+// before it uses our chunk of it, and the peer cannot be in a call 32 earlier: it needs no
+// acknowledgement, and has its own copies so a later post to a checker waits for nothing it owes.
+Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread) noexcept {
   const auto number = static_cast<std::uint32_t>(mine.sequence);
   const std::size_t slot = mine.sequence % kCallSlots;
   for (std::size_t i = 0; i < n_to; ++i) {
@@ -13,12 +16,13 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
     // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
     // must have been read before it is overwritten.
     if (const auto previous = static_cast<std::uint32_t>(ch.call_fp[slot].sequence);
-        ch.call_fp[slot].sequence != 0 && !reached(ch.call_ack_seen, previous)) {
+        !spread && ch.call_fp[slot].sequence != 0 && !reached(ch.call_ack_seen, previous)) {
       RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], previous, "the reading of an earlier call fingerprint", 0));
       ch.call_ack_seen = flags_.call_ack[ch.peer].value.load(std::memory_order_acquire);
     }
-    ch.call_fp[slot] = mine;
-    Status s = ch.link->write(WriteOp{&ch.call_fp[slot], nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
+    CallFingerprint& copy = spread ? ch.spread_fp[slot] : ch.call_fp[slot];
+    copy = mine;
+    Status s = ch.link->write(WriteOp{&copy, nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
                                       sizeof(CallFingerprint), 0});
     if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0});
     if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
@@ -59,11 +63,46 @@ Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack, bo
 // when the ranks disagree. Called before the first received chunk is used, by waits that
 // find the fingerprint there, and at the end of the call.
 // `data_from`: the connection a chunk just arrived on (its word may settle the check).
-Status RingRunner::verify_call(bool block, const Connection* data_from) noexcept {
-  if (!check_ || check_->settled || settling_) return Status::ok();
+Status RingRunner::verify_call(bool block, Connection* data_from) noexcept {
+  if (!check_ || settling_) return Status::ok();
+  if (check_->pairwise && data_from && data_from != check_->from) return verify_sender(*data_from);
+  if (check_->settled) return Status::ok();
   RINGFENCE_TRY(settle_call(*check_, block, false, data_from == check_->from));
   if (check_->disagree())
     return fail(Status(ErrorCode::InvalidUsage), *check_->from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
+  return Status::ok();
+}
+
+// CallCheck::pairwise: compares the call of `sender` (not the checked rank: settle_call does that
+// one) before its first chunk of this call is used, as settle_call does for the checked rank: its
+// call word, else its whole fingerprint, which it wrote before any chunk of the call (waited for
+// only if its signal is late). A damaged or stale fingerprint is counted against the link and
+// not compared, as for the checked rank; a different call fails the call naming `sender`.
+Status RingRunner::verify_sender(Connection& sender) noexcept {
+  CallCheck& mine = *check_;
+  if (sender.pair_checked == mine.mine.sequence) return Status::ok();
+  CallWord word;
+  std::memcpy(&word, reinterpret_cast<const std::byte*>(&flags_.data[sender.peer]) + kFlagLineCallWord, sizeof word);
+  if (!(word == mine.word())) {
+    CallCheck theirs;
+    theirs.from = &sender;
+    theirs.mine = mine.mine;
+    if (!read_fingerprint(flags_, theirs)) {
+      settling_ = true;  // the wait below must not try to settle again
+      const Status waited = wait_flag(sender, flags_.call[sender.peer], static_cast<std::uint32_t>(mine.mine.sequence),
+                                      "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+      settling_ = false;
+      RINGFENCE_TRY(waited);
+      read_fingerprint(flags_, theirs);
+    }
+    if (!theirs.intact) {
+      ++sender.checksum_errors;
+    } else if (theirs.disagree()) {
+      mine = theirs;  // judged after the call: names `sender` and both calls
+      return fail(Status(ErrorCode::InvalidUsage), sender, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
+    }
+  }
+  sender.pair_checked = mine.mine.sequence;
   return Status::ok();
 }
 

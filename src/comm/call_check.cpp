@@ -45,6 +45,13 @@ Status CallChecker::post(LaneState& lane0, CallFingerprint mine, std::uint64_t s
   return Status::ok();
 }
 
+Status CallChecker::pair(LaneState& lane0, Failure& failure) noexcept {
+  RINGFENCE_TRY(post_fingerprint(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, others_.data(), others_.size(),
+                                 check_.mine, failure, true));
+  check_.pairwise = true;
+  return Status::ok();
+}
+
 Status CallChecker::settle(LaneState& lane0, Failure& failure) noexcept {
   if (!check_.from || check_.settled) return Status::ok();
   return settle_fingerprint(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, check_, failure);

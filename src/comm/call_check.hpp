@@ -3,6 +3,7 @@
 // received, each rank compares its call with the nearest rank before it on the ring whose link
 // to it is not fenced, so mismatched calls are refused naming both ranks instead of mixing data.
 // This part posts, settles and judges; what a verdict does to the communicator is the caller's.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ class CallChecker {
       if (ring[p] == rank && source >= 0) from_ = &lane0.connection_to(source);
       if (source == rank) to_.push_back(&lane0.connection_to(ring[p]));
     }
+    others_.clear();
+    for (const int r : ring)
+      if (r != rank && std::find(to_.begin(), to_.end(), &lane0.connection_to(r)) == to_.end()) others_.push_back(&lane0.connection_to(r));
   }
 
   /// Starts a collective: forgets the previous call's check.
@@ -51,6 +55,15 @@ class CallChecker {
   bool can_defer(const LaneState& lane0, const RingCall& c, int lanes, int size) const noexcept {
     return check_.from && check_.from == lane0.left && lane0.relay_duties.count == 0 && lanes <= 1 && (!c.by_position || size == 2);
   }
+  /// Whether the executor may compare this call's fingerprints sender by sender
+  /// (CallCheck::pairwise) where `can_defer` says no: calls on one lane without relays that
+  /// receive from other ranks than the checked one (one-shot, direct, trees; host memory).
+  bool can_pair(const LaneState& lane0, const RingCall& c, int lanes, int size) const noexcept {
+    return check_.from && lane0.relay_duties.count == 0 && lanes <= 1 && c.by_position && size > 2;
+  }
+  /// Makes the pending check pairwise: posts this call's fingerprint to the ranks that do not
+  /// check ours too (`post` gave it to those that do), before any chunk leaves.
+  Status pair(LaneState& lane0, Failure& failure) noexcept;
   /// The pending check, for the executor (RingCall::check).
   CallCheck* pending() noexcept { return &check_; }
 
@@ -68,6 +81,7 @@ class CallChecker {
  private:
   Connection* from_ = nullptr;    // lane-0 connection whose fingerprint we check
   std::vector<Connection*> to_;   // lane-0 connections of the ranks that check ours
+  std::vector<Connection*> others_;  // lane-0 connections of every other peer (pair)
   CallCheck check_;            // this collective's: posted, compared by the executor or settle()
 };
 

@@ -471,9 +471,12 @@ TEST_CASE("a rank ended by a peer's abort passes it on to a rank the peer cannot
   // rank 2; its abort reaches rank 1 at once and rank 2 only after 10 s. Rank 1 fails on it and
   // must pass it on: rank 2 (3 s deadline) then names rank 0's failure long before its own
   // deadline, instead of timing out on a neighbour.
+  // A ring, so rank 1 needs what rank 0 passes on and is still in the call when the abort
+  // comes (a one-shot rank 1 has both inputs at once and finishes before rank 0 fails).
   CommOptions o = options(std::chrono::seconds(3));
   o.heartbeat_interval = std::chrono::milliseconds(0);  // its beats on 0-2 would be held too
   o.fault = "hold:ms=10000,link=0-2";
+  o.algorithm = Algorithm::Ring;
   std::atomic<int> done{0};
   std::vector<std::string> seen(3);
   std::atomic<long long> rank2_ms{-1};
