@@ -1,7 +1,8 @@
 #pragma once
 // Call fingerprints (design §6, docs/failure-semantics.md): before a collective uses data it
 // received, each rank compares its call with the nearest rank before it on the ring whose link
-// to it is not fenced, so mismatched calls are refused naming both ranks instead of mixing data.
+// to it is not fenced (and, in calls that receive from every rank, with each rank it receives
+// from: `pair`), so mismatched calls are refused naming both ranks instead of mixing data.
 // This part posts, settles and judges; what a verdict does to the communicator is the caller's.
 #include <algorithm>
 #include <cstdint>
