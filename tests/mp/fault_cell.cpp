@@ -23,12 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <regex>
 #include <ringfence/ringfence.hpp>
 #include <string>
 #include <thread>
@@ -86,8 +86,20 @@ void become_watched(std::chrono::milliseconds timeout) {
 // failed and closed first is named beside the victim by a rank that starts its call later).
 namespace {
 bool names_rank(const char* what, int r) {
-  const std::regex named("\\branks? (\\d+, )*" + std::to_string(r) + "\\b");
-  return std::regex_search(what, named);
+  const std::string text = what, num = std::to_string(r);
+  const auto digit = [&](std::size_t at) { return at < text.size() && std::isdigit(static_cast<unsigned char>(text[at])) != 0; };
+  for (std::size_t at = text.find("rank"); at != std::string::npos; at = text.find("rank", at + 4)) {
+    std::size_t p = at + 4;
+    if (p < text.size() && text[p] == 's') ++p;
+    if (p >= text.size() || text[p] != ' ') continue;
+    for (++p;;) {  // a number, then ", " and the next one
+      if (text.compare(p, num.size(), num) == 0 && !digit(p + num.size())) return true;
+      while (digit(p)) ++p;
+      if (text.compare(p, 2, ", ") != 0 || !digit(p + 2)) break;
+      p += 2;
+    }
+  }
+  return false;
 }
 }  // namespace
 
