@@ -1,0 +1,82 @@
+#pragma once
+// Call fingerprints (design §6, docs/failure-semantics.md): what every rank writes about its call
+// before the call uses data, the short word a sender puts beside its data flag, and the check the
+// executor settles. The engine's layout of them (FlagBlock, Connection) is in engine.hpp.
+#include <cstddef>
+#include <cstdint>
+
+namespace ringfence::detail {
+
+struct Connection;
+
+/// A sender's current call, as {sequence modulo 2^32, fingerprint CRC}, in the last 8 bytes of
+/// the line of its receiver's data flag (after the trailers): written before its first chunk of
+/// each call on the link (with a fingerprint check left to the executor). A receiver that checks
+/// this sender and finds its own call's number and CRC there has the sender's fingerprint
+/// without reading the slot and the flag that carry the whole one: two cache lines a call,
+/// a third of a small allreduce's time (RingRunner::settle_call). Anything else there (a later
+/// call's word, one a fault damaged, none yet, a relay that does not write one) sends it to
+/// the whole fingerprint, as before.
+struct CallWord {
+  std::uint32_t sequence = 0;
+  std::uint32_t crc = 0;
+  friend bool operator==(const CallWord&, const CallWord&) = default;
+};
+
+/// Fingerprint slots per peer: a rank may post this many calls ahead of a peer's reading.
+/// Enough that acknowledgements (kCallAckEvery) are rare: each is a line the sender then
+/// reads again from the receiver's cache.
+inline constexpr std::size_t kCallSlots = 32;
+/// The ring executor acknowledges the fingerprints it compares of calls whose number is a
+/// multiple of this (acknowledgements count up, so one frees every slot before it too);
+/// `settle_fingerprint` acknowledges every one, which covers the fingerprints compared before a
+/// fence agreement (it may re-pair the ranks). At most `kCallSlots`, so a slot's previous call
+/// is always followed by an acknowledged one before the slot comes round again.
+inline constexpr std::size_t kCallAckEvery = 16;
+static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
+
+/// Collectives as named in fingerprints and mismatch errors.
+enum class CallKind : std::uint8_t { Allreduce = 1, ReduceScatter, Allgather, Broadcast, Reduce, Alltoall, Barrier };
+
+/// What every rank must agree on before a collective uses data it received (design §6; see
+/// docs/failure-semantics.md for when it is compared): its number and
+/// arguments. 32 bytes, written to the ring neighbour with a CRC32C so a damaged or lost one is
+/// told apart from a real disagreement.
+struct CallFingerprint {
+  std::uint64_t sequence = 0;  ///< collective number on the communicator (1, 2, ...)
+  std::uint64_t count = 0;     ///< the call's count argument
+  std::uint8_t collective = 0; ///< `CallKind`
+  std::uint8_t type = 0;       ///< DataType (0 for calls that move bytes only)
+  std::uint8_t op = 0;         ///< ReduceOp (0 for calls that do not reduce)
+  std::uint8_t reserved = 0;
+  std::int32_t root = -1;      ///< root rank, -1 for calls without one
+  std::uint32_t crc = 0;       ///< CRC32C of the 24 bytes before it
+  std::uint32_t reserved2 = 0;
+};
+static_assert(sizeof(CallFingerprint) == 32);
+
+/// A call fingerprint posted to the ranks that check it and not yet compared with the one
+/// `from` posted (design §6). The ring executor compares it before it uses the first chunk it
+/// receives, when a wait finds it already there, and at the end of the call, so the first data
+/// leaves without waiting for the neighbour's fingerprint (docs/failure-semantics.md).
+struct CallCheck {
+  Connection* from = nullptr;  ///< connection whose fingerprint of this call we compare (null: none pending)
+  CallFingerprint mine;     ///< ours, numbered and with its CRC
+  CallFingerprint theirs;   ///< `from`'s, once read
+  bool settled = false;     ///< `theirs` was read
+  bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
+  /// Every rank that sends us a chunk is compared before that chunk is used, not only `from`:
+  /// calls that receive from every rank (one-shot, direct, trees), whose senders wrote their
+  /// fingerprint to every peer first (docs/failure-semantics.md, "Calls that receive from every rank").
+  bool pairwise = false;
+  /// `mine` as the word a sender writes beside its data flag (CallWord).
+  CallWord word() const noexcept { return CallWord{static_cast<std::uint32_t>(mine.sequence), mine.crc}; }
+  /// Read, intact, and a different call: the ranks disagree.
+  bool disagree() const noexcept {
+    return settled && intact &&
+           (theirs.collective != mine.collective || theirs.type != mine.type || theirs.op != mine.op || theirs.count != mine.count ||
+            theirs.root != mine.root);
+  }
+};
+
+}  // namespace ringfence::detail
