@@ -166,6 +166,7 @@ class RingRunner {
 
   Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread = false) noexcept;
 
+  Status read_call(CallCheck& check, bool block, bool by_word) noexcept;
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
   Status verify_call(bool block, Connection* data_from = nullptr) noexcept;

@@ -31,28 +31,35 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
   return Status::ok();
 }
 
-// Reads the checked neighbour's fingerprint of this call into `check` (waiting for it when
-// `block`; else only if it is there) and acknowledges it when its number is a multiple of
-// kCallAckEvery or `always_ack`, freeing its slot and every one before it. `by_word`: a chunk
-// from the neighbour has just arrived, so the line of its data flag holds the word of the call
-// it sent it in (CallWord); when that is ours, it stands for the whole fingerprint.
-Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack, bool by_word) noexcept {
+// Reads `check.from`'s fingerprint of this call into `check` (waiting for it when `block`; else
+// only if it is there: `check.settled` says). `by_word`: a chunk from that rank has just
+// arrived, so the line of its data flag holds the word of the call it sent it in (CallWord);
+// when that is ours, it stands for the whole fingerprint.
+Status RingRunner::read_call(CallCheck& check, bool block, bool by_word) noexcept {
   Connection& from = *check.from;
-  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
   CallWord word;
   if (by_word) std::memcpy(&word, reinterpret_cast<const std::byte*>(&flags_.data[from.peer]) + kFlagLineCallWord, sizeof word);
   if (by_word && word == check.word()) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
-  } else if (!read_fingerprint(flags_, check)) {
-    if (!block) return Status::ok();
-    settling_ = true;  // the wait below must not try to settle the same check again
-    const Status waited = wait_flag(from, flags_.call[from.peer], number,
+  } else if (!read_fingerprint(flags_, check) && block) {
+    settling_ = true;  // the wait below must not try to settle a check again
+    const Status waited = wait_flag(from, flags_.call[from.peer], static_cast<std::uint32_t>(check.mine.sequence),
                                     "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
     settling_ = false;
     RINGFENCE_TRY(waited);
     read_fingerprint(flags_, check);
   }
+  return Status::ok();
+}
+
+// The checked neighbour's fingerprint (read_call), acknowledged when its number is a multiple
+// of kCallAckEvery or `always_ack`, freeing its slot and every one before it.
+Status RingRunner::settle_call(CallCheck& check, bool block, bool always_ack, bool by_word) noexcept {
+  RINGFENCE_TRY(read_call(check, block, by_word));
+  if (!check.settled) return Status::ok();
+  Connection& from = *check.from;
+  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
   if (!always_ack && number % kCallAckEvery != 0) return Status::ok();
   const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
   if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
@@ -74,33 +81,22 @@ Status RingRunner::verify_call(bool block, Connection* data_from) noexcept {
 }
 
 // CallCheck::pairwise: compares the call of `sender` (not the checked rank: settle_call does that
-// one) before its first chunk of this call is used, as settle_call does for the checked rank: its
-// call word, else its whole fingerprint, which it wrote before any chunk of the call (waited for
-// only if its signal is late). A damaged or stale fingerprint is counted against the link and
-// not compared, as for the checked rank; a different call fails the call naming `sender`.
+// one) before its first chunk of this call is used, as for the checked rank (read_call): its call
+// word, else its whole fingerprint, which it wrote before any chunk, not acknowledged. A damaged
+// or stale fingerprint is counted against the link and not compared, as for the checked rank; a
+// different call fails the call naming `sender`.
 Status RingRunner::verify_sender(Connection& sender) noexcept {
   CallCheck& mine = *check_;
   if (sender.pair_checked == mine.mine.sequence) return Status::ok();
-  CallWord word;
-  std::memcpy(&word, reinterpret_cast<const std::byte*>(&flags_.data[sender.peer]) + kFlagLineCallWord, sizeof word);
-  if (!(word == mine.word())) {
-    CallCheck theirs;
-    theirs.from = &sender;
-    theirs.mine = mine.mine;
-    if (!read_fingerprint(flags_, theirs)) {
-      settling_ = true;  // the wait below must not try to settle again
-      const Status waited = wait_flag(sender, flags_.call[sender.peer], static_cast<std::uint32_t>(mine.mine.sequence),
-                                      "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
-      settling_ = false;
-      RINGFENCE_TRY(waited);
-      read_fingerprint(flags_, theirs);
-    }
-    if (!theirs.intact) {
-      ++sender.checksum_errors;
-    } else if (theirs.disagree()) {
-      mine = theirs;  // judged after the call: names `sender` and both calls
-      return fail(Status(ErrorCode::InvalidUsage), sender, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
-    }
+  CallCheck theirs;
+  theirs.from = &sender;
+  theirs.mine = mine.mine;
+  RINGFENCE_TRY(read_call(theirs, true, true));
+  if (!theirs.intact) {
+    ++sender.checksum_errors;
+  } else if (theirs.disagree()) {
+    mine = theirs;  // judged after the call: names `sender` and both calls
+    return fail(Status(ErrorCode::InvalidUsage), sender, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
   }
   sender.pair_checked = mine.mine.sequence;
   return Status::ok();

@@ -114,12 +114,13 @@ void Dispatch::run_ring_call(const char* call, const RingCall& c, const Reducer&
   p_.regs.begin_call();
   LaneState& lane0 = p_.lanes.main();
   const int lanes = lanes_for(c, reducer.elem_size);
-  const bool paired = !p_.calls.can_defer(lane0, c, lanes, p_.ctx.size) && p_.calls.can_pair(lane0, c, lanes, p_.ctx.size);
+  const bool by_checked = p_.calls.can_defer(lane0, c, lanes, p_.ctx.size);  // false when there is none or it was judged
+  const bool paired = !by_checked && p_.calls.can_pair(lane0, c, lanes, p_.ctx.size);
   if (paired) {  // every sender compared before its chunk is used, not the checked rank before anything moves
     Failure failure;
     if (!p_.calls.pair(lane0, failure).is_ok()) raise(call, failure);
   }
-  const bool deferred = paired || p_.calls.can_defer(lane0, c, lanes, p_.ctx.size);  // false when there is none or it was judged
+  const bool deferred = by_checked || paired;
   if (!deferred) settle_call(call);
   if (lanes <= 1) {
     RingCall checked = c;
