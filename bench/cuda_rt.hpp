@@ -17,6 +17,7 @@ struct CudaRt {
   int (*free_)(void*) = nullptr;
   int (*memcpy_)(void*, const void*, std::size_t, int) = nullptr;
   int (*stream_create)(void**) = nullptr;
+  int (*stream_create_flags)(void**, unsigned) = nullptr;  ///< cudaStreamCreateWithFlags (optional)
   int (*stream_destroy)(void*) = nullptr;
   int (*stream_sync)(void*) = nullptr;
   const char* (*error_string)(int) = nullptr;
@@ -28,6 +29,7 @@ struct CudaRt {
   static constexpr int kHostToDevice = 1;  ///< cudaMemcpyHostToDevice
   static constexpr int kDeviceToHost = 2;  ///< cudaMemcpyDeviceToHost
   static constexpr int kDeviceToDevice = 3;  ///< cudaMemcpyDeviceToDevice
+  static constexpr unsigned kStreamNonBlocking = 1;  ///< cudaStreamNonBlocking
 
   /// Loads `path` (empty: libcudart.so.13, .12, .11.0, libcudart.so) and counts devices.
   /// Returns why the runtime is unusable, or "" when it is.
@@ -46,6 +48,7 @@ struct CudaRt {
     bind(h, "cudaFree", free_);
     bind(h, "cudaMemcpy", memcpy_);
     bind(h, "cudaStreamCreate", stream_create);
+    bind(h, "cudaStreamCreateWithFlags", stream_create_flags);
     bind(h, "cudaStreamDestroy", stream_destroy);
     bind(h, "cudaStreamSynchronize", stream_sync);
     bind(h, "cudaGetErrorString", error_string);

@@ -38,14 +38,18 @@ DeviceKernels load_device_kernels(const std::string& path) {
   }
   auto* version = reinterpret_cast<int (*)()>(::dlsym(handle, "ringfence_kernels_abi_version"));
   k.combine = reinterpret_cast<decltype(k.combine)>(::dlsym(handle, "ringfence_kernels_combine"));
+  k.preload = reinterpret_cast<decltype(k.preload)>(::dlsym(handle, "ringfence_kernels_preload"));
   if (version == nullptr || k.combine == nullptr) {
     k.why_not = fmt::format("{} lacks ringfence_kernels_abi_version or ringfence_kernels_combine", k.library);
     k.combine = nullptr;
+    k.preload = nullptr;
     return k;
   }
-  if (const int v = version(); v != kKernelsAbiVersion) {
-    k.why_not = fmt::format("{} speaks kernel interface version {}, this library {}", k.library, v, kKernelsAbiVersion);
+  if (const int v = version(); v != kKernelsAbiVersion || k.preload == nullptr) {
+    k.why_not = fmt::format("{} speaks kernel interface version {}{}, this library {}", k.library, v,
+                            k.preload == nullptr ? " (no ringfence_kernels_preload)" : "", kKernelsAbiVersion);
     k.combine = nullptr;
+    k.preload = nullptr;
     return k;
   }
   k.usable = true;

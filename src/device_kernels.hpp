@@ -14,7 +14,7 @@
 namespace ringfence::detail {
 
 /// Version of the module's C interface this library speaks (`ringfence_kernels_abi_version`).
-inline constexpr int kKernelsAbiVersion = 1;
+inline constexpr int kKernelsAbiVersion = 2;
 /// File name of the module.
 inline constexpr const char* kKernelsLibrary = "libringfence_kernels.so";
 
@@ -27,6 +27,13 @@ struct DeviceKernels {
   /// (0: enqueued; 1, cudaErrorInvalidValue, for out-of-range arguments).
   int (*combine)(int type, int op, int finish, int divisor, void* dst, const void* a, const void* b, std::size_t n,
                  void* stream) = nullptr;
+  /// `ringfence_kernels_preload()`: loads every kernel `combine` may launch into the calling
+  /// thread's current device context. CUDA loads a kernel lazily at its first launch by default,
+  /// and loading may wait for the whole context, including a user stream our host function
+  /// holds until the collective ends: so the kernels are loaded before any such function exists
+  /// (communicator setup, lane build; docs/device.md "Kernel loading"). Cheap once loaded.
+  /// Returns a cudaError_t.
+  int (*preload)() = nullptr;
   bool usable = false;
   std::string why_not;
   std::string library;  ///< the file dlopen found

@@ -79,6 +79,10 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   ctx.log.info("rank {}/{} on host '{}': transports {}, chunk {} B x {} slots, timeout {} ms", rank, size, ctx.self.host_id,
                fmt::join(reg.select(options.transports), ","), engine.slot_bytes, engine.slots, options.timeout.count());
 
+  // Kernels into the GPU's context before any stream-ordered call can hold a stream (and, for
+  // ranks sharing a process, before any rank passes the setup barrier below).
+  device.prepare();
+
   if (size == 1) {
     dispatch.start(TunerModel{}, 0, nullptr);
     return;

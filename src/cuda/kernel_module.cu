@@ -5,7 +5,7 @@
 
 #define RINGFENCE_KERNELS_EXPORT extern "C" __attribute__((visibility("default")))
 
-RINGFENCE_KERNELS_EXPORT int ringfence_kernels_abi_version() { return 1; }
+RINGFENCE_KERNELS_EXPORT int ringfence_kernels_abi_version() { return 2; }
 
 RINGFENCE_KERNELS_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divisor, void* dst, const void* a,
                                                        const void* b, std::size_t n, void* stream) {
@@ -17,3 +17,7 @@ RINGFENCE_KERNELS_EXPORT int ringfence_kernels_combine(int type, int op, int fin
   return ringfence::cuda::launch_combine(static_cast<DataType>(type), static_cast<ReduceOp>(op), finish != 0, divisor, dst, a, b, n,
                                          static_cast<cudaStream_t>(stream));
 }
+
+// Loads every kernel into the current device's context (reduce_kernels.cuh, preload_kernels):
+// called where no stream of ours is held, never on the data path.
+RINGFENCE_KERNELS_EXPORT int ringfence_kernels_preload() { return ringfence::cuda::preload_kernels(); }

@@ -26,7 +26,30 @@ cudaError_t dispatch_op(ReduceOp op, bool finish, int divisor, void* dst, const 
   return cudaErrorInvalidValue;
 }
 
+template <class T, class Op>
+cudaError_t load() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, reduce_kernel<T, Op>);
+}
+
+template <DataType D>
+cudaError_t load_type() {
+  using T = typename StorageOf<D>::type;
+  for (cudaError_t err : {load<T, SumOp<T>>(), load<T, ProdOp<T>>(), load<T, MinOp<T>>(), load<T, MaxOp<T>>(), load<T, SumDivOp<T>>()})
+    if (err != cudaSuccess) return err;
+  return cudaSuccess;
+}
+
 }  // namespace
+
+cudaError_t preload_kernels() {
+  for (cudaError_t err : {load_type<DataType::Int8>(), load_type<DataType::Uint8>(), load_type<DataType::Int32>(),
+                          load_type<DataType::Uint32>(), load_type<DataType::Int64>(), load_type<DataType::Uint64>(),
+                          load_type<DataType::Float16>(), load_type<DataType::BFloat16>(), load_type<DataType::Float32>(),
+                          load_type<DataType::Float64>()})
+    if (err != cudaSuccess) return err;
+  return cudaSuccess;
+}
 
 cudaError_t launch_combine(DataType type, ReduceOp op, bool finish, int divisor, void* dst, const void* a, const void* b,
                            std::size_t n, cudaStream_t stream) {

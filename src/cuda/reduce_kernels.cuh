@@ -34,4 +34,12 @@ inline unsigned reduce_blocks(std::size_t n, std::size_t elem, unsigned max_bloc
 cudaError_t launch_combine(DataType type, ReduceOp op, bool finish, int divisor, void* dst, const void* a, const void* b,
                            std::size_t n, cudaStream_t stream);
 
+/// Loads every kernel `launch_combine` may launch into the current device's context now
+/// (`cudaFuncGetAttributes` on each). With CUDA's lazy loading (the default since CUDA 12.2)
+/// a kernel is otherwise loaded at its first launch, and loading may synchronise the whole
+/// context: a launch from the engine's thread then waits for a user stream that our own host
+/// function holds until the collective ends, which needs that launch (docs/device.md "Kernel
+/// loading"). Cheap once loaded. Returns the first error.
+cudaError_t preload_kernels();
+
 }  // namespace ringfence::cuda

@@ -38,9 +38,28 @@ std::string DeviceLane::refusal(std::vector<Transport*>& via) {
     if (plan_.is_fenced(ctx_.rank, p) || plan_.was_moved(LinkId::of(ctx_.rank, p)))
       if (Transport* f = fallback(std::string(t->name()), p)) t = f;
   }
-  kernels_ = load_device_kernels(options.cuda_kernels);  // last: only where it would be used
+  if (!kernels_loaded_) kernels_ = load_device_kernels(options.cuda_kernels);  // last: only where it would be used
   if (!kernels_.usable) return kernels_.why_not;
   return {};
+}
+
+void DeviceLane::prepare() noexcept {
+  const CommOptions& options = ctx_.options;
+  if (options.device_regions == DeviceRegionsMode::Off || options.checksum || ctx_.store->collective_only()) return;
+  if (std::none_of(ctx_.transports.begin(), ctx_.transports.end(), [](const auto& t) { return t->traits().writes_device_memory; }))
+    return;
+  try {
+    kernels_ = load_device_kernels(options.cuda_kernels);
+    kernels_loaded_ = true;
+    if (!kernels_.usable) return;  // decide() refuses with kernels_.why_not
+    if (const int err = kernels_.preload(); err != kCudaSuccess) {
+      kernels_.usable = false;
+      kernels_.why_not = fmt::format("{}: loading its kernels failed (ringfence_kernels_preload: CUDA error {})", kernels_.library, err);
+      ctx_.log.warn("device regions unavailable: {}", kernels_.why_not);
+    }
+  } catch (const std::exception& e) {  // formatting only; the module's loader never throws
+    ctx_.log.warn("device regions: preparing the kernel module failed: {}", e.what());
+  }
 }
 
 bool DeviceLane::decide(const char* call) {
@@ -90,6 +109,10 @@ void DeviceLane::build(const char* call, const std::vector<Transport*>& via) {
   }
   if (const int err = cuda_.get_device(&ordinal_); err != kCudaSuccess)
     throw CudaError(fmt::format("rank {}: {}: {}", rank, call, cuda_.describe("cudaGetDevice", err)), err);
+  // Loaded at setup on the setup thread's device; this thread's device may differ. Here no host
+  // function of this communicator holds a stream yet (this call enqueues its own after).
+  if (const int err = kernels_.preload(); err != kCudaSuccess)
+    throw CudaError(fmt::format("rank {}: {}: {}", rank, call, cuda_.describe("ringfence_kernels_preload", err)), err);
   lanes_.connect(*L, kDeviceLane, MemoryKind::Device, &oneshot_input_);
   regions_ = DeviceRegions{&cuda_, &kernels_, nullptr};
   if (const int err = cuda_.stream_create(&regions_.stream, kCudaStreamNonBlocking); err != kCudaSuccess)

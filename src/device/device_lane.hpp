@@ -25,6 +25,13 @@ class DeviceLane {
   DeviceLane(const DeviceLane&) = delete;
   DeviceLane& operator=(const DeviceLane&) = delete;
 
+  /// At communicator setup, before any stream-ordered call: where device regions could run later
+  /// (not off, checksums off, a transport that writes device memory), loads the kernel module
+  /// and its kernels into the current device's context now (`DeviceKernels::preload`): CUDA
+  /// would load them at the first launch, on the progress thread, and that load may wait for a
+  /// user stream our own host function holds (docs/device.md "Kernel loading"). A failure is
+  /// logged and left to `decide`, which then refuses with the reason. Never throws.
+  void prepare() noexcept;
   /// Whether stream-ordered collective `call` runs on the device lane. The first call decides,
   /// on every rank at the same call (stream-ordered collectives are issued in the same order
   /// everywhere): each rank posts whether it can, and the lane is built only when all can.
@@ -86,6 +93,7 @@ class DeviceLane {
   std::string why_not_;
   CudaApi cuda_;
   DeviceKernels kernels_;
+  bool kernels_loaded_ = false;  // prepare() loaded (and preloaded) the module: refusal() keeps it
   int ordinal_ = 0;  // the CUDA device current on the thread that built the lane
   DeviceRegions regions_;
   std::vector<Connection*> connection_of_;        // by rank (null for ourselves)

@@ -5,8 +5,10 @@
 // communicator loads (RINGFENCE_CUDART, else libcudart.so.13/.12/...): the real one on a GPU
 // machine (tests/gpu), the fake with threads for streams in CI (tests/device). Exits 77 when no
 // CUDA runtime, driver or device is usable.
-//   device_collectives [--device-transports] [COUNT]
+//   device_collectives [--nonblocking-stream] [--device-transports] [COUNT]
 //     COUNT: elements per rank and call (default 4099: not a multiple of anything)
+//     --nonblocking-stream: the calls' stream is made with cudaStreamNonBlocking (default: a
+//       blocking stream, cudaStreamCreate, which synchronises with the legacy default stream)
 //     --device-transports: the communicator also gets the nvlink and pcie transports, so the
 //       collectives may run on device regions (docs/device.md; RINGFENCE_DEVICE_REGIONS=on makes
 //       it a requirement), and the program fails unless they did.
@@ -34,6 +36,8 @@ constexpr int kToDevice = Cuda::kHostToDevice, kToHost = Cuda::kDeviceToHost;
 
 int main(int argc, char** argv) {
   int arg = 1;
+  const bool nonblocking = argc > arg && std::string(argv[arg]) == "--nonblocking-stream";
+  arg += nonblocking;
   const bool device_transports = argc > arg && std::string(argv[arg]) == "--device-transports";
   arg += device_transports;
   const std::size_t count = argc > arg ? std::strtoull(argv[arg], nullptr, 10) : 4099;
@@ -53,7 +57,8 @@ int main(int argc, char** argv) {
   }
   check(cuda, cuda.set_device(rank % cuda.devices), "cudaSetDevice");  // ranks share GPUs when n > devices
   void* stream = nullptr;
-  check(cuda, cuda.stream_create(&stream), "cudaStreamCreate");
+  if (nonblocking && cuda.stream_create_flags == nullptr) throw std::runtime_error("the CUDA runtime lacks cudaStreamCreateWithFlags");
+  check(cuda, nonblocking ? cuda.stream_create_flags(&stream, Cuda::kStreamNonBlocking) : cuda.stream_create(&stream), "cudaStreamCreate");
   const std::size_t max_bytes = count * 8 * static_cast<std::size_t>(n);
   void *dsend = nullptr, *drecv = nullptr;
   check(cuda, cuda.malloc_(&dsend, max_bytes), "cudaMalloc");

@@ -75,5 +75,15 @@ inline unsigned long kernel_launches() {
   return f != nullptr ? f() : 0;
 }
 
+// Forgets which devices' kernels the fake module loaded (fake_kernels.cpp: lazy loading), so the
+// next communicator setup or launch loads them again, whatever ran earlier in this process.
+inline void unload_kernels() {
+  void* h = ::dlopen(RINGFENCE_FAKE_KERNELS_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h != nullptr);
+  auto* f = reinterpret_cast<void (*)()>(::dlsym(h, "fake_kernels_unload"));
+  REQUIRE(f != nullptr);
+  f();
+}
+
 
 }  // namespace ringfence::test::regions

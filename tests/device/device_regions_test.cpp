@@ -153,6 +153,10 @@ TEST_CASE("device regions: a call returns before its stream reaches it and lands
   const int n = 2;
   const std::size_t count = 20000;
   const TransportRegistry registry = with_device_transports();
+  // The kernels unloaded (the fake loads them lazily, as CUDA does): the communicators' setup must
+  // load them, since a load at the first call would wait for this held stream, and one at the
+  // first launch for the host function holding it (docs/device.md "Kernel loading").
+  unload_kernels();
   const std::string err = test::run_ranks(
       n, [](int) { return options(); },
       [&](Communicator& comm) {

@@ -20,7 +20,8 @@
 //   - FAKE_CUDA_DEVICES=0 (or "driver") makes cudaGetDeviceCount report no device (or
 //     cudaErrorInsufficientDriver, 35), as on a machine without a GPU or driver.
 // cudaFreeHost and cudaHostAlloc count live pinned buffers (fake_cuda_pinned_live).
-// fake_cuda_launch_kernel runs a function on a stream's thread, in order (the fake kernel module).
+// fake_cuda_launch_kernel runs a function on a stream's thread, in order (the fake kernel module);
+// fake_cuda_sync_device_streams waits for every stream of a device (its lazy kernel loading).
 // For the CUDA IPC transports (transports/cuda_ipc):
 //   - cudaMalloc memory lives in a POSIX shared-memory segment (/dev/shm/fakecuda-<pid>-<n>;
 //     those of dead processes are removed at a process's first cudaMalloc), so
@@ -53,6 +54,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -518,6 +520,19 @@ FAKE_EXPORT void fake_cuda_slow_copies(int from, int to, unsigned us) {
   State& s = state();
   std::lock_guard l(s.m);
   s.slow[{from, to}] = us;
+}
+// What CUDA's lazy loading may do when a kernel is first loaded (fake_kernels.cpp): wait until
+// every stream of `device` ran dry, a stream stopped inside a host function included. Streams
+// must not be destroyed meanwhile (the tests' own streams outlive their calls).
+FAKE_EXPORT void fake_cuda_sync_device_streams(int device) {
+  std::vector<Stream*> of_device;
+  {
+    State& s = state();
+    std::lock_guard l(s.m);
+    for (void* h : s.streams)
+      if (static_cast<Stream*>(h)->device == device) of_device.push_back(static_cast<Stream*>(h));
+  }
+  for (Stream* st : of_device) st->sync();
 }
 FAKE_EXPORT int cudaDeviceSynchronize() {
   resolve(nullptr)->sync();

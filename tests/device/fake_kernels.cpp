@@ -7,10 +7,18 @@
 // sleeps FAKE_KERNELS_DELAY_US first (default 300 us), so code that read a combine's
 // destination before the stream reached it sees the old bytes. Counts launches
 // (fake_kernels_launches) so tests can tell that a reduction ran "on the device".
+// Lazy loading, as CUDA does it by default (seen on an H200, docs/device.md "Kernel loading"):
+// the kernels of a device are "loaded" by ringfence_kernels_preload or else by the first combine
+// launched on it, and loading first waits until every stream of that device ran dry
+// (fake_cuda_sync_device_streams), a stream held inside a host function included. A library
+// that launched its first reduction while its own host function held the user's stream would
+// hang here as it did on the GPU. FAKE_KERNELS_EAGER=1 loads without waiting.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <ringfence/reduce_ops.hpp>
 #include <ringfence/types.hpp>
 #include <thread>
@@ -18,6 +26,8 @@
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 extern "C" int fake_cuda_launch_kernel(void* stream, void (*fn)(void*), void* arg);
+extern "C" void fake_cuda_sync_device_streams(int device);
+extern "C" int cudaGetDevice(int* device);
 
 namespace {
 
@@ -34,6 +44,23 @@ struct Task {
 };
 
 std::atomic<unsigned long> launches{0};
+
+// Devices whose kernels are loaded (bit d: device d), and the lock that makes one thread load.
+std::atomic<unsigned long> loaded{0};
+std::mutex loading;
+
+int load_current_device() {
+  int device = 0;
+  if (const int err = cudaGetDevice(&device); err != 0) return err;
+  const unsigned long bit = 1UL << (static_cast<unsigned>(device) % 64);
+  if ((loaded.load() & bit) != 0) return 0;
+  std::lock_guard lock(loading);
+  if ((loaded.load() & bit) != 0) return 0;
+  const char* eager = std::getenv("FAKE_KERNELS_EAGER");
+  if (eager == nullptr || std::string(eager) != "1") fake_cuda_sync_device_streams(device);
+  loaded.fetch_or(bit);
+  return 0;
+}
 
 unsigned delay_us() {
   const char* v = std::getenv("FAKE_KERNELS_DELAY_US");
@@ -77,13 +104,16 @@ void run(void* arg) {
 
 }  // namespace
 
-FAKE_EXPORT int ringfence_kernels_abi_version() { return 1; }
+FAKE_EXPORT int ringfence_kernels_abi_version() { return 2; }
+
+FAKE_EXPORT int ringfence_kernels_preload() { return load_current_device(); }
 
 FAKE_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divisor, void* dst, const void* a, const void* b,
                                           std::size_t n, void* stream) {
   if (type < 0 || type > static_cast<int>(DataType::Float64) || op < 0 || op >= kNumReduceOps) return kInvalidValue;
   if (op == static_cast<int>(ReduceOp::Avg) && finish != 0 && divisor <= 0) return kInvalidValue;
   if (n == 0) return 0;
+  if (const int err = load_current_device(); err != 0) return err;  // lazy loading: the first launch loads
   auto* task = new Task{type, op, finish, divisor, dst, a, b, n};
   const int err = fake_cuda_launch_kernel(stream, &run, task);
   if (err != 0) delete task;
@@ -91,3 +121,5 @@ FAKE_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divi
 }
 
 FAKE_EXPORT unsigned long fake_kernels_launches() { return launches.load(); }
+// Test hook: forget every device's loaded kernels (the next launch or preload loads again).
+FAKE_EXPORT void fake_kernels_unload() { loaded.store(0); }

@@ -262,6 +262,7 @@ TEST_CASE("device kernels: the module's combine equals the host functors for eve
   REQUIRE(k.usable);
   void* stream = nullptr;
   REQUIRE(cuda.stream_create(&stream, kCudaStreamNonBlocking) == 0);
+  REQUIRE(k.preload() == 0);  // loaded first: a lazy load at the first launch would wait for the held stream
   const std::size_t count = 1001;  // odd: a scalar head or tail around the 16-byte packs
   for (DataType type : kTypes)
     for (ReduceOp op : kOps)
