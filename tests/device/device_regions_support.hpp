@@ -18,6 +18,7 @@
 
 extern "C" {
 int cudaStreamSynchronize(void*);
+int cudaMemcpyAsync(void*, const void*, std::size_t, int, void*);
 int cudaSetDevice(int);
 void fake_cuda_hold(void*, int);
 void fake_cuda_slow_copies(int, int, unsigned);

@@ -169,6 +169,8 @@ TEST_CASE("device regions: a call returns before its stream reaches it and lands
         recv.put(sentinel.data(), bytes);
         Stream stream;
         fake_cuda_hold(stream.s, 1);
+        // Earlier work the held stream has not run yet (a copy of the same sentinel).
+        T_CHECK(cudaMemcpyAsync(recv.p, sentinel.data(), bytes, 1, stream.s) == 0);
         comm.allreduce(send.p, recv.p, count, DataType::Float32, ReduceOp::Sum, stream.handle());
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         T_CHECK(std::memcmp(recv.get(bytes).data(), sentinel.data(), bytes) == 0);  // held: not started
