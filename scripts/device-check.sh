@@ -26,7 +26,9 @@
 # of all_reduce_perf, DEVICE_CHECK_COPY_MIB the copies of device_memcpy_bw (default 256),
 # DEVICE_CHECK_IPC_BYTES the writes of cuda_ipc_conformance (default 64 MiB + 13), DEVICE_CHECK_KERNELS
 # the kernel module (the fake of tests/device; default: libringfence_kernels.so next to the binaries).
-# Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
+# Bounds: every run has its own timeout (75-120 s; communicator timeouts 15 s unless RINGFENCE_TIMEOUT_MS
+# says otherwise), so a hang costs about a minute of a lease, not three (the first H200 run lost ~6
+# minutes to hung device-region runs). Budget: under 6 minutes on one H200 (the build dominates on a machine with few cores: use
 # --prebuilt there). Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,7 +105,7 @@ else
   unset RINGFENCE_CUDA_KERNELS
 fi
 max=${DEVICE_CHECK_MAX_BYTES:-256M}
-export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-60000}
+export RINGFENCE_TIMEOUT_MS=${RINGFENCE_TIMEOUT_MS:-15000}
 
 {
   echo "# device-check $(date -u +%FT%TZ)"
@@ -129,9 +131,9 @@ else
 fi
 status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $? "$out/gpu_reduce_kernels.log"
 for n in 2 4; do
-  timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
+  timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
   status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
-  RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off timeout 180 "$bin/ringfence-run" -n $n --timeout 170 "$bin/device_collectives" --device-transports \
+  RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives" --device-transports \
     >"$out/gpu_device_regions_${n}ranks.log" 2>&1
   status "the same on device regions (engine on device memory, nvlink/pcie), $n ranks, exact" $? "$out/gpu_device_regions_${n}ranks.log"
 done
@@ -140,7 +142,7 @@ done
 # runtime by soname, so a DEVICE_CHECK_CUDART fake is put first on the loader's path.
 if [ -x "$bin/nccl_api_test" ]; then
   LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off \
-    timeout 180 "$bin/ringfence-run" -n 2 --timeout 170 "$bin/nccl_api_test" --device-buffers >"$out/gpu_nccl_shim_device_regions.log" 2>&1
+    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/nccl_api_test" --device-buffers >"$out/gpu_nccl_shim_device_regions.log" 2>&1
   rc=$?
   grep -q "rank 0: [0-9]* checks passed, 0 failed" "$out/gpu_nccl_shim_device_regions.log" || [ $rc -ne 0 ] || rc=1
 else
@@ -155,13 +157,13 @@ for t in nvlink pcie; do
   timeout 120 "$bin/cuda_ipc_conformance" $t "$ipc_bytes" >"$out/gpu_${t}_conformance.log" 2>&1
   status "$t transport (CUDA IPC), 2 processes on one GPU, $ipc_bytes B each way, exact" $? "$out/gpu_${t}_conformance.log"
 done
-timeout 150 "$bin/ringfence-run" -n 2 --timeout 140 "$bin/move_mp" >"$out/gpu_move_nvlink_to_pcie.log" 2>&1
+timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp" >"$out/gpu_move_nvlink_to_pcie.log" 2>&1
 status "corrupting nvlink pair moved to pcie at the fence agreement, 2 processes, exact" $? "$out/gpu_move_nvlink_to_pcie.log"
 nvml_lib=$bin/$fake_nvml
 [ -e "$nvml_lib" ] || nvml_lib=$bin/../lib/$fake_nvml
 if [ -e "$nvml_lib" ]; then
   RINGFENCE_NVML_LIBRARY=$nvml_lib RINGFENCE_FAKE_NVML_STATE=$out/move_device_regions.nvml RINGFENCE_DEVICE_REGIONS=on \
-    timeout 150 "$bin/ringfence-run" -n 2 --timeout 140 "$bin/move_mp" --device-regions >"$out/gpu_move_device_regions.log" 2>&1
+    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp" --device-regions >"$out/gpu_move_device_regions.log" 2>&1
   rc=$?
 else
   echo "$fake_nvml was not built" >"$out/gpu_move_device_regions.log"
@@ -172,8 +174,8 @@ status "NVLink replay storm (fake NVML): pair moved to pcie on host and device l
 
 # 3. compute-sanitizer memcheck on one small device collective (every rank process).
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  timeout 150 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
-    "$bin/ringfence-run" -n 2 --timeout 140 "$bin/device_collectives" 257 >"$out/memcheck.log" 2>&1
+  timeout 120 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+    "$bin/ringfence-run" -n 2 --timeout 110 "$bin/device_collectives" 257 >"$out/memcheck.log" 2>&1
   rc=$?
   grep -q "ERROR SUMMARY: 0 errors" "$out/memcheck.log" || [ $rc -ne 0 ] || rc=1
   status "compute-sanitizer memcheck, 2 ranks, 257 elements" $rc "$out/memcheck.log"
@@ -187,11 +189,11 @@ timeout 60 "$bin/device_memcpy_bw" "${DEVICE_CHECK_COPY_MIB:-256}" 20 ${RINGFENC
 status "device_memcpy_bw" $? "$out/memcpy_bw.txt"
 for n in 2 4; do
   # Device regions verify no checksums yet (docs/device.md): they run with checksums off.
-  RINGFENCE_CHECKSUM=off timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" -f 4 \
+  RINGFENCE_CHECKSUM=off timeout 100 "$bin/ringfence-run" -n $n --timeout 90 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" -f 4 \
     -n 10 -w 2 >"$out/all_reduce_perf_${n}ranks.txt" 2>&1
   status "all_reduce_perf --memory device, $n ranks ($(grep -ao 'device path: [a-z -]*' "$out/all_reduce_perf_${n}ranks.txt" | head -1))" $? \
     "$out/all_reduce_perf_${n}ranks.txt"
-  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" \
+  timeout 100 "$bin/ringfence-run" -n $n --timeout 90 "$bin/all_reduce_perf" --memory device -b 1M -e "$max" \
     -f 4 -n 10 -w 2 >"$out/all_reduce_perf_staged_${n}ranks.txt" 2>&1
   status "all_reduce_perf --memory device, $n ranks, the defaults (checksums on: host-staged, every chunk checked)" $? \
     "$out/all_reduce_perf_staged_${n}ranks.txt"
@@ -201,7 +203,7 @@ if [ "$gpus" -ge 2 ]; then
   [ -n "$nccl" ] && [ -e "$nccl" ] || nccl=libnccl.so.2
   n=$gpus
   [ "$n" -gt 4 ] && n=4
-  timeout 150 "$bin/ringfence-run" -n $n --timeout 140 "$bin/all_reduce_perf" --backend nccl --nccl-lib "$nccl" -b 1M -e "$max" -f 4 \
+  timeout 100 "$bin/ringfence-run" -n $n --timeout 90 "$bin/all_reduce_perf" --backend nccl --nccl-lib "$nccl" -b 1M -e "$max" -f 4 \
     -n 10 -w 2 >"$out/nccl_all_reduce_perf_${n}ranks.txt" 2>&1
   status "NCCL ncclAllReduce, $n ranks on $n GPUs" $? "$out/nccl_all_reduce_perf_${n}ranks.txt"
 else
