@@ -49,6 +49,8 @@ void DeviceLane::prepare() noexcept {
   if (std::none_of(ctx_.transports.begin(), ctx_.transports.end(), [](const auto& t) { return t->traits().writes_device_memory; }))
     return;
   try {
+    // No runtime or no device: nothing to load into, and decide() says why if a call asks.
+    if (!load_cuda_api(options.cuda_runtime).usable) return;
     kernels_ = load_device_kernels(options.cuda_kernels);
     kernels_loaded_ = true;
     if (!kernels_.usable) return;  // decide() refuses with kernels_.why_not

@@ -26,7 +26,7 @@ class DeviceLane {
   DeviceLane& operator=(const DeviceLane&) = delete;
 
   /// At communicator setup, before any stream-ordered call: where device regions could run later
-  /// (not off, checksums off, a transport that writes device memory), loads the kernel module
+  /// (not off, checksums off, a transport that writes device memory, a CUDA device), loads the kernel module
   /// and its kernels into the current device's context now (`DeviceKernels::preload`): CUDA
   /// would load them at the first launch, on the progress thread, and that load may wait for a
   /// user stream our own host function holds (docs/device.md "Kernel loading"). A failure is

@@ -228,6 +228,36 @@ TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and s
   }
 }
 
+TEST_CASE("device regions: kernels that fail to load at setup leave every rank host-staged, exact, saying why", "[device][regions]") {
+  // The module's preload runs at communicator setup (docs/device.md "Kernel loading"); when it
+  // fails the ranks stage, and each names the module and the CUDA error.
+  const int n = 2;
+  const std::size_t count = 3000;
+  const TransportRegistry registry = with_device_transports();
+  test::ScopedEnv fail("FAKE_KERNELS_PRELOAD_ERROR", "3");
+  std::vector<std::string> path(n);
+  const std::string err = test::run_ranks(
+      n, [](int) { return options(DeviceRegionsMode::Auto, std::chrono::seconds(5)); },
+      [&](Communicator& comm) {
+        Stream stream;
+        std::vector<std::int32_t> host(count);
+        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+        DeviceBuffer buf(count * 4);
+        buf.put(host.data(), count * 4);
+        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+        T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
+        path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
+      },
+      &registry);
+  REQUIRE(err == "");
+  for (int r = 0; r < n; ++r) {  // a rank that cannot gives its own reason
+    const std::string& p = path[static_cast<std::size_t>(r)];
+    REQUIRE_THAT(p, Catch::StartsWith("host-staged: rank " + std::to_string(r) + ": "));
+    REQUIRE_THAT(p, Catch::Contains("libringfence_kernels.so: loading its kernels failed (ringfence_kernels_preload: CUDA error 3)"));
+  }
+}
+
 TEST_CASE("device regions: fault rules keep the device lane off the transports they name, and only those", "[device][regions]") {
   // Fault links read payloads on the host, so a transport with rules carries no device lane; a
   // rule for another transport leaves it alone (it is not wrapped at all).

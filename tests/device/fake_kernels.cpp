@@ -12,7 +12,8 @@
 // launched on it, and loading first waits until every stream of that device ran dry
 // (fake_cuda_sync_device_streams), a stream held inside a host function included. A library
 // that launched its first reduction while its own host function held the user's stream would
-// hang here as it did on the GPU. FAKE_KERNELS_EAGER=1 loads without waiting.
+// hang here as it did on the GPU. FAKE_KERNELS_EAGER=1 loads without waiting;
+// FAKE_KERNELS_PRELOAD_ERROR=N makes the preload fail.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -106,7 +107,11 @@ void run(void* arg) {
 
 FAKE_EXPORT int ringfence_kernels_abi_version() { return 2; }
 
-FAKE_EXPORT int ringfence_kernels_preload() { return load_current_device(); }
+// FAKE_KERNELS_PRELOAD_ERROR=N makes it fail with error N, loading nothing (tests of the refusal).
+FAKE_EXPORT int ringfence_kernels_preload() {
+  if (const char* e = std::getenv("FAKE_KERNELS_PRELOAD_ERROR"); e != nullptr && *e != '\0') return std::atoi(e);
+  return load_current_device();
+}
 
 FAKE_EXPORT int ringfence_kernels_combine(int type, int op, int finish, int divisor, void* dst, const void* a, const void* b,
                                           std::size_t n, void* stream) {
