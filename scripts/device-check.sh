@@ -4,6 +4,7 @@
 #   scripts/device-check.sh OUT_DIR --prebuilt DIR  use binaries bundled by --bundle (machines without the
 #                                                   build dependencies, e.g. the device machines of this project)
 #   scripts/device-check.sh --bundle DIR            build here and bundle the binaries + libfmt into DIR
+#   scripts/device-check.sh --watch-selftest OUT BIN  check that a run outliving DEVICE_CHECK_STACK_AFTER gets its stacks
 # The check, each step logged to OUT_DIR and summarised in OUT_DIR/summary.md:
 #   1. the GPUs (nvidia-smi -L, topology);
 #   2. every GPU test: reduce kernels bit-exact against the host kernels (every dtype x op,
@@ -45,6 +46,63 @@ build() {  # build BUILD_DIR: configure for sm_90 and build only what the check 
     { tail -30 "$b.configure.log"; return 1; }
   cmake --build "$b" --target "${bins[@]}" ringfence_kernels ringfence_nccl ringfence_fake_nvml >"$b.build.log" 2>&1 || { tail -40 "$b.build.log"; return 1; }
 }
+
+# A run still going after $stack_after s (DEVICE_CHECK_STACK_AFTER, default 8: the watched runs take
+# 1-2 s on an H200) gets its processes' threads recorded once, in LOG's .stacks file: every
+# thread's state, wait channel and system call (/proc), and for each rank, where cuda-gdb exists,
+# every thread's backtrace. The first H200 run needed a second lease to learn where its hang sat
+# (docs/device.md "Kernel loading"); now the run that hangs says where.
+stack_after=${DEVICE_CHECK_STACK_AFTER:-8}
+descendants() {  # descendants PID: every process under PID
+  local c
+  for c in $(pgrep -P "$1"); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+take_stacks() {  # take_stacks PID
+  local p t
+  for p in $(descendants "$1"); do
+    [ -r "/proc/$p/cmdline" ] || continue
+    echo "=== pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) $(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -E '^RINGFENCE_RANK=')"
+    for t in /proc/"$p"/task/*; do
+      echo "  tid ${t##*/} $(cat "$t/comm" 2>/dev/null) state=$(awk '{print $3}' "$t/stat" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null) syscall=$(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+    done
+    if command -v cuda-gdb >/dev/null 2>&1 && grep -qa '^RINGFENCE_RANK=' <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null); then
+      timeout 30 cuda-gdb -q -nx -batch -p "$p" -ex "set pagination off" -ex "thread apply all bt 16" 2>&1 |
+        grep -v -E '^\[New LWP|^warning: |Reading symbols|^$' | head -300
+    fi
+  done
+}
+watched() {  # watched LOG CMD...: runs CMD, stdout and stderr to LOG; returns CMD's status
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 &
+  local pid=$! ticks=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$ticks" -eq $((stack_after * 10)) ]; then
+      take_stacks "$pid" >"${log%.*}.stacks" 2>&1
+      echo "device-check: $(basename "$log"): still running after $stack_after s; threads in $(basename "${log%.*}.stacks")"
+    fi
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  wait "$pid"
+}
+
+# --watch-selftest OUT BIN: `watched` on ringfence-run of two ranks that sleep 3 s, stacks after 1 s;
+# passes when the .stacks file shows both ranks' threads (CTest device_check_watch_selftest).
+if [ "${1:-}" = "--watch-selftest" ]; then
+  dir=${2:?usage: device-check.sh --watch-selftest OUT BIN}
+  mkdir -p "$dir"
+  stack_after=1
+  watched "$dir/selftest.log" timeout 30 "${3:?usage: device-check.sh --watch-selftest OUT BIN}/ringfence-run" -n 2 --timeout 25 sleep 3 || exit 1
+  ranks=$(cat "$dir/selftest.stacks" 2>/dev/null | grep -c '^=== pid .*RINGFENCE_RANK=')
+  threads=$(cat "$dir/selftest.stacks" 2>/dev/null | grep -c '^  tid .* state=[A-Z]')
+  echo "device-check: watch self-test: $ranks rank processes, $threads threads recorded"
+  [ "$ranks" -eq 2 ] && [ "$threads" -ge 2 ]
+  exit
+fi
 
 if [ "${1:-}" = "--bundle" ]; then
   dir=${2:?usage: device-check.sh --bundle DIR}
@@ -131,18 +189,19 @@ else
 fi
 status "reduce kernels = host kernels, every dtype x op, aligned + misaligned" $? "$out/gpu_reduce_kernels.log"
 for n in 2 4; do
-  timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives" >"$out/gpu_device_collectives_${n}ranks.log" 2>&1
+  watched "$out/gpu_device_collectives_${n}ranks.log" timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives"
   status "stream-ordered device collectives, $n ranks on $gpus GPU(s), exact" $? "$out/gpu_device_collectives_${n}ranks.log"
-  RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives" --device-transports \
-    >"$out/gpu_device_regions_${n}ranks.log" 2>&1
+  watched "$out/gpu_device_regions_${n}ranks.log" env RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off \
+    timeout 75 "$bin/ringfence-run" -n $n --timeout 70 "$bin/device_collectives" --device-transports
   status "the same on device regions (engine on device memory, nvlink/pcie), $n ranks, exact" $? "$out/gpu_device_regions_${n}ranks.log"
 done
 # The NCCL shim on device regions: every collective and send/recv on device buffers with a stream
 # (nccl_api_test --device-buffers, which also runs the host-buffer API checks). It loads the
 # runtime by soname, so a DEVICE_CHECK_CUDART fake is put first on the loader's path.
 if [ -x "$bin/nccl_api_test" ]; then
-  LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off \
-    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/nccl_api_test" --device-buffers >"$out/gpu_nccl_shim_device_regions.log" 2>&1
+  watched "$out/gpu_nccl_shim_device_regions.log" \
+    env LD_LIBRARY_PATH="${DEVICE_CHECK_CUDART:+$(dirname "$DEVICE_CHECK_CUDART"):}${LD_LIBRARY_PATH:-}" RINGFENCE_DEVICE_REGIONS=on RINGFENCE_CHECKSUM=off \
+    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/nccl_api_test" --device-buffers
   rc=$?
   grep -q "rank 0: [0-9]* checks passed, 0 failed" "$out/gpu_nccl_shim_device_regions.log" || [ $rc -ne 0 ] || rc=1
 else
@@ -157,13 +216,14 @@ for t in nvlink pcie; do
   timeout 120 "$bin/cuda_ipc_conformance" $t "$ipc_bytes" >"$out/gpu_${t}_conformance.log" 2>&1
   status "$t transport (CUDA IPC), 2 processes on one GPU, $ipc_bytes B each way, exact" $? "$out/gpu_${t}_conformance.log"
 done
-timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp" >"$out/gpu_move_nvlink_to_pcie.log" 2>&1
+watched "$out/gpu_move_nvlink_to_pcie.log" timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp"
 status "corrupting nvlink pair moved to pcie at the fence agreement, 2 processes, exact" $? "$out/gpu_move_nvlink_to_pcie.log"
 nvml_lib=$bin/$fake_nvml
 [ -e "$nvml_lib" ] || nvml_lib=$bin/../lib/$fake_nvml
 if [ -e "$nvml_lib" ]; then
-  RINGFENCE_NVML_LIBRARY=$nvml_lib RINGFENCE_FAKE_NVML_STATE=$out/move_device_regions.nvml RINGFENCE_DEVICE_REGIONS=on \
-    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp" --device-regions >"$out/gpu_move_device_regions.log" 2>&1
+  watched "$out/gpu_move_device_regions.log" \
+    env RINGFENCE_NVML_LIBRARY="$nvml_lib" RINGFENCE_FAKE_NVML_STATE="$out/move_device_regions.nvml" RINGFENCE_DEVICE_REGIONS=on \
+    timeout 75 "$bin/ringfence-run" -n 2 --timeout 70 "$bin/move_mp" --device-regions
   rc=$?
 else
   echo "$fake_nvml was not built" >"$out/gpu_move_device_regions.log"
