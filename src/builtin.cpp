@@ -21,10 +21,14 @@ Communicator Communicator::from_env() {
   CommOptions options = CommOptions::from_env(env);
   const LaunchInfo launch = detect_launch(env);
   const Logger log = make_logger(options.log_level, launch.rank, options.log_file, options.log_timestamps);
-  for (const auto& name : unknown_variables(env)) log.warn("ignoring unknown environment variable {} (typo?)", name);
+  // The transports' own variables (RINGFENCE_SHM_*, RINGFENCE_TCP_*, ...) are known too: they
+  // are read when the transports are made, so only names no one reads are called typos.
+  TransportRegistry transports = builtin_transports();
+  for (const auto& name : unknown_variables(env, transports.setting_variables()))
+    log.warn("ignoring unknown environment variable {} (typo?)", name);
   if (launch.token_is_derived)
     log.info("job token derived from the {} job id (not secret); set RINGFENCE_JOB_TOKEN to authenticate", to_string(launch.launcher));
-  return from_launch(launch, builtin_transports(), std::move(options));
+  return from_launch(launch, std::move(transports), std::move(options));
 }
 
 Communicator::Communicator(const UniqueId& id, int rank, int size, CommOptions options)
