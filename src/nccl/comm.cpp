@@ -88,11 +88,15 @@ rf::CommOptions env_options(int log_rank) {
   try {
     const rf::Environment env = rf::Environment::from_process();
     rf::CommOptions options = rf::CommOptions::from_env(env);
-    const rf::NcclEnvironmentReport report = rf::apply_nccl_environment(env, options, shim_transports().names());
+    const rf::TransportRegistry transports = shim_transports();
+    const rf::NcclEnvironmentReport report = rf::apply_nccl_environment(env, options, transports.names());
     if (log_rank == 0) {
       const rf::Logger log = rf::make_logger(options.log_level, 0, options.log_file, options.log_timestamps);
       for (const auto& line : report.applied) log.info("nccl shim: {}", line);
       for (const auto& line : report.ignored) log.warn("nccl shim: {}", line);
+      // As Communicator::from_env does: a RINGFENCE_* name neither the core nor a transport reads.
+      for (const auto& name : rf::unknown_variables(env, transports.setting_variables()))
+        log.warn("nccl shim: ignoring unknown environment variable {} (typo?)", name);
     }
     return options;
   } catch (const rf::InvalidUsage& e) {
