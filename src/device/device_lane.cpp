@@ -22,9 +22,7 @@ Transport* DeviceLane::fallback(const std::string& from, int peer) const {
 // transport to rank p (its fallback for a pair fenced or moved before the lane was built).
 std::string DeviceLane::refusal(std::vector<Transport*>& via) {
   const CommOptions& options = ctx_.options;
-  if (options.device_regions == DeviceRegionsMode::Off) return "RINGFENCE_DEVICE_REGIONS=off";
-  if (lanes_.main().engine.checksum) return "checksums are on (RINGFENCE_CHECKSUM): chunks are verified on the host";
-  if (ctx_.store->collective_only()) return "the bootstrap store is collective-only (MPI): the device lane is built lazily";
+  if (const char* why = configured_off()) return why;
   cuda_ = load_cuda_api(options.cuda_runtime);
   if (!cuda_.usable) return cuda_.why_not;
   if (!cuda_.ipc) return cuda_.ipc_why_not;
@@ -43,9 +41,18 @@ std::string DeviceLane::refusal(std::vector<Transport*>& via) {
   return {};
 }
 
+// The reason this communicator's configuration rules device regions out, whatever the machine
+// has; nullptr when it does not.
+const char* DeviceLane::configured_off() const noexcept {
+  if (ctx_.options.device_regions == DeviceRegionsMode::Off) return "RINGFENCE_DEVICE_REGIONS=off";
+  if (lanes_.main().engine.checksum) return "checksums are on (RINGFENCE_CHECKSUM): chunks are verified on the host";
+  if (ctx_.store->collective_only()) return "the bootstrap store is collective-only (MPI): the device lane is built lazily";
+  return nullptr;
+}
+
 void DeviceLane::prepare() noexcept {
   const CommOptions& options = ctx_.options;
-  if (options.device_regions == DeviceRegionsMode::Off || options.checksum || ctx_.store->collective_only()) return;
+  if (configured_off() != nullptr) return;
   if (std::none_of(ctx_.transports.begin(), ctx_.transports.end(), [](const auto& t) { return t->traits().writes_device_memory; }))
     return;
   try {

@@ -78,6 +78,7 @@ class DeviceLane {
 
  private:
   std::string refusal(std::vector<Transport*>& via);
+  const char* configured_off() const noexcept;
   void build(const char* call, const std::vector<Transport*>& via);
   // A CUDA call of a device-lane collective failed outside the executor: the communicator fails
   // (the peers learn it at once) and the call throws CudaError(`why`).

@@ -184,6 +184,22 @@ TEST_CASE("device regions: a call returns before its stream reaches it and lands
   REQUIRE(err == "");
 }
 
+// One stream-ordered Int32 sum allreduce in place on a device buffer of `count` elements on a job
+// that ended up host-staged: checks the result exactly and that it went through pinned staging,
+// and returns the rank's device_path() (its reason for staging).
+static std::string staged_allreduce(Communicator& comm, int n, std::size_t count) {
+  Stream stream;
+  std::vector<std::int32_t> host(count);
+  test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
+  DeviceBuffer buf(count * 4);
+  buf.put(host.data(), count * 4);
+  comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
+  T_CHECK(cudaStreamSynchronize(stream.s) == 0);
+  T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
+  T_CHECK(comm.device_staging_bytes() >= count * 4);
+  return comm.device_path();
+}
+
 TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and says why", "[device][regions]") {
   const int n = 3;
   const std::size_t count = 3000;
@@ -210,18 +226,7 @@ TEST_CASE("device regions: when one rank cannot, every rank stages, exact, and s
           if (r == 1) c.spoil(o);
           return o;
         },
-        [&](Communicator& comm) {
-          Stream stream;
-          std::vector<std::int32_t> host(count);
-          test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-          DeviceBuffer buf(count * 4);
-          buf.put(host.data(), count * 4);
-          comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-          T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-          T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
-          T_CHECK(comm.device_staging_bytes() >= count * 4);  // the data went through pinned staging
-          path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
-        },
+        [&](Communicator& comm) { path[static_cast<std::size_t>(comm.rank())] = staged_allreduce(comm, n, count); },
         &registry);
     REQUIRE(err == "");
     for (const std::string& p : path) REQUIRE_THAT(p, Catch::StartsWith(c.why));
@@ -238,17 +243,7 @@ TEST_CASE("device regions: kernels that fail to load at setup leave every rank h
   std::vector<std::string> path(n);
   const std::string err = test::run_ranks(
       n, [](int) { return options(DeviceRegionsMode::Auto, std::chrono::seconds(5)); },
-      [&](Communicator& comm) {
-        Stream stream;
-        std::vector<std::int32_t> host(count);
-        test::fill_input(DataType::Int32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
-        DeviceBuffer buf(count * 4);
-        buf.put(host.data(), count * 4);
-        comm.allreduce(buf.p, buf.p, count, DataType::Int32, ReduceOp::Sum, stream.handle());
-        T_CHECK(cudaStreamSynchronize(stream.s) == 0);
-        T_CHECK(test::count_wrong(DataType::Int32, ReduceOp::Sum, n, buf.get(count * 4).data(), count) == 0);
-        path[static_cast<std::size_t>(comm.rank())] = comm.device_path();
-      },
+      [&](Communicator& comm) { path[static_cast<std::size_t>(comm.rank())] = staged_allreduce(comm, n, count); },
       &registry);
   REQUIRE(err == "");
   for (int r = 0; r < n; ++r) {  // a rank that cannot gives its own reason
