@@ -93,9 +93,10 @@ class Environment {
 };
 
 /// `RINGFENCE_*` variables in `env` that ringfence does not know (likely typos): neither a core
-/// option nor one of `transport_variables` (`TransportRegistry::setting_variables()`). The
-/// communicator logs a warning for each.
-std::vector<std::string> unknown_variables(const Environment& env, const std::vector<std::string>& transport_variables = {});
+/// option nor one of `transport_variables`, which callers take from the registry their
+/// communicators use (`TransportRegistry::setting_variables()`; no default, since without it
+/// every transport setting would read as a typo). The communicator logs a warning for each.
+std::vector<std::string> unknown_variables(const Environment& env, const std::vector<std::string>& transport_variables);
 
 /// Parses a positive byte count with an optional K/M/G (binary) suffix: "65536", "64K", "1M".
 /// Throws `InvalidUsage` naming `what` on a malformed or out-of-range value.

@@ -117,7 +117,7 @@ TEST_CASE("ibverbs variables reach the ibverbs transport's options", "[env][ibve
   for (const SettingKey& k : transports::ibverbs::setting_keys()) declared.emplace_back(k.variable);
   REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}, {"RINGFENCE_IB_HCAS", "mlx5"}}), declared) ==
           std::vector<std::string>{"RINGFENCE_IB_HCAS"});
-  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}})) == std::vector<std::string>{"RINGFENCE_IB_HCA"});
+  REQUIRE(unknown_variables(env({{"RINGFENCE_IB_HCA", "mlx5"}}), {}) == std::vector<std::string>{"RINGFENCE_IB_HCA"});
 }
 
 TEST_CASE("bad values are errors naming the variable", "[env]") {
@@ -254,7 +254,7 @@ TEST_CASE("token hex round trip", "[env]") {
 }
 
 TEST_CASE("unknown RINGFENCE_* variables are reported", "[env]") {
-  const auto unknown = unknown_variables(env({{"RINGFENCE_TIMEOUT_MS", "5"}, {"RINGFENCE_TIMEOUT", "5"}, {"OTHER", "1"}}));
+  const auto unknown = unknown_variables(env({{"RINGFENCE_TIMEOUT_MS", "5"}, {"RINGFENCE_TIMEOUT", "5"}, {"OTHER", "1"}}), {});
   REQUIRE(unknown == std::vector<std::string>{"RINGFENCE_TIMEOUT"});
 }
 
