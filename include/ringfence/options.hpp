@@ -181,8 +181,9 @@ struct CommOptions {
   /// agreements come about this far apart (a stream of 1-microsecond allreduces would otherwise
   /// pay for one every 64 microseconds). At most 16 times: a link that turns bad right after a
   /// paced agreement is judged within 16 x 64 collectives however slow they become. Any vote
-  /// puts the count back to `health_agree_every`. 0: by count only. Must match on every rank.
-  /// Env: RINGFENCE_HEALTH_AGREE_MIN_US.
+  /// puts the count back to `health_agree_every`. Timed from the first agreement, which keeps
+  /// the count (the time since setup includes waiting for the slowest rank to start). 0: by
+  /// count only. Must match on every rank. Env: RINGFENCE_HEALTH_AGREE_MIN_US.
   std::chrono::microseconds health_agree_min_interval{1000};
   /// An agreement also runs once this many bytes (the collectives' data sizes, the same on every
   /// rank) went by since the last one, so large messages are judged within about a second on a

@@ -28,7 +28,7 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
   every_ = base_every();
-  last_agreement_ = std::chrono::steady_clock::now();
+  last_agreement_ = {};  // the clock starts at the first agreement (report_pace)
   if (enabled()) ledger_.load(ctx_);
 }
 
@@ -53,8 +53,16 @@ bool AgreementRound::due(std::uint64_t bytes) noexcept {
 
 // How long `health_agree_every` collectives took here since the last agreement, into the ballot.
 // The time between agreements includes whatever the caller did between collectives, so a job
-// that computes between them reports them slow and keeps agreeing by count.
+// that computes between them reports them slow and keeps agreeing by count. The first agreement
+// reports no pace: the time since setup includes waiting for the last rank to reach its first
+// collective (a rank slow to start, under load, made the first stretch shorter and the count of
+// agreements depend on how the job started), so pacing starts at the first agreement, where all
+// ranks met.
 void AgreementRound::report_pace(std::chrono::steady_clock::time_point now) noexcept {
+  if (last_agreement_ == std::chrono::steady_clock::time_point{}) {
+    last_agreement_ = now;
+    return;
+  }
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_agreement_).count();
   last_agreement_ = now;
   if (calls_counted_ == 0 || ns <= 0) return;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -21,28 +22,34 @@ namespace {
 struct PaceRun {
   std::string error;
   std::vector<std::uint64_t> agreements, every, widest_before_replan, epochs;
+  std::vector<std::vector<std::uint64_t>> agreed_at;  // per rank: the calls (1-based) after which an agreement had run
   std::vector<std::vector<LinkId>> fenced;
   std::size_t wrong = 0;
 };
 
-// `n` thread ranks run `calls` exact Int64 sum allreduces of `count` elements with `o`.
-PaceRun run_paced(int n, const CommOptions& o, int calls, std::size_t count) {
+// `n` thread ranks run `calls` exact Int64 sum allreduces of `count` elements with `o`; the last
+// rank reaches its first collective `late_start` after the others.
+PaceRun run_paced(int n, const CommOptions& o, int calls, std::size_t count, std::chrono::milliseconds late_start = {}) {
   PaceRun run;
   run.agreements.resize(n);
   run.every.resize(n);
   run.widest_before_replan.resize(n);
   run.epochs.resize(n);
   run.fenced.resize(n);
+  run.agreed_at.resize(n);
   std::atomic<std::size_t> wrong{0};
   run.error = test::run_ranks(n, o, [&](Communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     std::vector<std::int64_t> buf(count);
     std::uint64_t widest = 0;
+    if (comm.rank() == n - 1) std::this_thread::sleep_for(late_start);
     for (int c = 0; c < calls; ++c) {
       test::fill_input(DataType::Int64, ReduceOp::Sum, comm.rank(), n, buf.data(), buf.size());
       comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Int64, ReduceOp::Sum);
       wrong += test::count_wrong(DataType::Int64, ReduceOp::Sum, n, buf.data(), buf.size());
-      if (comm.epoch() == 0) widest = std::max(widest, comm.health().agree_every);
+      const HealthSnapshot now = comm.health();
+      if (comm.epoch() == 0) widest = std::max(widest, now.agree_every);
+      if (now.agreements > run.agreed_at[r].size()) run.agreed_at[r].push_back(static_cast<std::uint64_t>(c) + 1);
     }
     const HealthSnapshot h = comm.health();
     run.agreements[r] = h.agreements;
@@ -75,16 +82,36 @@ void require_paced(const PaceRun& run, std::uint64_t every, std::uint64_t agreem
     REQUIRE(run.every[r] == every);
     REQUIRE(run.agreements[r] == agreements);
     REQUIRE(run.epochs[r] == 0);
+    REQUIRE(run.agreed_at[r] == run.agreed_at[0]);
   }
+}
+
+// Agreements at `first`, then every `stretch` collectives, up to `calls`.
+std::vector<std::uint64_t> schedule(std::vector<std::uint64_t> first, std::uint64_t stretch, std::uint64_t calls) {
+  while (first.back() + stretch <= calls) first.push_back(first.back() + stretch);
+  return first;
 }
 
 }  // namespace
 
 TEST_CASE("quiet collectives faster than the interval space agreements out, 16 times the count at most, alike on every rank",
           "[agreement][pace]") {
-  // 10 s between agreements: 8 calls always take less, so every quiet agreement stretches as far
-  // as it may. The first falls due at call 8, then every 8 x 16 = 128: calls 8, 136, ..., 904.
-  require_paced(run_paced(2, paced(8, std::chrono::seconds(10)), 1000, 8), 128, 8);
+  // 10 s between agreements: 8 calls always take less, so every quiet agreement after the first
+  // stretches as far as it may. The first falls due at call 8 and starts the clock (the time
+  // since setup is not the collectives'), the second at 16, then every 8 x 16 = 128: calls 8,
+  // 16, 144, ..., 912.
+  const PaceRun run = run_paced(2, paced(8, std::chrono::seconds(10)), 1000, 8);
+  require_paced(run, 128, 9);
+  REQUIRE(run.agreed_at[0] == schedule({8, 16}, 128, 1000));
+}
+
+TEST_CASE("a rank late to its first collective does not shorten the paced stretches", "[agreement][pace]") {
+  // The other rank waits 700 ms in its first collective: longer than 16 x 8 calls may take at a
+  // 10 s interval (625 ms per 8). Timed from setup, that wait read as slow collectives and the
+  // first stretch fell short (CI saw 9 agreements where 8 were due, on a loaded machine).
+  const PaceRun run = run_paced(2, paced(8, std::chrono::seconds(10)), 1000, 8, std::chrono::milliseconds(700));
+  require_paced(run, 128, 9);
+  REQUIRE(run.agreed_at[0] == schedule({8, 16}, 128, 1000));
 }
 
 TEST_CASE("without an interval, or with collectives slower than it, agreements keep the count", "[agreement][pace]") {
