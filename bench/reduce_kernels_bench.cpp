@@ -99,6 +99,23 @@ void checked_copy(benchmark::State& state, bool checked) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(2 * bytes));
 }
 
+// One small call's checked pass, as a call of 8 B-128 B does it once per chunk (a copy with
+// its CRC; a float sum with its input's CRC, and with its result's too): what the pass costs
+// when its fixed work outweighs the bytes (docs/protection-cost.md, "Small passes").
+void checked_small(benchmark::State& state, int kind) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  std::vector<std::byte> a(bytes, std::byte{1}), b(bytes, std::byte{2}), out(bytes);
+  const rf::Reducer k = rf::host_reducer(rf::DataType::Float32, rf::ReduceOp::Sum);
+  std::uint32_t ca = 0, cd = 0;
+  for (auto _ : state) {
+    if (kind == 0) ca ^= rf::copy_bytes_crc(out.data(), a.data(), bytes);
+    else rf::detail::combine_with_crc(k, false, out.data(), a.data(), b.data(), bytes / 4, 2, &ca, kind == 2 ? &cd : nullptr);
+    benchmark::DoNotOptimize(ca + cd);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
 const int kRegistered = [] {
   constexpr std::int64_t kChunk = 256 << 10, kLarge = 64 << 20;
   benchmark::RegisterBenchmark("memcpy", memcpy_baseline)->Arg(kChunk)->Arg(kLarge);
@@ -111,6 +128,9 @@ const int kRegistered = [] {
   benchmark::RegisterBenchmark("checked/combine/fused", [](benchmark::State& s) { checked_combine(s, true); })->Arg(kChunk)->Arg(kLarge);
   benchmark::RegisterBenchmark("checked/copy/plain", [](benchmark::State& s) { checked_copy(s, false); })->Arg(kChunk)->Arg(kLarge);
   benchmark::RegisterBenchmark("checked/copy/fused", [](benchmark::State& s) { checked_copy(s, true); })->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("checked/small/copy", [](benchmark::State& s) { checked_small(s, 0); })->Arg(8)->Arg(64)->Arg(128);
+  benchmark::RegisterBenchmark("checked/small/combine", [](benchmark::State& s) { checked_small(s, 1); })->Arg(8)->Arg(64)->Arg(128);
+  benchmark::RegisterBenchmark("checked/small/combine2", [](benchmark::State& s) { checked_small(s, 2); })->Arg(8)->Arg(64)->Arg(128);
   for (int t = 0; t < rf::kNumDataTypes; ++t)
     for (int o = 0; o < rf::kNumReduceOps; ++o) {
       const auto type = static_cast<rf::DataType>(t);

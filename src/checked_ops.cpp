@@ -166,7 +166,7 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
   std::uint32_t crc = 0;
 #if defined(RINGFENCE_CRC_X86)
   if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false>(dst, src, bytes);
-  if (detail::folds()) {
+  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes) {  // under one stream's bytes nothing folds: the loop below
     detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
                        nullptr);
     return crc;
@@ -218,7 +218,7 @@ void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::by
   const bool sums_f32 = r.type == DataType::Float32 && (r.op == ReduceOp::Sum || (r.op == ReduceOp::Avg && !last));
   if (sums_f32 && crc_a && !crc_dst && !a_first && sum_f32_with_crc(fn, dst, a, b, count, crc_a)) return;
 #if defined(RINGFENCE_CRC_X86)
-  if (folds() && !a_first && (crc_a || crc_dst)) {
+  if (folds() && !a_first && (crc_a || crc_dst) && count * elem >= crcfold::kStreamBytes) {
     // One or two streams: the first folded is `a` when asked for, else the result.
     const auto pass = [&](std::size_t at, std::size_t n) { fn(dst + at, a + at, b + at, n / elem, divisor); };
     if (crc_a && crc_dst) fold_along(pass, a, dst, count * elem, elem, crc_a, crc_dst);
