@@ -68,7 +68,7 @@ double parse_positive_double(std::string_view name, std::string_view text) {
 bool parse_bool(std::string_view name, std::string_view text) {
   if (text == "1" || text == "true" || text == "on" || text == "yes") return true;
   if (text == "0" || text == "false" || text == "off" || text == "no") return false;
-  bad_value(name, text, "0 or 1");
+  bad_value(name, text, "1, on, true or yes; 0, off, false or no");
 }
 
 std::vector<std::string> split_list(std::string_view text) {

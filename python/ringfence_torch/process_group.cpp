@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -423,9 +422,16 @@ class ProcessGroupRingfence final : public c10d::ProcessGroup {
   static Communicator make_comm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                 std::chrono::milliseconds timeout) {
     TORCH_CHECK(store, "ringfence: null store");
-    CommOptions options = CommOptions::from_env();
-    if (std::getenv("RINGFENCE_TIMEOUT_MS") == nullptr && timeout.count() > 0) options.timeout = timeout;
-    return Communicator(std::make_shared<C10dStore>(store), rank, size, builtin_transports(), options);
+    const Environment env = Environment::from_process();
+    CommOptions options = CommOptions::from_env(env);
+    if (!env.has("RINGFENCE_TIMEOUT_MS") && timeout.count() > 0) options.timeout = timeout;
+    // As Communicator::from_env does, on every rank: a RINGFENCE_* name neither the core nor a
+    // transport reads is most likely a typo the user believes took effect.
+    TransportRegistry transports = builtin_transports();
+    const Logger log = make_logger(options.log_level, rank, options.log_file, options.log_timestamps);
+    for (const auto& name : unknown_variables(env, transports.setting_variables()))
+      log.warn("torch backend: ignoring unknown environment variable {} (typo?)", name);
+    return Communicator(std::make_shared<C10dStore>(store), rank, size, std::move(transports), options);
   }
 
   void check_root(int64_t root) const {

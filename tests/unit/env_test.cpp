@@ -146,6 +146,18 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
   }
 }
 
+TEST_CASE("switches take 1/0, on/off, true/false, yes/no, and a bad one lists them", "[env]") {
+  for (const auto& [text, on] : {std::pair{"1", true}, {"on", true}, {"true", true}, {"yes", true}, {"0", false}, {"off", false},
+                                  {"false", false}, {"no", false}}) {
+    INFO("RINGFENCE_CHECKSUM=" << text);
+    CHECK(CommOptions::from_env(env({{"RINGFENCE_CHECKSUM", text}})).checksum == on);
+  }
+  // The message once said "expected 0 or 1" while the docs (and users) write "off".
+  const std::string msg = error_of([] { (void)CommOptions::from_env(env({{"RINGFENCE_CHECKSUM", "bogus"}})); });
+  REQUIRE_THAT(msg, Catch::Contains("RINGFENCE_CHECKSUM") && Catch::Contains("'bogus'") && Catch::Contains("on") &&
+                        Catch::Contains("off") && Catch::Contains("true"));
+}
+
 TEST_CASE("parse_bytes accepts suffixes and rejects junk", "[env]") {
   REQUIRE(parse_bytes("8", "x") == 8);
   REQUIRE(parse_bytes("4k", "x") == 4096);
