@@ -101,7 +101,7 @@ void checked_copy(benchmark::State& state, bool checked) {
 
 // One small call's checked pass, as a call of 8 B-128 B does it once per chunk (a copy with
 // its CRC; a float sum with its input's CRC, and with its result's too): what the pass costs
-// when its fixed work outweighs the bytes (docs/protection-cost.md, "Small passes").
+// when its fixed work outweighs the bytes (docs/protection-cost-small-calls.md, "Small passes").
 void checked_small(benchmark::State& state, int kind) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   std::vector<std::byte> a(bytes, std::byte{1}), b(bytes, std::byte{2}), out(bytes);
