@@ -24,8 +24,7 @@ Communicator Communicator::from_env() {
   // The transports' own variables (RINGFENCE_SHM_*, RINGFENCE_TCP_*, ...) are known too: they
   // are read when the transports are made, so only names no one reads are called typos.
   TransportRegistry transports = builtin_transports();
-  for (const auto& name : unknown_variables(env, transports.setting_variables()))
-    log.warn("ignoring unknown environment variable {} (typo?)", name);
+  warn_unknown_variables(log, env, transports.setting_variables());
   if (launch.token_is_derived)
     log.info("job token derived from the {} job id (not secret); set RINGFENCE_JOB_TOKEN to authenticate", to_string(launch.launcher));
   return from_launch(launch, std::move(transports), std::move(options));

@@ -10,6 +10,7 @@
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
 #include <ringfence/health/config.hpp>
+#include <ringfence/log.hpp>
 #include <ringfence/options.hpp>
 #include <sstream>
 
@@ -137,6 +138,11 @@ std::vector<std::string> unknown_variables(const Environment& env, const std::ve
     if (!is_core_variable(name) && std::find(transport_variables.begin(), transport_variables.end(), name) == transport_variables.end())
       out.push_back(name);
   return out;
+}
+
+void warn_unknown_variables(const Logger& log, const Environment& env, const std::vector<std::string>& transport_variables,
+                            std::string_view who) {
+  for (const auto& name : unknown_variables(env, transport_variables)) log.warn("{}ignoring unknown environment variable {} (typo?)", who, name);
 }
 
 std::size_t parse_bytes(std::string_view text, std::string_view what) {

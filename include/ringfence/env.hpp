@@ -98,6 +98,14 @@ class Environment {
 /// every transport setting would read as a typo). The communicator logs a warning for each.
 std::vector<std::string> unknown_variables(const Environment& env, const std::vector<std::string>& transport_variables);
 
+class Logger;
+/// Warns on `log`, once per name, "`who`ignoring unknown environment variable RINGFENCE_X
+/// (typo?)" for each of `unknown_variables(env, transport_variables)`: what every entry point that
+/// reads the environment (Communicator::from_env, the NCCL shim, the PyTorch backend) tells the
+/// user whose misspelt setting did not take effect. `who` prefixes the line ("nccl shim: ").
+void warn_unknown_variables(const Logger& log, const Environment& env, const std::vector<std::string>& transport_variables,
+                            std::string_view who = {});
+
 /// Parses a positive byte count with an optional K/M/G (binary) suffix: "65536", "64K", "1M".
 /// Throws `InvalidUsage` naming `what` on a malformed or out-of-range value.
 std::size_t parse_bytes(std::string_view text, std::string_view what);

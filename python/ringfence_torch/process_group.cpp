@@ -425,12 +425,10 @@ class ProcessGroupRingfence final : public c10d::ProcessGroup {
     const Environment env = Environment::from_process();
     CommOptions options = CommOptions::from_env(env);
     if (!env.has("RINGFENCE_TIMEOUT_MS") && timeout.count() > 0) options.timeout = timeout;
-    // As Communicator::from_env does, on every rank: a RINGFENCE_* name neither the core nor a
-    // transport reads is most likely a typo the user believes took effect.
+    // On every rank, as Communicator::from_env does.
     TransportRegistry transports = builtin_transports();
-    const Logger log = make_logger(options.log_level, rank, options.log_file, options.log_timestamps);
-    for (const auto& name : unknown_variables(env, transports.setting_variables()))
-      log.warn("torch backend: ignoring unknown environment variable {} (typo?)", name);
+    warn_unknown_variables(make_logger(options.log_level, rank, options.log_file, options.log_timestamps), env,
+                           transports.setting_variables(), "torch backend: ");
     return Communicator(std::make_shared<C10dStore>(store), rank, size, std::move(transports), options);
   }
 

@@ -94,9 +94,7 @@ rf::CommOptions env_options(int log_rank) {
       const rf::Logger log = rf::make_logger(options.log_level, 0, options.log_file, options.log_timestamps);
       for (const auto& line : report.applied) log.info("nccl shim: {}", line);
       for (const auto& line : report.ignored) log.warn("nccl shim: {}", line);
-      // As Communicator::from_env does: a RINGFENCE_* name neither the core nor a transport reads.
-      for (const auto& name : rf::unknown_variables(env, transports.setting_variables()))
-        log.warn("nccl shim: ignoring unknown environment variable {} (typo?)", name);
+      rf::warn_unknown_variables(log, env, transports.setting_variables(), "nccl shim: ");
     }
     return options;
   } catch (const rf::InvalidUsage& e) {
