@@ -28,7 +28,7 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
   every_ = base_every();
-  last_agreement_ = {};  // the clock starts at the first agreement (report_pace)
+  last_agreement_ = std::chrono::steady_clock::now();
   if (enabled()) ledger_.load(ctx_);
 }
 
@@ -59,13 +59,9 @@ bool AgreementRound::due(std::uint64_t bytes) noexcept {
 // agreements depend on how the job started), so pacing starts at the first agreement, where all
 // ranks met.
 void AgreementRound::report_pace(std::chrono::steady_clock::time_point now) noexcept {
-  if (last_agreement_ == std::chrono::steady_clock::time_point{}) {
-    last_agreement_ = now;
-    return;
-  }
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_agreement_).count();
   last_agreement_ = now;
-  if (calls_counted_ == 0 || ns <= 0) return;
+  if (agreements_ == 1 || calls_counted_ == 0 || ns <= 0) return;
   ballot_.report_pace(quarter_octaves(static_cast<std::uint64_t>(ns) / calls_counted_ * base_every()));
 }
 

@@ -97,7 +97,7 @@ class AgreementRound {
   std::uint64_t calls_counted_ = 0;  // calls_since_ when the agreement fell due
   std::uint64_t every_ = 0;  // collectives to the next agreement (pace_next)
   std::uint64_t agreements_ = 0;  // run so far
-  std::chrono::steady_clock::time_point last_agreement_;  // epoch (zero) until the first agreement
+  std::chrono::steady_clock::time_point last_agreement_;
 
   // Agreements in a row at which link (a, b) (index a * n + b) or rank r was judged slow.
   std::vector<std::uint8_t> slow_streak_, straggler_streak_;
