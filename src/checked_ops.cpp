@@ -116,11 +116,16 @@ RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, cons
 }
 #endif
 
-bool folds() noexcept {
+// Whether a pass over `bytes` folds its CRCs with AVX-512: the CPU has it and the pass holds at
+// least one stream's 256 bytes. Under that nothing would fold, and the folding path's setup
+// cost a small call's checked copy or sum a third of its time (reduce_kernels_bench
+// checked/small, docs/protection-cost-small-calls.md "Small passes").
+bool folds(std::size_t bytes) noexcept {
 #if defined(RINGFENCE_CRC_X86)
   static const bool available = crcfold::available();  // decided once, never changed
-  return available;
+  return available && bytes >= crcfold::kStreamBytes;
 #else
+  (void)bytes;
   return false;
 #endif
 }
@@ -133,7 +138,7 @@ namespace ringfence {
 
 std::uint32_t copy_bytes_crc_stream(void* dst_v, const void* src_v, std::size_t bytes) noexcept {
 #if defined(RINGFENCE_CRC_X86)
-  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes &&
+  if (detail::folds(bytes) && bytes <= detail::kFusedMaxBytes &&
       reinterpret_cast<std::uintptr_t>(dst_v) % 64 == 0)
     return detail::copy_fold<true>(static_cast<std::byte*>(dst_v), static_cast<const std::byte*>(src_v), bytes);
 #endif
@@ -165,8 +170,8 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
   const auto* src = static_cast<const std::byte*>(src_v);
   std::uint32_t crc = 0;
 #if defined(RINGFENCE_CRC_X86)
-  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes && bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false>(dst, src, bytes);
-  if (detail::folds() && bytes >= detail::crcfold::kStreamBytes) {  // under one stream's bytes nothing folds: the loop below
+  if (detail::folds(bytes)) {
+    if (bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false>(dst, src, bytes);
     detail::fold_along([&](std::size_t at, std::size_t n) { copy_bytes(dst + at, src + at, n); }, src, nullptr, bytes, 1, &crc,
                        nullptr);
     return crc;
@@ -200,7 +205,7 @@ bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const 
                       std::uint32_t* crc_a) noexcept {
 #if defined(RINGFENCE_CRC_X86)
   const std::size_t bytes = count * sizeof(float);
-  if (!folds() || bytes < crcfold::kStreamBytes || bytes > kFusedMaxBytes) return false;
+  if (!folds(bytes) || bytes > kFusedMaxBytes) return false;
   *crc_a = sum_f32_fold(tail, dst, a, b, bytes);
   return true;
 #else
@@ -218,7 +223,7 @@ void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::by
   const bool sums_f32 = r.type == DataType::Float32 && (r.op == ReduceOp::Sum || (r.op == ReduceOp::Avg && !last));
   if (sums_f32 && crc_a && !crc_dst && !a_first && sum_f32_with_crc(fn, dst, a, b, count, crc_a)) return;
 #if defined(RINGFENCE_CRC_X86)
-  if (folds() && !a_first && (crc_a || crc_dst) && count * elem >= crcfold::kStreamBytes) {
+  if (folds(count * elem) && !a_first && (crc_a || crc_dst)) {
     // One or two streams: the first folded is `a` when asked for, else the result.
     const auto pass = [&](std::size_t at, std::size_t n) { fn(dst + at, a + at, b + at, n / elem, divisor); };
     if (crc_a && crc_dst) fold_along(pass, a, dst, count * elem, elem, crc_a, crc_dst);
