@@ -115,6 +115,24 @@ struct RawPeer {
   }
 };
 
+// Rank 0 connected over raw sockets, with 64 bytes (0x5a) and a flag registered at rank 1, and a
+// frame header aimed at those 64 bytes: what the frame tests below damage.
+struct FramedTarget {
+  RawPeer p;
+  int fd = p.dial();
+  std::unique_ptr<Link> link = p.connect_as_rank0(fd);
+  std::vector<std::byte> mem = std::vector<std::byte>(64, std::byte{0x5a});
+  SignalFlag flag;
+  MemoryRegion region = p.t->register_memory(mem.data(), mem.size(), MemoryKind::Host);
+  MemoryRegion flag_region = p.t->register_memory(&flag, sizeof flag, MemoryKind::Host);
+  RawPeer::Header h = [this] {
+    RawPeer::Header header;
+    std::memcpy(&header.region, region.key().data() + 4, 4);
+    return header;
+  }();
+  ~FramedTarget() { ::close(fd); }
+};
+
 }  // namespace
 
 TEST_CASE("tcp: connections without the job's secret are refused and logged with their address", "[tcp][hostile]") {
@@ -149,15 +167,8 @@ TEST_CASE("tcp: connections without the job's secret are refused and logged with
 }
 
 TEST_CASE("tcp: a malformed frame fences the link with a clear error and writes nothing", "[tcp][hostile]") {
-  RawPeer p;
-  const int fd = p.dial();
-  auto link = p.connect_as_rank0(fd);
-  std::vector<std::byte> mem(64, std::byte{0x5a});
-  SignalFlag flag;
-  auto region = p.t->register_memory(mem.data(), mem.size(), MemoryKind::Host);
-  auto flag_region = p.t->register_memory(&flag, sizeof flag, MemoryKind::Host);
-  RawPeer::Header h;
-  std::memcpy(&h.region, region.key().data() + 4, 4);
+  FramedTarget t;
+  auto& [p, fd, link, mem, flag, region, flag_region, h] = t;
   std::string why;
   SECTION("past the region's end") {
     h.offset = 60;
@@ -193,19 +204,11 @@ TEST_CASE("tcp: a malformed frame fences the link with a clear error and writes 
   REQUIRE(p.log.has_line(std::chrono::seconds(0), "rank 0 sent " + why, "link fenced"));
   // The link stays broken: writes on it fail rather than pretend.
   REQUIRE(link->write(WriteOp{mem.data(), nullptr, nullptr, 0, 0, 1}).code() == ErrorCode::Fenced);
-  ::close(fd);
 }
 
 TEST_CASE("tcp: a truncated frame fences the link with a clear error", "[tcp][hostile]") {
-  RawPeer p;
-  const int fd = p.dial();
-  auto link = p.connect_as_rank0(fd);
-  std::vector<std::byte> mem(64, std::byte{0x5a});
-  SignalFlag flag;
-  auto region = p.t->register_memory(mem.data(), mem.size(), MemoryKind::Host);
-  auto flag_region = p.t->register_memory(&flag, sizeof flag, MemoryKind::Host);
-  RawPeer::Header h;
-  std::memcpy(&h.region, region.key().data() + 4, 4);
+  FramedTarget t;
+  auto& [p, fd, link, mem, flag, region, flag_region, h] = t;
   h.length = 48;
   std::vector<std::byte> frame(sizeof h + 48, std::byte{0x11});
   std::memcpy(frame.data(), &h, sizeof h);
@@ -218,5 +221,4 @@ TEST_CASE("tcp: a truncated frame fences the link with a clear error", "[tcp][ho
   REQUIRE(s.code() == ErrorCode::Fenced);  // not a peer that left in order
   REQUIRE(p.log.has_line(std::chrono::seconds(0), "the connection from rank 0 ended inside a frame",
                          "(" + std::to_string(missing) + " bytes of it missing: a truncated frame"));
-  ::close(fd);
 }
