@@ -12,6 +12,24 @@ bool bind(void* handle, const char* name, F& out) {
   return out != nullptr;
 }
 
+// cuStreamWaitValue32 through the runtime's cudaGetDriverEntryPointByVersion (CUDA 12.5 and
+// later): both functions or neither.
+void bind_stream_wait_value(void* handle, CudaApi& api) {
+  using EntryPoint = int (*)(const char*, void**, unsigned, unsigned long long, int*);
+  EntryPoint entry = nullptr;
+  if (!bind(handle, "cudaGetDriverEntryPointByVersion", entry) || !bind(handle, "cudaHostGetDevicePointer", api.host_get_device_pointer)) {
+    api.host_get_device_pointer = nullptr;
+    return;
+  }
+  void* fn = nullptr;
+  int found = -1;  // cudaDriverEntryPointQueryResult: 0 = found
+  if (entry("cuStreamWaitValue32", &fn, kCuStreamWaitValueVersion, 0, &found) == kCudaSuccess && found == 0 && fn != nullptr) {
+    api.stream_wait_value32 = reinterpret_cast<decltype(api.stream_wait_value32)>(fn);
+  } else {
+    api.host_get_device_pointer = nullptr;
+  }
+}
+
 }  // namespace
 
 std::string CudaApi::describe(const char* call, int err) const {
@@ -79,6 +97,7 @@ CudaApi load_cuda_api(const std::string& path) {
     bind(handle, "cudaSetDevice", api.set_device);                       // optional, outside `ipc`
     bind(handle, "cudaEventElapsedTime", api.event_elapsed_time);        // optional, outside `ipc`
   }
+  bind_stream_wait_value(handle, api);
   int count = 0;
   const int err = api.get_device_count(&count);
   if (err != kCudaSuccess) {

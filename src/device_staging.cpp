@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <condition_variable>
+#include <cstring>
+#include <new>
 #include <mutex>
 #include <ringfence/error.hpp>
 #include <thread>
@@ -10,9 +12,10 @@
 
 namespace ringfence::detail {
 
-// The call's one host function: holds the stream until the host collective finished (the copy
-// back follows it). The collective is bounded by the communicator's deadlines and by abort(),
-// and depends on no host function, so this is bounded too.
+// The call's one host function where the driver has no cuStreamWaitValue32: holds the stream
+// until the host collective finished (the copy back follows it). The collective is bounded by
+// the communicator's deadlines and by abort(); with one rank per process it depends on no host
+// function, so this is bounded too (with several, see the header's comment).
 struct DeviceStager::CallState {
   std::mutex mutex;
   std::condition_variable cv;
@@ -45,17 +48,58 @@ DeviceStager::DeviceStager(int rank, const char* call, const std::string& cudart
     : rank_(rank), api_(load_cuda_api(cudart_path)), max_slots_(max_slots < 1 ? 1 : max_slots) {
   if (!api_.usable)
     throw CudaError(fmt::format("rank {}: {} on a CUDA stream: no usable CUDA runtime: {}", rank, call, api_.why_not), 0);
+  wait_value_ = api_.stream_wait_value32 != nullptr && api_.host_get_device_pointer != nullptr;
 }
 
 DeviceStager::~DeviceStager() {
   const auto deadline = std::chrono::steady_clock::now() + drain_bound;
   while (pending() > 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  bool any_busy = false;
   for (Slot& s : slots_) {
-    if (s.busy) continue;  // a stream may still copy into it or record its events: left allocated
+    if (s.busy) {  // a stream may still copy into it, record its events or wait for its word: left allocated
+      any_busy = true;
+      continue;
+    }
     if (s.mem != nullptr) api_.free_host(s.mem);
     if (s.input_done != nullptr) api_.event_destroy(s.input_done);
     if (s.released != nullptr) api_.event_destroy(s.released);
   }
+  if (end_words_ != nullptr && !any_busy) api_.free_host(end_words_);
+}
+
+bool DeviceStager::give_end_word(Slot& slot) {
+  constexpr std::size_t kLine = 64;  // one cache line per slot: the progress thread stores, the GPU polls
+  if (end_words_ == nullptr) {
+    void* mem = nullptr;
+    void* device = nullptr;
+    if (api_.host_alloc(&mem, max_slots_ * kLine, kCudaHostAllocPortable | kCudaHostAllocMapped) != kCudaSuccess) return false;
+    if (api_.host_get_device_pointer(&device, mem, 0) != kCudaSuccess) {
+      api_.free_host(mem);
+      return false;
+    }
+    std::memset(mem, 0, max_slots_ * kLine);
+    end_words_ = static_cast<std::byte*>(mem);
+    end_words_device_ = reinterpret_cast<unsigned long long>(device);
+  }
+  std::size_t index = 0;
+  for (const Slot& s : slots_) {
+    if (&s == &slot) break;
+    ++index;
+  }
+  slot.end_word = new (end_words_ + index * kLine) std::atomic<std::uint32_t>(0);
+  slot.end_word_device = end_words_device_ + index * kLine;
+  slot.calls = 0;
+  return true;
+}
+
+std::shared_ptr<CallEnd> DeviceStager::hold_on_word(Slot& slot, void* stream) {
+  const std::uint32_t target = slot.calls + 1;  // the word counts the slot's ended calls (wrapping: GEQ compares the difference)
+  if (api_.stream_wait_value32(stream, slot.end_word_device, target, kCuStreamWaitValueGeq) != kCudaSuccess) {
+    wait_value_ = false;  // a driver without stream memory operations: host functions from now on
+    return nullptr;
+  }
+  slot.calls = target;
+  return std::make_shared<CallEnd>([word = slot.end_word, target] { word->store(target, std::memory_order_release); });
 }
 
 void DeviceStager::reap() const {
@@ -161,10 +205,17 @@ void DeviceStager::run(const char* call, void* stream, std::span<const Piece> in
     at += p.bytes;
   }
   enqueue("cudaEventRecord (input copied)", api_.event_record(slot->input_done, stream));
-  auto* state = new CallState;
-  if (const int err = api_.launch_host_func(stream, &CallState::on_wait, state); err != kCudaSuccess) {
-    delete state;  // no host function refers to it
-    enqueue("cudaLaunchHostFunc (wait for the collective)", err);
+  // Hold the stream until the call ended: on the slot's word, else with a host function.
+  std::shared_ptr<CallEnd> end;
+  if (wait_value_ && (slot->end_word != nullptr || give_end_word(*slot))) end = hold_on_word(*slot, stream);
+  if (end) enqueued = true;
+  CallState* state = nullptr;
+  if (!end) {
+    state = new CallState;
+    if (const int err = api_.launch_host_func(stream, &CallState::on_wait, state); err != kCudaSuccess) {
+      delete state;  // no host function refers to it
+      enqueue("cudaLaunchHostFunc (wait for the collective)", err);
+    }
   }
   // From here `state` belongs to its host function (which deletes it).
   Work work;
@@ -172,7 +223,7 @@ void DeviceStager::run(const char* call, void* stream, std::span<const Piece> in
   try {
     const CudaApi* api = &api_;
     void* event = slot->input_done;
-    work = issue(in, out, [api, event](std::chrono::milliseconds slice) {
+    work = issue(in, out, end, [api, event](std::chrono::milliseconds slice) {
       const auto until = std::chrono::steady_clock::now() + slice;
       for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, std::chrono::microseconds(500))) {
         const int err = api->event_query(event);
@@ -185,7 +236,7 @@ void DeviceStager::run(const char* call, void* stream, std::span<const Piece> in
   } catch (...) {
     issue_error = std::current_exception();
   }
-  {
+  if (state != nullptr) {
     std::lock_guard lock(state->mutex);
     if (issue_error) {
       state->cancelled = true;
@@ -195,6 +246,7 @@ void DeviceStager::run(const char* call, void* stream, std::span<const Piece> in
     }
     state->cv.notify_all();
   }
+  end.reset();  // the queued call holds it now; if none was queued, this releases the stream
   if (!issue_error)
     for (std::size_t at = 0; const Piece& p : outputs) {
       if (p.bytes > 0)

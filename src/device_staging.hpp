@@ -1,24 +1,34 @@
 #pragma once
 // Host-staged, stream-ordered collectives on CUDA memory (docs/device.md). Per call, on the
 // user's stream: copy the input to a pinned host staging slot, record the slot's "input" event,
-// a host function that waits for the host collective, copy the result back, record the slot's
+// hold the stream until the host collective ended, copy the result back, record the slot's
 // "released" event. The host collective is queued on the communicator's progress thread in
 // issue order and first polls the input event (its gate), so it never reads staging memory
 // before the input copy landed; the user's stream never copies a result before it is complete.
 //
-// Only one host function per call, and it waits only for the host collective, which depends on
-// no host function: the CUDA runtime may run the host functions of every stream of a process on
-// one thread (several ranks in one process then still progress), and a host function never
-// calls CUDA.
+// The stream is held by a stream memory operation, cuStreamWaitValue32 on the slot's word in
+// mapped pinned memory, which the progress thread stores when the call ends (CallEnd: however
+// it ends). No host function: the CUDA runtime may run the host functions of every stream of a
+// process on one thread, and a host function that waited for a collective would hold that
+// thread while the collective waits for a peer, and the peer (another rank of the same process:
+// thread ranks, one process driving several GPUs) may wait for the host function of its own
+// previous call queued behind ours: a deadlock, found as a 1-in-25 timeout under CPU load
+// (docs/device.md, "Holding the stream"). Where the driver lacks the memory operations the
+// stream is held by a host function as before, which is safe with one rank per process.
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstddef>
 #include <functional>
 #include <list>
+#include <memory>
 #include <ringfence/work.hpp>
 #include <span>
 #include <string>
 
 #include <ringfence/detail/cuda_api.hpp>
+
+#include "call_end.hpp"
 
 namespace ringfence::detail {
 
@@ -28,9 +38,9 @@ class DeviceStager {
   /// `CudaError` when the event cannot be queried.
   using Gate = std::function<bool(std::chrono::milliseconds)>;
   /// Queues the host collective from `in` to `out` (staging memory), which must wait for
-  /// `gate` first on the progress thread, and returns its Work. May throw (the call then did
-  /// not happen).
-  using Issue = std::function<Work(std::byte* in, std::byte* out, Gate gate)>;
+  /// `gate` first on the progress thread and fire `end` when it ended (null: nothing to fire),
+  /// and returns its Work. May throw (the call then did not happen; dropping `end` fires it).
+  using Issue = std::function<Work(std::byte* in, std::byte* out, std::shared_ptr<CallEnd> end, Gate gate)>;
 
   /// Loads the CUDA runtime (`cudart_path`, or the default names). Throws `CudaError` naming
   /// `rank` and `call` when no runtime, driver or device is usable.
@@ -71,16 +81,28 @@ class DeviceStager {
     void* released = nullptr;    ///< event recorded after the result copy
     bool busy = false;           ///< taken by a call
     bool armed = false;          ///< `released` is recorded: the slot is free once it completed
+    std::atomic<std::uint32_t>* end_word = nullptr;  ///< in mapped pinned memory: the calls ended
+    unsigned long long end_word_device = 0;          ///< its device address
+    std::uint32_t calls = 0;                         ///< calls that held a stream on `end_word`
   };
   struct CallState;  // what the call's host function touches
 
   Slot* acquire(const char* call, std::size_t bytes, std::chrono::milliseconds wait);
   void reap() const;  // frees busy slots whose `released` event completed
+  // Points `slot` at its word in `end_words_` (allocated at the first call). False when the
+  // memory cannot be had: the call then holds its stream with a host function.
+  bool give_end_word(Slot& slot);
+  // Holds `stream` until `slot`'s word reaches the next call count; the returned CallEnd stores
+  // it. Null when the driver refused the wait (host functions from then on).
+  std::shared_ptr<CallEnd> hold_on_word(Slot& slot, void* stream);
 
   int rank_;
   CudaApi api_;
   std::size_t max_slots_;
   mutable std::list<Slot> slots_;  // stable addresses; used by the caller's thread only
+  bool wait_value_ = false;        // streams are held by cuStreamWaitValue32
+  std::byte* end_words_ = nullptr; // mapped pinned memory: one cache line per slot
+  unsigned long long end_words_device_ = 0;  // its device address
 };
 
 }  // namespace ringfence::detail

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../call_end.hpp"
 #include "../device/device_lane.hpp"
 #include "../health/agreement_round.hpp"
 #include "../health/reporting.hpp"
@@ -91,6 +92,7 @@ class Dispatch {
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
     std::function<void()> gate = std::exchange(next_gate_, {});  // a stream-ordered call's input gate
+    std::shared_ptr<CallEnd> end = std::exchange(next_end_, {});   // and what its end releases
     refuse_in_group(call);
     if (!async) {
       drain();
@@ -98,11 +100,15 @@ class Dispatch {
       run();
       return Work{};
     }
-    return p_.queue.push([this, t = call_timeout_, run = std::move(run), gate = std::move(gate)] {
-      struct Scope {  // the call's path lasts as long as the call
+    return p_.queue.push([this, t = call_timeout_, run = std::move(run), gate = std::move(gate), end = std::move(end)] {
+      struct Scope {  // the call's path lasts as long as the call; then its stream may go on
         DeviceLane& device;
-        ~Scope() { device.leave_call(); }
-      } scope{p_.device};
+        CallEnd* end;
+        ~Scope() {
+          device.leave_call();
+          if (end) end->fire();
+        }
+      } scope{p_.device, end.get()};
       if (gate) gate();  // enters the device lane for a device-lane call
       apply_timeout(t);
       run();
@@ -111,6 +117,8 @@ class Dispatch {
   /// The input gate of the stream-ordered call being issued (see DeviceStager): the next queued
   /// call waits for it first. Empty: none.
   void set_next_gate(std::function<void()> gate) { next_gate_ = std::move(gate); }
+  /// What the next queued call fires when it ends, however it ends (CallEnd); null: nothing.
+  void set_next_end(std::shared_ptr<CallEnd> end) { next_end_ = std::move(end); }
   /// Waits for every queued call.
   void drain() { p_.queue.drain(); }
   /// set_timeout(): the deadline of the calls issued from now (0 = CommOptions::timeout).
@@ -146,6 +154,7 @@ class Dispatch {
   TunerModel tuner_;
   std::chrono::steady_clock::time_point metrics_due_{};  // next timed refresh of the Prometheus file
   std::function<void()> next_gate_;            // a stream-ordered call's input gate
+  std::shared_ptr<CallEnd> next_end_;          // and what its end releases
   std::chrono::milliseconds call_timeout_{0};  // set_timeout()
   std::vector<std::byte> oneshot_copy_;        // in-place one-shot allreduce input (one slot)
   std::uint8_t barrier_token_ = 0;             // barrier_async's one-byte allreduce

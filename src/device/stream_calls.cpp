@@ -22,7 +22,8 @@ void StreamCalls::staged(const char* call, CudaStream stream, std::span<const De
   const int rank = ctx_.rank;
   if (!stager_) stager_ = std::make_unique<DeviceStager>(rank, call, ctx_.options.cuda_runtime, ctx_.options.device_staging_slots);
   const std::chrono::milliseconds wait = dispatch_.effective_timeout();
-  stager_->run(call, stream.handle, inputs, outputs, wait, [&](std::byte* in, std::byte* out, DeviceStager::Gate gate) {
+  stager_->run(call, stream.handle, inputs, outputs, wait,
+               [&](std::byte* in, std::byte* out, std::shared_ptr<CallEnd> end, DeviceStager::Gate gate) {
     // Waits for the input copy in short slices, so abort() and failures end it at once. A gate
     // that times out breaks the communicator like a failed collective: this rank skipped a call
     // its peers are in.
@@ -50,12 +51,15 @@ void StreamCalls::staged(const char* call, CudaStream stream, std::span<const De
       }
       if (device) device_.enter_call();  // the stream got here: the call runs on its path
     });
+    dispatch_.set_next_end(std::move(end));
     try {
       Work w = queue(in, out);
       dispatch_.set_next_gate({});
+      dispatch_.set_next_end({});
       return w;
     } catch (...) {
       dispatch_.set_next_gate({});
+      dispatch_.set_next_end({});
       throw;
     }
   });

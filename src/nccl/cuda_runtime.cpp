@@ -12,6 +12,9 @@
 #include <type_traits>
 
 #include <ringfence/detail/cuda_api.hpp>
+#if __has_include(<cuda.h>)
+#include <cuda.h>  // declarations only: the driver's cuStreamWaitValue32 against ours
+#endif
 
 // The core's own CUDA declarations (include/ringfence/detail/cuda_api.hpp, used without CUDA headers) against the
 // real header: same values, and the same signatures with handles (cudaStream_t, cudaEvent_t)
@@ -21,6 +24,16 @@ static_assert(kCudaSuccess == cudaSuccess);
 static_assert(kCudaErrorNotReady == cudaErrorNotReady);
 static_assert(kCudaMemcpyDefault == cudaMemcpyDefault);
 static_assert(kCudaHostAllocPortable == cudaHostAllocPortable);
+static_assert(kCudaHostAllocMapped == cudaHostAllocMapped);
+static_assert(std::is_same_v<decltype(&::cudaHostGetDevicePointer), cudaError_t (*)(void**, void*, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaGetDriverEntryPointByVersion),
+                             cudaError_t (*)(const char*, void**, unsigned int, unsigned long long, cudaDriverEntryPointQueryResult*)>);
+static_assert(sizeof(cudaDriverEntryPointQueryResult) == sizeof(int) && cudaDriverEntryPointSuccess == 0);
+#if __has_include(<cuda.h>)
+static_assert(kCuStreamWaitValueGeq == CU_STREAM_WAIT_VALUE_GEQ);
+static_assert(std::is_same_v<CUdeviceptr, unsigned long long> && sizeof(CUresult) == sizeof(int) && std::is_pointer_v<CUstream>);
+static_assert(std::is_same_v<decltype(&::cuStreamWaitValue32), CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int)>);
+#endif
 static_assert(kCudaEventDisableTiming == cudaEventDisableTiming);
 static_assert(std::is_pointer_v<cudaStream_t> && std::is_pointer_v<cudaEvent_t>);
 static_assert(sizeof(cudaError_t) == sizeof(int) && sizeof(cudaMemcpyKind) == sizeof(int));

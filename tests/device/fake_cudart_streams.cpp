@@ -15,6 +15,10 @@
 //     the old bytes;
 //   - fake_cuda_slow_copies(from, to, us) makes copies on streams of device `from` into memory
 //     cudaMalloc'ed on device `to` sleep `us` more (a degraded link between two GPUs);
+//   - cuStreamWaitValue32 (GEQ only), found through cudaGetDriverEntryPointByVersion as the
+//     library finds it, holds a stream until a 32-bit word reaches a value (polled every 20 us);
+//     fake_cuda_memory_waits(0) makes the entry point unknown, as on a driver without stream
+//     memory operations; fake_cuda_counts gives the host functions and waits enqueued so far;
 //   - fake_cuda_hold(stream, 1) stops a stream before its next operation until
 //     fake_cuda_hold(stream, 0): tests prove that a call returned before its work ran;
 //   - FAKE_CUDA_DEVICES=0 (or "driver") makes cudaGetDeviceCount report no device (or
@@ -187,6 +191,8 @@ struct State {
   Stream* null_stream = nullptr;
   std::set<void*> streams;  // live cudaStreamCreate handles
   Callbacks* callbacks = new Callbacks;  // never destroyed (its thread is detached)
+  std::atomic<bool> memory_waits{true};   // cuStreamWaitValue32 offered
+  std::atomic<int> host_funcs{0}, waits{0};  // enqueued so far (fake_cuda_counts)
 };
 
 thread_local int current_device = 0;  // cudaSetDevice is per host thread
@@ -447,7 +453,37 @@ FAKE_EXPORT int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* arg) {
   Stream* st = resolve(stream);
   if (st == nullptr) return kInvalidHandle;
   st->push([=] { state().callbacks->run([=] { fn(arg); }); });
+  ++state().host_funcs;
   return 0;
+}
+// cuStreamWaitValue32 with CU_STREAM_WAIT_VALUE_GEQ (0): the word is in mapped pinned memory,
+// here plain host memory; its "device address" is its address.
+static int fake_stream_wait_value32(void* stream, unsigned long long address, unsigned value, unsigned flags) {
+  Stream* st = resolve(stream);
+  if (st == nullptr) return kInvalidHandle;  // CUDA_ERROR_INVALID_HANDLE has the same code
+  if (flags != 0 || address == 0) return 1;  // CUDA_ERROR_INVALID_VALUE: only GEQ is faked
+  auto* word = reinterpret_cast<std::atomic<std::uint32_t>*>(address);
+  st->push([=] {
+    while (static_cast<std::int32_t>(word->load(std::memory_order_acquire) - value) < 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  });
+  ++state().waits;
+  return 0;
+}
+FAKE_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long, int* status) {
+  const bool found = state().memory_waits.load() && std::string_view(symbol) == "cuStreamWaitValue32";
+  *fn = found ? reinterpret_cast<void*>(&fake_stream_wait_value32) : nullptr;
+  if (status != nullptr) *status = found ? 0 : 1;  // cudaDriverEntryPointSymbolNotFound
+  return found ? 0 : 500;                          // cudaErrorSymbolNotFound
+}
+FAKE_EXPORT int cudaHostGetDevicePointer(void** device, void* host, unsigned) {
+  *device = host;  // unified addressing: the same address
+  return 0;
+}
+FAKE_EXPORT void fake_cuda_memory_waits(int on) { state().memory_waits = on != 0; }
+FAKE_EXPORT void fake_cuda_counts(int* host_funcs, int* waits) {
+  *host_funcs = state().host_funcs.load();
+  *waits = state().waits.load();
 }
 // A "kernel" (the fake kernel module, fake_kernels.cpp): `fn(arg)` on the stream's own thread,
 // in stream order, like work on the GPU. Not a host function: it never waits for the callback

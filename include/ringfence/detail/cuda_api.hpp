@@ -16,6 +16,10 @@ inline constexpr int kCudaErrorNotReady = 600;    ///< cudaErrorNotReady (cudaEv
 inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDefault = 4;      ///< cudaMemcpyDefault: direction from the pointers
 inline constexpr unsigned kCudaHostAllocPortable = 1;
+inline constexpr unsigned kCudaHostAllocMapped = 2;
+inline constexpr unsigned kCuStreamWaitValueGeq = 0;  ///< CU_STREAM_WAIT_VALUE_GEQ: (int32_t)(*addr - value) >= 0
+/// The driver API version whose cuStreamWaitValue32 we call (the _v2 entry point, CUDA 12.0).
+inline constexpr unsigned kCuStreamWaitValueVersion = 12000;
 inline constexpr unsigned kCudaStreamNonBlocking = 1;
 inline constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 1;
 inline constexpr int kCudaErrorPeerAccessAlreadyEnabled = 704;
@@ -50,6 +54,15 @@ struct CudaApi {
   int (*event_record)(void*, void*) = nullptr;      ///< cudaEventRecord(event, stream)
   int (*event_query)(void*) = nullptr;              ///< cudaEventQuery
   int (*event_destroy)(void*) = nullptr;            ///< cudaEventDestroy
+  /// The driver's cuStreamWaitValue32(stream, device address, value, flags), found through
+  /// cudaGetDriverEntryPointByVersion (so no libcuda is linked or opened by name): a stream
+  /// operation that holds the stream until a 32-bit word in mapped pinned memory reaches a
+  /// value. Optional: null when the runtime or driver lacks it (DeviceStager then holds the
+  /// stream with a host function). Returns a CUresult (0: enqueued).
+  int (*stream_wait_value32)(void*, unsigned long long, unsigned, unsigned) = nullptr;
+  /// cudaHostGetDevicePointer(device pointer, host pointer, 0): optional, with
+  /// `stream_wait_value32`.
+  int (*host_get_device_pointer)(void**, void*, unsigned) = nullptr;
   bool usable = false;
   std::string why_not;
   std::string library;  ///< the file dlopen found
