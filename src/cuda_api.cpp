@@ -12,18 +12,24 @@ bool bind(void* handle, const char* name, F& out) {
   return out != nullptr;
 }
 
-// cuStreamWaitValue32 through the runtime's cudaGetDriverEntryPointByVersion (CUDA 12.5 and
-// later): both functions or neither.
+// cuStreamWaitValue32 through the runtime: cudaGetDriverEntryPointByVersion (CUDA 12.5 and
+// later) for the 12.0 entry point, else cudaGetDriverEntryPoint (12.0-12.4: the runtime's own
+// version's, v1 or v2, both with this signature). Both functions or neither.
 void bind_stream_wait_value(void* handle, CudaApi& api) {
-  using EntryPoint = int (*)(const char*, void**, unsigned, unsigned long long, int*);
-  EntryPoint entry = nullptr;
-  if (!bind(handle, "cudaGetDriverEntryPointByVersion", entry) || !bind(handle, "cudaHostGetDevicePointer", api.host_get_device_pointer)) {
+  using ByVersion = int (*)(const char*, void**, unsigned, unsigned long long, int*);
+  using Latest = int (*)(const char*, void**, unsigned long long, int*);
+  ByVersion by_version = nullptr;
+  Latest latest = nullptr;
+  const bool have_entry = bind(handle, "cudaGetDriverEntryPointByVersion", by_version) || bind(handle, "cudaGetDriverEntryPoint", latest);
+  if (!have_entry || !bind(handle, "cudaHostGetDevicePointer", api.host_get_device_pointer)) {
     api.host_get_device_pointer = nullptr;
     return;
   }
   void* fn = nullptr;
   int found = -1;  // cudaDriverEntryPointQueryResult: 0 = found
-  if (entry("cuStreamWaitValue32", &fn, kCuStreamWaitValueVersion, 0, &found) == kCudaSuccess && found == 0 && fn != nullptr) {
+  const int err = by_version != nullptr ? by_version("cuStreamWaitValue32", &fn, kCuStreamWaitValueVersion, 0, &found)
+                                        : latest("cuStreamWaitValue32", &fn, 0, &found);
+  if (err == kCudaSuccess && found == 0 && fn != nullptr) {
     api.stream_wait_value32 = reinterpret_cast<decltype(api.stream_wait_value32)>(fn);
   } else {
     api.host_get_device_pointer = nullptr;

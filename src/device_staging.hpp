@@ -67,6 +67,9 @@ class DeviceStager {
 
   /// Pinned staging bytes allocated now (all slots).
   std::size_t staging_bytes() const;
+  /// False once streams are held by host functions (no cuStreamWaitValue32, or the driver
+  /// refused one): the fallback that can deadlock with several ranks in one process.
+  bool holds_by_stream_wait() const noexcept { return wait_value_; }
   /// Slots whose stream has not released them yet (a slot whose enqueue failed half-way is
   /// never released nor reused, and not counted).
   std::size_t pending() const;

@@ -63,6 +63,13 @@ void StreamCalls::staged(const char* call, CudaStream stream, std::span<const De
       throw;
     }
   });
+  if (!stager_->holds_by_stream_wait() && !told_host_function_hold_) {
+    told_host_function_hold_ = true;
+    ctx_.log.warn("rank {}: stream-ordered calls hold their streams with host functions (the CUDA runtime or driver offers no "
+                  "cuStreamWaitValue32): safe with one rank per process; with several ranks in one process their calls may "
+                  "wait for each other's host functions until the timeout (docs/device.md, \"Holding the stream\")",
+                  rank);
+  }
 }
 
 void StreamCalls::send_recv(const char* call, bool is_send, const void* buf, std::size_t count, DataType type, int peer,

@@ -24,7 +24,7 @@ class StreamCalls {
   using IssueOn = std::function<Work(const void* in, void* out)>;
   /// Runs one stream-ordered collective whose argument checks ran (`io`: its bytes): on the
   /// device lane `issue_on` gets the user's `send` and `recv` (memory the GPU can address), and
-  /// the stream only the gate's event and the host function that waits; else staging.
+  /// the stream only the gate's event and the wait for the call's end; else staging.
   void collective(const char* call, CudaStream stream, const void* send, IoBytes io, void* recv, const IssueOn& issue_on);
   /// Stream-ordered send/recv: queued like host ones (one stream per group), then run as one
   /// call. `host_ops_pending`: the group already holds host transfers (refused).
@@ -58,6 +58,7 @@ class StreamCalls {
   std::unique_ptr<DeviceStager> stager_;
   std::vector<Transfer> group_ops_;  // queued by the stream-ordered send()/recv()
   void* group_stream_ = nullptr;     // their stream
+  bool told_host_function_hold_ = false;  // warned once that streams are held by host functions
   std::vector<P2POp> running_;       // the worker's copy of a running group (reused)
 };
 

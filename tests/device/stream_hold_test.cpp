@@ -6,10 +6,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <ringfence/ringfence.hpp>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -103,11 +107,16 @@ TEST_CASE("stream-ordered calls complete while another host function holds the r
   REQUIRE(waits_after - waits_before == 3 * 4);  // one stream wait per call and rank
 }
 
-TEST_CASE("without stream memory operations a host function holds the stream, and the calls stay exact", "[device]") {
+TEST_CASE("without stream memory operations a host function holds the stream, the calls stay exact, and each rank warns once",
+          "[device]") {
+  const std::string log = fmt::format("/tmp/ringfence_stream_hold_{}.log", ::getpid());
+  std::remove(log.c_str());
+  CommOptions o = options();
+  o.log_file = log;
   fake_cuda_memory_waits(0);  // the library loads the runtime per communicator: read at its first stream call
   int funcs_before = 0, waits_before = 0;
   fake_cuda_counts(&funcs_before, &waits_before);
-  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(2, o, [&](Communicator& comm) {
     for (int call = 0; call < 3; ++call) checked_allreduce(comm, 3001);
   });
   fake_cuda_memory_waits(1);
@@ -116,4 +125,14 @@ TEST_CASE("without stream memory operations a host function holds the stream, an
   REQUIRE(err == "");
   REQUIRE(funcs_after - funcs_before == 2 * 3);  // one host function per call and rank
   REQUIRE(waits_after - waits_before == 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(log.c_str());
+  INFO(text);
+  const std::string warning = "stream-ordered calls hold their streams with host functions";
+  std::size_t warnings = 0;
+  for (std::size_t at = text.find(warning); at != std::string::npos; at = text.find(warning, at + 1)) ++warnings;
+  REQUIRE(warnings == 2);  // once per rank, not per call
+  REQUIRE(text.find("rank 0: " + warning) != std::string::npos);
+  REQUIRE(text.find("rank 1: " + warning) != std::string::npos);
 }
