@@ -67,39 +67,37 @@ DeviceStager::~DeviceStager() {
   if (end_words_ != nullptr && !any_busy) api_.free_host(end_words_);
 }
 
-bool DeviceStager::give_end_word(Slot& slot) {
+void DeviceStager::give_end_word(Slot& slot, std::size_t index) {
   constexpr std::size_t kLine = 64;  // one cache line per slot: the progress thread stores, the GPU polls
   if (end_words_ == nullptr) {
     void* mem = nullptr;
     void* device = nullptr;
-    if (api_.host_alloc(&mem, max_slots_ * kLine, kCudaHostAllocPortable | kCudaHostAllocMapped) != kCudaSuccess) return false;
+    if (api_.host_alloc(&mem, max_slots_ * kLine, kCudaHostAllocPortable | kCudaHostAllocMapped) != kCudaSuccess) {
+      wait_value_ = false;
+      return;
+    }
     if (api_.host_get_device_pointer(&device, mem, 0) != kCudaSuccess) {
       api_.free_host(mem);
-      return false;
+      wait_value_ = false;
+      return;
     }
     std::memset(mem, 0, max_slots_ * kLine);
     end_words_ = static_cast<std::byte*>(mem);
     end_words_device_ = reinterpret_cast<unsigned long long>(device);
   }
-  std::size_t index = 0;
-  for (const Slot& s : slots_) {
-    if (&s == &slot) break;
-    ++index;
-  }
   slot.end_word = new (end_words_ + index * kLine) std::atomic<std::uint32_t>(0);
   slot.end_word_device = end_words_device_ + index * kLine;
-  slot.calls = 0;
-  return true;
 }
 
 std::shared_ptr<CallEnd> DeviceStager::hold_on_word(Slot& slot, void* stream) {
-  const std::uint32_t target = slot.calls + 1;  // the word counts the slot's ended calls (wrapping: GEQ compares the difference)
+  // The word counts the slot's ended calls: a free slot's stream passed its last wait, so the
+  // word holds that call's count (wrapping: GEQ compares the difference).
+  const std::uint32_t target = slot.end_word->load(std::memory_order_acquire) + 1;
   if (api_.stream_wait_value32(stream, slot.end_word_device, target, kCuStreamWaitValueGeq) != kCudaSuccess) {
     wait_value_ = false;  // a driver without stream memory operations: host functions from now on
     return nullptr;
   }
-  slot.calls = target;
-  return std::make_shared<CallEnd>([word = slot.end_word, target] { word->store(target, std::memory_order_release); });
+  return std::make_shared<CallEnd>(*slot.end_word, target);
 }
 
 void DeviceStager::reap() const {
@@ -149,6 +147,7 @@ DeviceStager::Slot* DeviceStager::acquire(const char* call, std::size_t bytes, s
       api_.event_destroy(fresh.input_done);
       cuda("cudaEventCreateWithFlags", err);
     }
+    if (wait_value_) give_end_word(fresh, slots_.size());
     chosen = &slots_.emplace_back(fresh);
   }
   if (chosen->capacity < bytes) {
@@ -207,7 +206,7 @@ void DeviceStager::run(const char* call, void* stream, std::span<const Piece> in
   enqueue("cudaEventRecord (input copied)", api_.event_record(slot->input_done, stream));
   // Hold the stream until the call ended: on the slot's word, else with a host function.
   std::shared_ptr<CallEnd> end;
-  if (wait_value_ && (slot->end_word != nullptr || give_end_word(*slot))) end = hold_on_word(*slot, stream);
+  if (wait_value_ && slot->end_word != nullptr) end = hold_on_word(*slot, stream);
   if (end) enqueued = true;
   CallState* state = nullptr;
   if (!end) {

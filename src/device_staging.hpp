@@ -84,17 +84,16 @@ class DeviceStager {
     void* released = nullptr;    ///< event recorded after the result copy
     bool busy = false;           ///< taken by a call
     bool armed = false;          ///< `released` is recorded: the slot is free once it completed
-    std::atomic<std::uint32_t>* end_word = nullptr;  ///< in mapped pinned memory: the calls ended
+    std::atomic<std::uint32_t>* end_word = nullptr;  ///< in mapped pinned memory: calls that ended (null: none)
     unsigned long long end_word_device = 0;          ///< its device address
-    std::uint32_t calls = 0;                         ///< calls that held a stream on `end_word`
   };
   struct CallState;  // what the call's host function touches
 
   Slot* acquire(const char* call, std::size_t bytes, std::chrono::milliseconds wait);
   void reap() const;  // frees busy slots whose `released` event completed
-  // Points `slot` at its word in `end_words_` (allocated at the first call). False when the
-  // memory cannot be had: the call then holds its stream with a host function.
-  bool give_end_word(Slot& slot);
+  // Points the new slot number `index` at its word in `end_words_` (allocated with the first
+  // slot). When the memory cannot be had, streams are held by host functions from now on.
+  void give_end_word(Slot& slot, std::size_t index);
   // Holds `stream` until `slot`'s word reaches the next call count; the returned CallEnd stores
   // it. Null when the driver refused the wait (host functions from then on).
   std::shared_ptr<CallEnd> hold_on_word(Slot& slot, void* stream);

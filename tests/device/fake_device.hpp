@@ -3,8 +3,10 @@
 // tests: RAII, with T_CHECK (Catch2 assertions are not thread-safe; rank threads throw).
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstddef>
 #include <ringfence/communicator.hpp>
+#include <ringfence/options.hpp>
 #include <ringfence/types.hpp>
 #include <stdexcept>
 #include <vector>
@@ -22,6 +24,17 @@ int cudaStreamSynchronize(void*);
 }
 
 namespace ringfence::test {
+
+/// Thread ranks on one host whose stream-ordered calls are host-staged over the fake runtime:
+/// 4 KiB chunks, so the test sizes cross several.
+inline CommOptions staged_options(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  CommOptions o;
+  o.host_id = "thread-host";
+  o.timeout = timeout;
+  o.chunk_bytes = 4096;
+  o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
+  return o;
+}
 
 /// `bytes` of device memory on the fake (host memory the fake calls device memory).
 struct DeviceBuffer {

@@ -29,24 +29,13 @@ using test::DeviceBuffer;
 using test::Stream;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-CommOptions options(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  CommOptions o;
-  o.host_id = "thread-host";
-  o.timeout = timeout;
-  o.chunk_bytes = 4096;
-  o.cuda_runtime = RINGFENCE_FAKE_CUDART_PATH;
-  return o;
-}
-
-}  // namespace
+using test::staged_options;
 
 TEST_CASE("a stream-ordered allreduce returns before its stream runs and lands when it does", "[device]") {
   const int n = 3;
   const std::size_t count = 10007;
   const int pinned_before = fake_cuda_pinned_live();
-  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(n, staged_options(), [&](Communicator& comm) {
     const std::size_t bytes = count * sizeof(float);
     std::vector<float> host(count), back(count, -1.0f);
     test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, host.data(), count);
@@ -75,7 +64,7 @@ TEST_CASE("a stream-ordered allreduce returns before its stream runs and lands w
 TEST_CASE("stream-ordered collectives are exact for every dtype and op, in place too", "[device]") {
   const int n = 3;
   const std::size_t count = 1001;
-  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(n, staged_options(), [&](Communicator& comm) {
     Stream stream;
     test::allreduce_every_type_and_op(comm, stream, count);
   });
@@ -85,7 +74,7 @@ TEST_CASE("stream-ordered collectives are exact for every dtype and op, in place
 TEST_CASE("many stream-ordered calls in flight on one stream reuse a bounded staging pool", "[device]") {
   const int n = 2;
   const std::size_t count = 4096, calls = 24;
-  CommOptions o = options();
+  CommOptions o = staged_options();
   o.device_staging_slots = 3;
   const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
     Stream stream;
@@ -117,7 +106,7 @@ TEST_CASE("a stream that never reaches a call's input copy times out instead of 
   const int n = 2;
   std::vector<std::string> seen(n);
   const auto start = Clock::now();
-  const std::string err = test::run_ranks(n, options(std::chrono::milliseconds(500)), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(n, staged_options(std::chrono::milliseconds(500)), [&](Communicator& comm) {
     Stream stream;
     DeviceBuffer buf(4096);
     if (comm.rank() == 1) fake_cuda_hold(stream.s, 1);  // rank 1's stream is stuck behind "earlier work"
@@ -144,7 +133,7 @@ TEST_CASE("a stream that never reaches a call's input copy times out instead of 
 }
 
 TEST_CASE("abort() ends a call waiting for its stream at once", "[device][failure]") {
-  const std::string err = test::run_ranks(1, options(std::chrono::seconds(30)), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(1, staged_options(std::chrono::seconds(30)), [&](Communicator& comm) {
     Stream stream;
     DeviceBuffer buf(4096);
     fake_cuda_hold(stream.s, 1);
@@ -161,7 +150,7 @@ TEST_CASE("abort() ends a call waiting for its stream at once", "[device][failur
 }
 
 TEST_CASE("stream-ordered calls without a usable CUDA runtime fail with CudaError naming the rank", "[device]") {
-  CommOptions o = options();
+  CommOptions o = staged_options();
   o.cuda_runtime = "/nonexistent/libcudart.so.13";
   std::string msg;
   const std::string err = test::run_ranks(1, o, [&](Communicator& comm) {
@@ -179,7 +168,7 @@ TEST_CASE("stream-ordered calls without a usable CUDA runtime fail with CudaErro
 
   // A runtime without a driver, as on the CI machines.
   ::setenv("FAKE_CUDA_DEVICES", "driver", 1);
-  const std::string err2 = test::run_ranks(1, options(), [&](Communicator& comm) {
+  const std::string err2 = test::run_ranks(1, staged_options(), [&](Communicator& comm) {
     std::vector<float> buf(16);
     try {
       comm.allgather(buf.data(), buf.data(), 16, DataType::Float32, CudaStream{});
@@ -197,7 +186,7 @@ TEST_CASE("stream-ordered calls without a usable CUDA runtime fail with CudaErro
 
 TEST_CASE("stream-ordered calls check their arguments like the host calls", "[device]") {
   std::vector<std::string> msgs;
-  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(2, staged_options(), [&](Communicator& comm) {
     if (comm.rank() != 1) {
       comm.barrier();
       return;
@@ -235,7 +224,7 @@ TEST_CASE("stream-ordered send/recv: a ring exchange in one group returns before
           "[device][p2p]") {
   const int n = 3;
   const std::size_t bytes = 70001;  // a few chunks, not a multiple of anything
-  const std::string err = test::run_ranks(n, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(n, staged_options(), [&](Communicator& comm) {
     const int r = comm.rank(), right = (r + 1) % n, left = (r + n - 1) % n;
     DeviceBuffer to_right(bytes), to_left(bytes), from_left(bytes), from_right(bytes);
     std::vector<std::uint8_t> host(bytes), sentinel(bytes, 0xee), back(bytes);
@@ -272,7 +261,7 @@ TEST_CASE("stream-ordered send/recv: a ring exchange in one group returns before
 
 TEST_CASE("stream-ordered send/recv outside a group, and to ourselves inside one", "[device][p2p]") {
   const std::size_t count = 5000;
-  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(2, staged_options(), [&](Communicator& comm) {
     Stream stream;
     DeviceBuffer a(count * 4), b(count * 4);
     std::vector<std::int32_t> host(count), back(count);
@@ -302,7 +291,7 @@ TEST_CASE("stream-ordered send/recv outside a group, and to ourselves inside one
 }
 
 TEST_CASE("stream-ordered send/recv: one stream and one kind per group, arguments checked like the host calls", "[device][p2p]") {
-  const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
+  const std::string err = test::run_ranks(2, staged_options(), [&](Communicator& comm) {
     Stream s1, s2;
     DeviceBuffer buf(256);
     std::vector<std::byte> host(256);
