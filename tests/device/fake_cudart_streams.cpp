@@ -16,7 +16,8 @@
 //   - fake_cuda_slow_copies(from, to, us) makes copies on streams of device `from` into memory
 //     cudaMalloc'ed on device `to` sleep `us` more (a degraded link between two GPUs);
 //   - cuStreamWaitValue32 (GEQ only), found through cudaGetDriverEntryPointByVersion as the
-//     library finds it, holds a stream until a 32-bit word reaches a value (polled every 20 us);
+//     library finds it (built with FAKE_CUDART_12_0: through cudaGetDriverEntryPoint only, as a
+//     CUDA 12.0-12.4 runtime), holds a stream until a 32-bit word reaches a value (polled every 20 us);
 //     fake_cuda_memory_waits(0) makes the entry point unknown, as on a driver without stream
 //     memory operations; fake_cuda_counts gives the host functions and waits enqueued so far;
 //   - fake_cuda_hold(stream, 1) stops a stream before its next operation until
@@ -470,12 +471,22 @@ static int fake_stream_wait_value32(void* stream, unsigned long long address, un
   ++state().waits;
   return 0;
 }
-FAKE_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long, int* status) {
+static int fake_entry_point(const char* symbol, void** fn, int* status) {
   const bool found = state().memory_waits.load() && std::string_view(symbol) == "cuStreamWaitValue32";
   *fn = found ? reinterpret_cast<void*>(&fake_stream_wait_value32) : nullptr;
   if (status != nullptr) *status = found ? 0 : 1;  // cudaDriverEntryPointSymbolNotFound
   return found ? 0 : 500;                          // cudaErrorSymbolNotFound
 }
+#if defined(FAKE_CUDART_12_0)
+// CUDA 12.0-12.4 runtimes have only the entry point of their own driver version (no ...ByVersion).
+FAKE_EXPORT int cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long, int* status) {
+  return fake_entry_point(symbol, fn, status);
+}
+#else
+FAKE_EXPORT int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long, int* status) {
+  return fake_entry_point(symbol, fn, status);
+}
+#endif
 FAKE_EXPORT int cudaHostGetDevicePointer(void** device, void* host, unsigned) {
   *device = host;  // unified addressing: the same address
   return 0;

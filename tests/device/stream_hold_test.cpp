@@ -6,9 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <dlfcn.h>
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <ringfence/detail/cuda_api.hpp>
 #include <ringfence/ringfence.hpp>
 #include <string>
 #include <thread>
@@ -121,4 +123,55 @@ TEST_CASE("without stream memory operations a host function holds the stream, th
     REQUIRE(first != std::string::npos);
     REQUIRE(text.find(warning, first + line.size()) == std::string::npos);  // once, not per call
   }
+}
+
+// A CUDA 12.0-12.4 runtime has cudaGetDriverEntryPoint but not ...ByVersion: the library finds
+// cuStreamWaitValue32 through it (src/cuda_api.cpp), and the wait it gets holds a stream. The
+// fake built as such a runtime is a second copy with its own streams and counters, so this
+// drives it through the loaded functions, not through a communicator.
+TEST_CASE("a CUDA 12.0-12.4 runtime's cudaGetDriverEntryPoint gives the stream wait", "[device]") {
+  const char* path = RINGFENCE_FAKE_CUDART_12_0_PATH;
+  void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  REQUIRE(::dlsym(handle, "cudaGetDriverEntryPointByVersion") == nullptr);  // only the older route exists
+  REQUIRE(::dlsym(handle, "cudaGetDriverEntryPoint") != nullptr);
+  auto* counts = reinterpret_cast<void (*)(int*, int*)>(::dlsym(handle, "fake_cuda_counts"));
+  auto* memory_waits = reinterpret_cast<void (*)(int)>(::dlsym(handle, "fake_cuda_memory_waits"));
+  REQUIRE((counts != nullptr && memory_waits != nullptr));
+
+  const detail::CudaApi api = detail::load_cuda_api(path);
+  INFO(api.why_not);
+  REQUIRE(api.usable);
+  REQUIRE(api.stream_wait_value32 != nullptr);
+  REQUIRE(api.host_get_device_pointer != nullptr);
+  REQUIRE(api.stream_synchronize != nullptr);
+
+  // The wait holds the stream until the word reaches the value.
+  std::atomic<std::uint32_t> word{0};
+  void* device_word = nullptr;
+  REQUIRE(api.host_get_device_pointer(&device_word, &word, 0) == 0);
+  int funcs = 0, waits_before = 0, waits_after = 0;
+  counts(&funcs, &waits_before);
+  REQUIRE(api.stream_wait_value32(nullptr, reinterpret_cast<unsigned long long>(device_word), 1, detail::kCuStreamWaitValueGeq) == 0);
+  counts(&funcs, &waits_after);
+  REQUIRE(waits_after - waits_before == 1);
+  std::atomic<bool> synced{false};
+  std::thread sync([&] {
+    api.stream_synchronize(nullptr);
+    synced = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const bool passed_early = synced.load();
+  word.store(1);
+  sync.join();
+  REQUIRE_FALSE(passed_early);
+  REQUIRE(synced.load());
+
+  // A driver without stream memory operations: neither function is bound (host functions hold).
+  memory_waits(0);
+  const detail::CudaApi without = detail::load_cuda_api(path);
+  memory_waits(1);
+  REQUIRE(without.usable);
+  REQUIRE(without.stream_wait_value32 == nullptr);
+  REQUIRE(without.host_get_device_pointer == nullptr);
 }

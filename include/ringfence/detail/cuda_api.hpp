@@ -55,7 +55,8 @@ struct CudaApi {
   int (*event_query)(void*) = nullptr;              ///< cudaEventQuery
   int (*event_destroy)(void*) = nullptr;            ///< cudaEventDestroy
   /// The driver's cuStreamWaitValue32(stream, device address, value, flags), found through
-  /// cudaGetDriverEntryPointByVersion (so no libcuda is linked or opened by name): a stream
+  /// cudaGetDriverEntryPointByVersion, or cudaGetDriverEntryPoint where the runtime lacks it
+  /// (CUDA 12.0-12.4), so no libcuda is linked or opened by name: a stream
   /// operation that holds the stream until a 32-bit word in mapped pinned memory reaches a
   /// value. Optional: null when the runtime or driver lacks it (DeviceStager then holds the
   /// stream with a host function). Returns a CUresult (0: enqueued).
