@@ -1,6 +1,7 @@
 // Which compiled variant of the host reduction kernels (reduce.cpp) runs: chosen once, at the
 // first call, from the CPU's features, and never changed (docs/tuning.md, "CPU features"). The
 // build's baseline runs anywhere it was built for; x86-64-v3 needs AVX2, F16C and FMA.
+#include <cstring>
 #include <ringfence/reduce_ops.hpp>
 
 namespace ringfence {
@@ -56,7 +57,15 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept { return finished(chos
 
 Reducer host_reducer_baseline(DataType type, ReduceOp op) noexcept { return finished(kBaseline.reducer(type, op), type, op); }
 
-void copy_bytes(void* dst, const void* src, std::size_t n) noexcept { chosen().copy(dst, src, n); }
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+  // Every kernel copies under 512 bytes with memcpy (reduce.cpp): a small call's data and
+  // copies aside skip the hop.
+  if (n < 512) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  chosen().copy(dst, src, n);
+}
 
 const char* reduce_kernels() noexcept { return chosen().name; }
 
