@@ -46,6 +46,11 @@ inline constexpr std::size_t kStreamWriteMinBytes = 4096;
 /// areas without asking which were accepted: the credits' lines are written by the receivers,
 /// and reading one right after is a cache miss that costs a small call more than the copy.
 inline constexpr std::size_t kRetainUncheckedBytes = 4 * 1024;
+/// Ring calls of at most this many bytes (a rank's data) leave waking a sleeping receiver of
+/// their chunk and credit signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks
+/// 0.03-0.1 us a call (docs/protection-cost-small-calls.md). Larger ones wake at once: a sleeper
+/// would lie asleep while its peer copies the next chunk (256 MiB allreduce: 0.67x busbw).
+inline constexpr std::size_t kDeferWakeMaxBytes = 64 * 1024;
 /// EngineConfig::spin_polls with a CPU per rank.
 inline constexpr int kSpinPolls = 64;
 /// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, median
@@ -233,9 +238,6 @@ struct Connection {
   /// only grow. A send whose slot it already frees reads nothing: the flag's line is written by
   /// the peer, and each read of it after a write is a miss (RingRunner::send_chunk).
   std::uint32_t credit_seen = 0;
-  /// `sent` when the current ring call began (checksum mode, lanes with retained areas): the
-  /// chunks from here on are this call's (RingRunner::retain_call_chunks).
-  std::uint64_t call_first_sent = 0;
   // Integrity (checksum mode). As a sender: what we wrote (for re-sends), NACKs seen, re-sends
   // done. As a receiver: NACKs sent, re-sends seen.
   struct SentChunk {

@@ -5,6 +5,7 @@
 // filtered out of poll().
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
 #include <ringfence/transport_util.hpp>
@@ -181,8 +182,9 @@ class FaultLink final : public Link {
     next_flip_ = next_flip_ < static_cast<double>(op.bytes) ? draw_gap() : next_flip_ - static_cast<double>(op.bytes);
     return Status::ok();
   }
-  Status signal(const SignalOp& op) noexcept override {
+  Status signal(const SignalOp& op_in) noexcept override {
     if (closed_) return Status(ErrorCode::PeerUnreachable);
+    const SignalOp op = damage_carried(op_in);
     if (hold_.count() == 0) return inner_->signal(op);
     if (held_head_ - held_tail_ == kHeldRing) {  // full: make room, then queue behind the others
       release_held(true);
@@ -190,6 +192,9 @@ class FaultLink final : public Link {
     }
     held_[held_head_++ % kHeldRing] = Held{op, std::chrono::steady_clock::now() + hold_};
     return Status::ok();
+  }
+  void flush_wakes() noexcept override {
+    if (!closed_) inner_->flush_wakes();
   }
   Status poll(std::span<Completion> out, std::size_t& n) noexcept override {
     if (!closed_) release_held(false);
@@ -236,6 +241,30 @@ class FaultLink final : public Link {
   static constexpr int kMaxFlipsPerWrite = 32;  // at most 64 extra pieces per write
   static constexpr std::size_t kLostRing = 64;
   static constexpr std::size_t kHeldRing = 64;
+  static constexpr std::size_t kCarriedRing = 2 * kHeldRing;
+
+  // Bytes a signal carries (SignalOp::with: a chunk's trailer) are written bytes like any
+  // other: flips reach them at the same rate, in a copy (the caller's bytes stay as they were,
+  // as a flipped write's source does). A copy lives until kCarriedRing more were made: longer
+  // than a held signal waits (kHeldRing).
+  SignalOp damage_carried(SignalOp op) noexcept {
+    if (op.with_bytes == 0 || op.with_bytes > kSignalCarriesMaxBytes || flip_rate_ <= 0.0 || !flip_active()) return op;
+    const auto n = static_cast<double>(op.with_bytes);
+    if (next_flip_ >= n) {
+      next_flip_ -= n;
+      return op;
+    }
+    std::uint8_t* copy = carried_[carried_next_++ % kCarriedRing];
+    std::memcpy(copy, op.with, op.with_bytes);
+    while (next_flip_ < n) {
+      copy[static_cast<std::size_t>(next_flip_)] ^= static_cast<std::uint8_t>(1u << (rng_.next() & 7));
+      ++flips_;
+      next_flip_ += 1 + draw_gap();
+    }
+    next_flip_ -= n;
+    op.with = copy;
+    return op;
+  }
 
   // `hold`: passes held signals to the inner link in order, those due (or all, `all`).
   void release_held(bool all) noexcept {
@@ -314,6 +343,8 @@ class FaultLink final : public Link {
   std::size_t held_head_ = 0, held_tail_ = 0;
   std::chrono::milliseconds hold_{0};  // `hold` rule: how long each signal is held (0 = none)
   std::size_t corrupt_next_ = 0;
+  std::uint8_t carried_[kCarriedRing][kSignalCarriesMaxBytes] = {};  // damaged copies of carried bytes
+  std::size_t carried_next_ = 0;
 };
 
 class FaultPending final : public PendingLink {

@@ -29,6 +29,7 @@ Status run_ring(const EngineConfig& config, FlagBlock flags, Connection* left, C
   runner.stream_results(!call.device && config.size == 2 &&
                         (call.kind == RingCollective::Allreduce || call.kind == RingCollective::Allgather) &&
                         call.count * reducer.elem_size >= kStreamResultMinBytes);
+  runner.defer_wakes(call.count * reducer.elem_size <= kDeferWakeMaxBytes);
   const std::size_t chunk = config.slot_bytes / reducer.elem_size;
   const int n = config.size;
   const std::size_t count = call.count;

@@ -66,6 +66,10 @@ class RingRunner {
         direct_(direct),
         relays_(relays),
         failure_(failure) {}
+  // However the call ends, no peer is left asleep on a signal of ours (defer_wake).
+  ~RingRunner() { flush_deferred(); }
+  RingRunner(const RingRunner&) = delete;
+  RingRunner& operator=(const RingRunner&) = delete;
 
   // Tree mode: steps name peers by ring position; every connection may carry re-send requests.
   void use_positions(Connection* const* by_position, Connection* const* by_rank) noexcept {
@@ -78,6 +82,9 @@ class RingRunner {
   // Received chunks are copied into the output with streaming stores (kStreamResultMinBytes):
   // only where every copy of a received chunk writes a final value the call does not read again.
   void stream_results(bool on) noexcept { stream_results_ = on; }
+  // Chunk and credit signals may leave a sleeper's wake-up for later (defer_wake): ring calls
+  // of at most kDeferWakeMaxBytes.
+  void defer_wakes(bool on) noexcept { defer_wakes_ = on; }
 
   // Runs the schedule `make(position)` returns for our ring position. `make` also gives each
   // relayed sender's schedule (to know how many of its chunks this call carries).
@@ -94,7 +101,6 @@ class RingRunner {
     RINGFENCE_TRY(start_relays(make));
     if (direct_.enabled) RINGFENCE_TRY(publish_output_key());
     crc_at_send_ = c_.checksum && sends_crc_in_writes();
-    if (c_.checksum && c_.retained_peers) for_each_call_connection([](Connection& ch) { ch.call_first_sent = ch.sent; });
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
@@ -339,8 +345,9 @@ class RingRunner {
 
   Status fetch_p2p_key(Connection& ch, P2POp& op, const P2PDirect& d) noexcept;
 
-  // Writes message m (or the piece of it that `piece` names, encode_piece) and its trailer.
-  Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0) noexcept;
+  // Writes message m (or the piece of it that `piece` names, encode_piece) and, unless the data
+  // signal carries it (`with_trailer` false: send_chunk), its trailer.
+  Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0, bool with_trailer = true) noexcept;
   Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
   Status write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept;
   Status put_trailer(Connection& ch, std::uint64_t m, std::uint32_t crc, std::size_t bytes) noexcept;
@@ -349,6 +356,38 @@ class RingRunner {
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;
 
+  // Chunk and credit signals leave waking a sleeping receiver to a later flush
+  // (SignalOp::defer_wake): a store that must first see whether anyone sleeps waits until the
+  // flag's line is ours, about 0.1 us a signal here, while without that wait the sender goes on
+  // (copies aside, the next chunk, the end of the call) as the line travels. This runner flushes
+  // those links before it waits on any link (the peer it waits for may be asleep on one of
+  // them) and when the call ends (its destructor). Up to kDeferredLinks links; more signal at once.
+  // Only in small calls (defer_wakes): between a large chunk's signal and the next wait lies its
+  // successor's copy, tens of microseconds a sleeping peer would lie asleep for.
+  bool defer_wake(Connection& ch) noexcept {
+    if (!defer_wakes_) return false;
+    Link* const link = ch.link.get();
+    for (int i = 0; i < deferred_n_; ++i)
+      if (deferred_[i] == link) return true;
+    if (deferred_n_ == kDeferredLinks) return false;
+    deferred_[deferred_n_++] = link;
+    return true;
+  }
+  void flush_deferred() noexcept {
+    for (int i = 0; i < deferred_n_; ++i) deferred_[i]->flush_wakes();
+    deferred_n_ = 0;
+  }
+  // Whether a chunk of `bytes` to `ch` is copied to its retained area right after it was sent: in
+  // a call that will have sent at most kRetainUncheckedBytes, which returns before its receivers
+  // accepted its chunks (finish_call), unless it went straight into the receiver's buffer (`dst`:
+  // run_p2p waits for those). Copied then, the copy overlaps the receiver's work (at the end of
+  // the call it lay between the last receive and the next call's first send) and holds exactly
+  // the bytes sent; its area is free, as the slot it copies for is.
+  bool retains_at_send(const Connection& ch, const RemoteRegion* dst, std::size_t bytes) const noexcept {
+    return c_.checksum && c_.size > 1 && c_.retained_peers && ch.retained && !dst && relays_.count == 0 &&
+           bytes_sent_ + bytes <= kRetainUncheckedBytes;
+  }
+
   Status service_all_nacks() noexcept;
 
   // A direct send that has not read its receiver's buffer key yet: it waits on the p2p mail flag.
@@ -356,7 +395,6 @@ class RingRunner {
   static const char* waiting_for(const P2POp& op) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
-  void retain_call_chunks() noexcept;
 
   std::size_t unaccepted_bytes() noexcept;
   std::uint64_t direct_unaccepted_end(Connection& ch) noexcept;
@@ -428,6 +466,10 @@ class RingRunner {
   KnownCrc known_;                      // checksum mode: the CRC of the range written last
   std::size_t bytes_sent_ = 0;          // by this call's send_chunk (kRetainUncheckedBytes)
   bool stream_results_ = false;         // stream_results()
+  bool defer_wakes_ = false;            // defer_wakes()
+  static constexpr int kDeferredLinks = 8;
+  Link* deferred_[kDeferredLinks] = {};  // links with signals whose sleepers are not woken yet (defer_wake)
+  int deferred_n_ = 0;
   bool crc_at_send_ = false;            // checksum mode: results' CRCs come from the send's copy (sends_crc_in_writes)
 };
 

@@ -13,7 +13,7 @@ Status RingRunner::finish_call() noexcept {
   // neighbour only.
   if (c_.checksum && c_.size > 1) {
     if (c_.retained_peers && relays_.count == 0 && bytes_sent_ <= kRetainUncheckedBytes) {
-      retain_call_chunks();
+      // Every chunk such a call sent was copied aside as it went (retains_at_send).
     } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= c_.retain_max_bytes) {
       retain_unaccepted(c_.retained_peers);
     } else if (by_position_) {
@@ -41,6 +41,7 @@ Status RingRunner::finish_call() noexcept {
       if (std::chrono::steady_clock::now() >= deadline)
         return fail(Status(ErrorCode::Timeout), *pending->in, "chunks to relay", pending->in->received);
       if (c_.checksum) RINGFENCE_TRY(service_nacks(*right_));
+      flush_deferred();
       const Status st = pending->in->link->wait(flags_.data[pending->in->peer],
                                                 static_cast<std::uint32_t>(pending->in->received + 1),
                                                 std::chrono::microseconds(20));
@@ -110,6 +111,7 @@ void RingRunner::drain_retained(std::chrono::steady_clock::time_point deadline) 
     while (!reached(flags_.credit[ch->peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch->sent)) &&
            std::chrono::steady_clock::now() < deadline) {
       if (!service_nacks(*ch).is_ok()) break;
+      flush_deferred();
       if (ch->link->wait(flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), std::chrono::milliseconds(1)).is_error()) break;
     }
   }
@@ -160,6 +162,7 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
         deadline - now, relays_.count > 0 || dev_ || resending_ ? std::chrono::nanoseconds(20000)
                         : c_.checksum     ? std::chrono::nanoseconds(1000000)
                                           : std::chrono::nanoseconds(50000000));
+    flush_deferred();  // a peer asleep on a signal of ours may be what this waits for
     const Status s = ch.link->wait(flag, target, slice);
     if (s.is_ok()) return s;
     if (s.is_error()) {
@@ -184,7 +187,7 @@ Status RingRunner::drain(Connection& ch, const char* what) noexcept {
 }
 
 // Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
-Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece) noexcept {
+Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece, bool with_trailer) noexcept {
   Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
   if (piece != 0) return put_piece(ch, m, decode_piece(piece, c.bytes), slot);
@@ -209,7 +212,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
     c.crc = crc_of_write.done ? crc_of_write.value : crc32c(c.src, c.bytes);
     c.has_crc = true;
   }
-  if (c_.checksum || c_.trailers) return put_trailer(ch, m, c.has_crc ? c.crc : 0, c.bytes);
+  if ((c_.checksum || c_.trailers) && with_trailer) return put_trailer(ch, m, c.has_crc ? c.crc : 0, c.bytes);
   return Status::ok();
 }
 
@@ -251,10 +254,28 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
     c.crc = known_.crc;
   }
   if (check_ && !(ch.call_word == check_->word())) RINGFENCE_TRY(put_call_word(ch, m));  // first chunk of the call here
-  RINGFENCE_TRY(put_chunk(ch, m));
-  const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank),
-                                            static_cast<std::uint32_t>(m + 1), m});
+  // Where the trailer lies in the data flag's line and the link can store it with the flag, the
+  // signal carries it: one operation instead of a write and a signal, most of what the trailer
+  // cost a small call (docs/protection-cost-small-calls.md). Re-sends and relays still write it.
+  const bool carry = (c_.checksum || c_.trailers) && c_.trailers_with_flag() && ch.transport &&
+                     ch.transport->traits().signals_carry_bytes;
+  RINGFENCE_TRY(put_chunk(ch, m, 0, !carry));
+  SignalOp sig{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
+  if (carry) {
+    ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives a signal the link defers
+    t = ChunkTrailer{c.has_crc ? c.crc : 0, static_cast<std::uint32_t>(bytes), static_cast<std::uint32_t>(m)};
+    sig.with = &t;
+    sig.with_offset = c_.trailer_at(c_.rank, m);
+    sig.with_bytes = sizeof t;
+  }
+  sig.defer_wake = defer_wake(ch);
+  const Status s = ch.link->signal(sig);
   if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
+  if (retains_at_send(ch, dst, bytes)) {  // after the signal: the copy overlaps the receiver's work
+    std::byte* const copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
+    copy_bytes(copy_at, src, bytes);
+    c.src = copy_at;
+  }
   ch.sent = m + 1;
   bytes_sent_ += bytes;
   return drain(ch, "completing a chunk");
@@ -349,6 +370,7 @@ Status RingRunner::release_chunk(Connection& ch) noexcept {
   RINGFENCE_TRY(settle_device());  // a device copy or reduction may still read the slot
   const std::uint64_t m = ch.received;
   SignalOp sig{&ch.peer_flags, FlagBlock::credit_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
+  sig.defer_wake = defer_wake(ch);
   const Status s = ch.link->signal(sig);
   if (!s.is_ok()) return fail(s, ch, "returning a credit", m);
   ch.received = m + 1;

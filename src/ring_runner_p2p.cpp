@@ -122,6 +122,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       const std::uint64_t target = needs_key ? ch.p2p_keys_used + 1
                                    : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
                                              : ch.received + 1;
+      flush_deferred();
       const Status st = ch.link->wait(flag, static_cast<std::uint32_t>(target),
                                       std::chrono::microseconds(20));
       if (st.is_error()) {
@@ -191,15 +192,6 @@ void RingRunner::retain_unaccepted(Connection* const* connection_of) noexcept {
     const std::uint32_t accepted = ch->credit_seen = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
     retain(*ch, first_unaccepted(*ch, accepted));
   }
-}
-
-// Without reading the credits (small ring calls: kRetainUncheckedBytes): every chunk of this
-// call that may still be unaccepted, accepted or not; only the last `slots` to a peer can be.
-void RingRunner::retain_call_chunks() noexcept {
-  const auto slots = static_cast<std::uint64_t>(c_.slots);
-  for_each_call_connection([&](Connection& ch) {
-    if (ch.retained) retain(ch, std::max(ch.call_first_sent, ch.sent > slots ? ch.sent - slots : 0));
-  });
 }
 
 }  // namespace ringfence::detail

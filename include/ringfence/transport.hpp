@@ -167,7 +167,24 @@ struct SignalOp {
   std::size_t offset = 0;             ///< byte offset of the SignalFlag (64-aligned)
   std::uint32_t value = 0;            ///< value to store
   std::uint64_t wr_id = 0;            ///< echoed in the completion
+  /// Optional: `with_bytes` bytes (at most kSignalCarriesMaxBytes) stored at `with_offset` in
+  /// `dst` before the flag, so the flag's store publishes them too: the engine's chunk trailer,
+  /// which lies in the flag's own line, in one operation with the flag instead of a write and a
+  /// signal. Only on links whose transport sets TransportTraits::signals_carry_bytes. The bytes
+  /// are read during the call or, where the link defers the signal, until it completes.
+  const void* with = nullptr;
+  std::size_t with_offset = 0;  ///< byte offset in `dst` of the carried bytes
+  std::uint32_t with_bytes = 0;  ///< 0: nothing carried
+  /// The link may leave waking a waiter that sleeps on the flag until its next `wait` or
+  /// `flush_wakes` (the caller promises one before it blocks or returns to its user), so the
+  /// signal need not wait for the flag's line to be published: the engine's chunk and credit
+  /// signals, whose sender goes on computing or waits next
+  /// (docs/protection-cost-small-calls.md).
+  bool defer_wake = false;
 };
+/// The most bytes a signal carries (SignalOp::with): a trailer's 12 and room to spare, small
+/// enough to store in two moves (transport_util::store_carried).
+inline constexpr std::uint32_t kSignalCarriesMaxBytes = 16;
 
 /// Completion of one write or signal.
 struct Completion {
@@ -214,6 +231,10 @@ class Link {
   [[nodiscard]] virtual Status write(const WriteOp& op) noexcept = 0;
   /// Starts a signal, ordered after every earlier write on this link.
   [[nodiscard]] virtual Status signal(const SignalOp& op) noexcept = 0;
+  /// Wakes the waiters that signals with `SignalOp::defer_wake` left sleeping: the engine calls
+  /// it before a call returns (`wait` does it first as well). Default: nothing (links whose
+  /// signals wake at once). A link that wraps another forwards it.
+  virtual void flush_wakes() noexcept {}
   /// Drives progress and returns up to `out.size()` completions in `out[0..n)`. The only
   /// progress call; never blocks.
   [[nodiscard]] virtual Status poll(std::span<Completion> out, std::size_t& n) noexcept = 0;
@@ -296,6 +317,11 @@ struct TransportTraits {
   /// folding behind its stores or, up to `kCopyThenCrcMaxBytes`, folds from the cache right after
   /// them; a reduction in the cache does not hide it (docs/protection-cost.md).
   bool crc_in_writes = false;
+  /// `signal` stores the bytes a SignalOp carries (SignalOp::with) before its flag, in one
+  /// operation. Then a checked chunk's trailer goes with the chunk's data signal: a small call
+  /// saves a whole write (its bookkeeping and completion), which was most of what the trailer
+  /// cost it (docs/protection-cost-small-calls.md).
+  bool signals_carry_bytes = false;
   /// Transports a link of this one may move to when the health layer must fence it, in order of
   /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.
   std::vector<std::string> fallbacks;

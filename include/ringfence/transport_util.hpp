@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <memory>
 #include <ringfence/transport.hpp>
@@ -98,6 +99,39 @@ inline void store_flag(SignalFlag& flag, std::uint32_t value) noexcept {
   if (flag.waiters.load(std::memory_order_seq_cst) != 0) futex(&flag.value, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
+/// Flags stored with a plain release store whose sleepers are not woken yet
+/// (SignalOp::defer_wake): `flush` wakes them. The store needs no fence (the flag's line is
+/// published while the signaller goes on); the fence in `flush` pairs with the waiter's
+/// increment and re-check as `store_flag`'s does, only later. A few distinct flags per link.
+class DeferredWakes {
+ public:
+  /// Stores `value` into `flag` and remembers it; false (nothing stored) when full: then use
+  /// store_flag.
+  bool store(SignalFlag& flag, std::uint32_t value) noexcept {
+    std::size_t i = 0;
+    while (i < n_ && flags_[i] != &flag) ++i;
+    if (i == n_) {
+      if (n_ == kMax) return false;
+      flags_[n_++] = &flag;
+    }
+    flag.value.store(value, std::memory_order_release);
+    return true;
+  }
+  /// Wakes the sleepers of every remembered flag.
+  void flush() noexcept {
+    if (n_ == 0) return;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    for (std::size_t i = 0; i < n_; ++i)
+      if (flags_[i]->waiters.load(std::memory_order_relaxed) != 0) futex(&flags_[i]->value, FUTEX_WAKE, INT_MAX, nullptr);
+    n_ = 0;
+  }
+
+ private:
+  static constexpr std::size_t kMax = 8;
+  SignalFlag* flags_[kMax] = {};
+  std::size_t n_ = 0;
+};
+
 /// `Link::wait` for flags stored with `store_flag`: spins `spin` polls (calling `sched_yield`
 /// every `yield_every` polls when that is > 0, so more ranks than cores do not starve each
 /// other; with a core per rank a yield is only a system call that delays noticing the flag),
@@ -166,6 +200,29 @@ inline bool write_in_bounds(const WriteOp& op) noexcept {
 inline bool flag_in_bounds(const SignalOp& op) noexcept {
   return op.dst != nullptr && op.offset % alignof(SignalFlag) == 0 && op.offset <= op.dst->size() &&
          op.dst->size() - op.offset >= sizeof(SignalFlag);
+}
+
+/// The SPI's placement rule for the bytes a signal carries (SignalOp::with): none, or at most
+/// kSignalCarriesMaxBytes inside the region.
+inline bool carried_in_bounds(const SignalOp& op) noexcept {
+  if (op.with_bytes == 0) return true;
+  return op.with != nullptr && op.with_bytes <= kSignalCarriesMaxBytes && op.with_offset <= op.dst->size() &&
+         op.with_bytes <= op.dst->size() - op.with_offset;
+}
+
+/// Stores the bytes a signal carries (`n` <= kSignalCarriesMaxBytes) at `to`: at most two
+/// fixed-size moves, where a memcpy of a run-time length would be a library call per signal.
+inline void store_carried(std::byte* to, const void* from, std::uint32_t n) noexcept {
+  const auto* f = static_cast<const std::byte*>(from);
+  if (n >= 8) {  // two 8-byte moves, overlapping when n < 16
+    std::uint64_t a, b;
+    std::memcpy(&a, f, 8);
+    std::memcpy(&b, f + n - 8, 8);
+    std::memcpy(to, &a, 8);
+    std::memcpy(to + n - 8, &b, 8);
+  } else {
+    for (std::uint32_t i = 0; i < n; ++i) to[i] = f[i];
+  }
 }
 
 }  // namespace ringfence::transport_util

@@ -379,3 +379,37 @@ TEST_CASE("the fault decorator reports the inner transport's properties", "[faul
   CHECK_FALSE(shm_t->traits().cheap_user_writes);
   CHECK(shm_t->traits().shares_memory);
 }
+
+// A chunk's trailer rides in its data signal on shm (SignalOp::with): flips must reach those
+// bytes as they reach written ones, or checksums would go untested on half of what a chunk sends.
+TEST_CASE("the fault decorator flips the bytes a signal carries, in a copy", "[fault]") {
+  CommOptions options;
+  options.host_id = "h";
+  Logger log;
+  const PeerInfo pa{0, "h", static_cast<std::int32_t>(::getpid())}, pb{1, "h", static_cast<std::int32_t>(::getpid())};
+  auto a = make_fault_transport(transports::shm::make_transport(TransportContext{pa, 2, &options, &log}),
+                                parse_fault_spec("flip:rate=1,link=0-1"), 0);
+  auto b = transports::shm::make_transport(TransportContext{pb, 2, &options, &log});
+  REQUIRE(a->traits().signals_carry_bytes);
+  auto la = a->listen(), lb = b->listen();
+  std::unique_ptr<Link> link;
+  REQUIRE(a->connect(*la, pb, lb->address())->try_finish(link).is_ok());
+  auto* mem = static_cast<std::byte*>(b->allocate(sizeof(SignalFlag), MemoryKind::Host));
+  MemoryRegion region = b->register_memory(mem, sizeof(SignalFlag), MemoryKind::Host);
+  RemoteRegion remote = a->import_region(region.key());
+  const std::uint8_t one = 0x5a;  // rules count writes: the first one starts the rule's window
+  REQUIRE(link->write(WriteOp{&one, nullptr, &remote, 60, 1, 1}).is_ok());
+  std::uint8_t carried[12], kept[12];
+  for (int i = 0; i < 12; ++i) carried[i] = kept[i] = static_cast<std::uint8_t>(i * 17 + 3);
+  SignalOp op{&remote, 0, 7, 2};
+  op.with = carried;
+  op.with_offset = 8;
+  op.with_bytes = sizeof carried;
+  REQUIRE(link->signal(op).is_ok());
+  REQUIRE(reinterpret_cast<SignalFlag*>(mem)->value.load() == 7);  // the flag itself is not damaged
+  for (int i = 0; i < 12; ++i) REQUIRE(static_cast<std::uint8_t>(mem[8 + i]) != kept[i]);  // rate 1: every byte
+  REQUIRE(std::memcmp(carried, kept, sizeof kept) == 0);  // the caller's bytes stay as they were
+  std::vector<Completion> done(8);
+  std::size_t n = 0;
+  REQUIRE(link->poll(done, n).is_ok());
+}

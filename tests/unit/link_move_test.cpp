@@ -341,6 +341,7 @@ class SlowReadShm final : public transport_util::ForwardingTransport {
     }
     Status write(const WriteOp& op) noexcept override { return inner_->write(op); }
     Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
+    void flush_wakes() noexcept override { inner_->flush_wakes(); }
     Status poll(std::span<Completion> out, std::size_t& n) noexcept override { return inner_->poll(out, n); }
     Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
       return inner_->wait(flag, target, max);

@@ -75,6 +75,40 @@ TEST_CASE("shm: a waiter sleeping on the futex is woken by a signal from another
   REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
 }
 
+TEST_CASE("shm: a signal stores the bytes it carries with its flag, and refuses them out of bounds", "[shm]") {
+  Pair p;
+  REQUIRE(p.a->traits().signals_carry_bytes);
+  auto* mem = static_cast<std::byte*>(p.b->allocate(sizeof(SignalFlag), MemoryKind::Host));
+  MemoryRegion region = p.b->register_memory(mem, sizeof(SignalFlag), MemoryKind::Host);
+  RemoteRegion remote = p.a->import_region(region.key());
+  auto& flag = *reinterpret_cast<SignalFlag*>(mem);
+  for (const std::uint32_t bytes : {12u, 16u, 5u}) {  // two 8-byte moves (overlapping, whole), byte by byte
+    std::uint8_t carried[16];
+    for (std::uint32_t i = 0; i < 16; ++i) carried[i] = static_cast<std::uint8_t>(bytes * 31 + i);
+    SignalOp op{&remote, 0, bytes, bytes};
+    op.with = carried;
+    op.with_offset = 20;
+    op.with_bytes = bytes;
+    std::memset(mem + 20, 0, 20);
+    REQUIRE(p.a_to_b->signal(op).is_ok());
+    REQUIRE(flag.value.load() == bytes);
+    REQUIRE(std::memcmp(mem + 20, carried, bytes) == 0);
+    REQUIRE(static_cast<std::uint8_t>(mem[20 + bytes]) == 0);  // nothing past them
+  }
+  const std::uint8_t carried[kSignalCarriesMaxBytes + 1] = {};
+  SignalOp too_many{&remote, 0, 99, 9};
+  too_many.with = carried;
+  too_many.with_offset = 8;
+  too_many.with_bytes = kSignalCarriesMaxBytes + 1;
+  REQUIRE(p.a_to_b->signal(too_many).code() == ErrorCode::InvalidUsage);
+  SignalOp outside = too_many;
+  outside.with_bytes = 12;
+  outside.with_offset = sizeof(SignalFlag) - 8;
+  REQUIRE(p.a_to_b->signal(outside).code() == ErrorCode::InvalidUsage);
+  REQUIRE(flag.value.load() == 5);  // refused signals store nothing
+  REQUIRE(drain(*p.a_to_b).size() == 3);
+}
+
 TEST_CASE("shm: memory in another shm transport's segment registers as a segment: flags work, no CMA needed",
           "[shm]") {
   // A pair that moves from nvlink to pcie registers the flags the nvlink transport's own shm

@@ -157,11 +157,14 @@ class ShmLink final : public Link {
   Status signal(const SignalOp& op) noexcept override {
     RINGFENCE_TRY(check_usable());
     const auto* dst = static_cast<const Remote*>(op.dst ? op.dst->impl() : nullptr);
-    if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || !transport_util::flag_in_bounds(op)))
+    if (RINGFENCE_UNLIKELY(!dst || dst->kind != RegionKind::Segment || !transport_util::flag_in_bounds(op) ||
+                           !transport_util::carried_in_bounds(op)))
       return fail(ErrorCode::InvalidUsage);
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
+    if (op.with_bytes != 0) transport_util::store_carried(dst->base + op.with_offset, op.with, op.with_bytes);
     // The store also releases every earlier memcpy on this link to the acquiring reader.
-    transport_util::store_flag(*reinterpret_cast<SignalFlag*>(dst->base + op.offset), op.value);
+    SignalFlag& flag = *reinterpret_cast<SignalFlag*>(dst->base + op.offset);
+    if (!op.defer_wake || !deferred_.store(flag, op.value)) transport_util::store_flag(flag, op.value);
     bump(stats_.signals, 1);
     queue_.push(op.wr_id, Status::ok());
     return Status::ok();
@@ -172,7 +175,10 @@ class ShmLink final : public Link {
     return Status::ok();
   }
 
+  void flush_wakes() noexcept override { deferred_.flush(); }
+
   Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+    deferred_.flush();  // a peer asleep on a flag we stored may be what we are waiting for
     return transport_util::wait_flag(flag, target, max, options_.spin_count, options_.yield_every, stats_.wait_ns, stats_.yields, [&]() noexcept {
       if (state_ == LinkState::Fenced) return Status(ErrorCode::Fenced);
       return peer_alive() ? Status::ok() : fail(ErrorCode::PeerUnreachable);
@@ -237,6 +243,7 @@ class ShmLink final : public Link {
   Options options_;
   bool self_;
   std::atomic<LinkState> state_{LinkState::Up};  // read by links() from other threads
+  transport_util::DeferredWakes deferred_;  // signals whose sleepers are not woken yet
   LinkStats stats_;
   transport_util::CompletionQueue<> queue_;
 };
@@ -269,7 +276,7 @@ class ShmTransport final : public Transport {
   }
 
   const TransportTraits& traits() const noexcept override {
-    static const TransportTraits kTraits{.shares_memory = true, .crc_in_writes = true, .speed_spread = 10.0};
+    static const TransportTraits kTraits{.shares_memory = true, .crc_in_writes = true, .signals_carry_bytes = true, .speed_spread = 10.0};
     return kTraits;
   }
   std::string_view name() const noexcept override { return kName; }
