@@ -42,15 +42,19 @@ inline constexpr std::size_t kStreamResultMinBytes = std::size_t{16} << 20;
 /// this many bytes go into a peer's slot with streaming stores: under it the plain copy was as
 /// fast or faster (bench/cross_core_copy -w, docs/tuning.md "Streaming slot writes").
 inline constexpr std::size_t kStreamWriteMinBytes = 4096;
-/// Checksum mode: a call that sent at most this many bytes copies all of them to the retained
-/// areas without asking which were accepted: the credits' lines are written by the receivers,
-/// and reading one right after is a cache miss that costs a small call more than the copy.
-inline constexpr std::size_t kRetainUncheckedBytes = 4 * 1024;
+/// Checksum mode: a call that sends at most this many bytes copies each chunk to the retained
+/// area right after its signal (RingRunner::retains_at_send) instead of asking at the end which
+/// were accepted: the credits' lines are written by the receivers, and reading one right after
+/// is a cache miss that costs a small call more than the copy. 16 KiB: a 4-rank one-shot of
+/// 4 KiB sends 12 (4 ranks, 8 KiB: 1.28-1.37 -> 0.91-1.16 time on/off with 4 KiB here).
+inline constexpr std::size_t kRetainUncheckedBytes = 16 * 1024;
 /// Ring calls of at most this many bytes (a rank's data) leave waking a sleeping receiver of
 /// their chunk and credit signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks
 /// 0.03-0.1 us a call (docs/protection-cost-small-calls.md). Larger ones wake at once: a sleeper
-/// would lie asleep while its peer copies the next chunk (256 MiB allreduce: 0.67x busbw).
-inline constexpr std::size_t kDeferWakeMaxBytes = 64 * 1024;
+/// would lie asleep while its peer copies the next chunk (deferred at every size, a 2-rank
+/// 256 MiB allreduce fell to 0.67x busbw; up to 64 KiB, 4 ranks on 2 cores lost 15-35 % at
+/// 64-256 KiB in two of three runs).
+inline constexpr std::size_t kDeferWakeMaxBytes = 8 * 1024;
 /// EngineConfig::spin_polls with a CPU per rank.
 inline constexpr int kSpinPolls = 64;
 /// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, median
