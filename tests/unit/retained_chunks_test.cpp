@@ -61,7 +61,7 @@ TEST_CASE("retained chunks: a caller that overwrites its buffers as soon as a ca
   const std::size_t count = GENERATE(std::size_t{2}, std::size_t{12}, std::size_t{256}, std::size_t{2048});  // 8 B-8 KiB
   // One chunk per call, or (256-byte chunks, 4 slots) up to 32: then a call returns with its
   // last `slots` chunks possibly unaccepted, and a damaged one may be any of them, not only
-  // the last (retain_call_chunks keeps them all).
+  // the last (each is copied aside right after its signal: RingRunner::retains_at_send).
   const std::size_t chunk_bytes = GENERATE(std::size_t{256} << 10, std::size_t{256});
   overwrite_on_return(n, count, chunk_bytes);
 }
