@@ -3,6 +3,7 @@
 // rank, the agreed fence list, the links no plan avoids, the pairs moved to a fallback transport
 // and the epoch, plus what derives from them alone (positions, whether the double binary tree
 // may run). Pure data: wiring the lanes to a plan is the lanes' job.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ringfence/plan.hpp>
@@ -55,6 +56,8 @@ class PlanState {
   /// Whether the double binary tree may run: no relays and no tree edge over a fenced link.
   bool tree_allowed() const noexcept { return tree_allowed_; }
   bool is_fenced(int a, int b) const noexcept;
+  /// Whether an agreement found no plan around `l` (add_unroutable).
+  bool is_unroutable(LinkId l) const noexcept { return std::find(unroutable_.begin(), unroutable_.end(), l) != unroutable_.end(); }
   bool was_moved(LinkId l) const noexcept;
   /// Ring position of rank `r` (ring size when absent).
   int position_of(int r) const noexcept;

@@ -140,8 +140,13 @@ void AgreementRound::observe() {
     if (a.state == health::PolicyState::Fenced) {
       if (fenced)
         ballot_.vote(a.link, Vote::Fence);  // still serving its cool-down
-      else
+      else if (!plan_.is_unroutable(a.link))
         propose(a.link, 0, a.why);
+      // An unroutable link (no_plan) stays in use, checked, and its policy keeps judging it
+      // fenced: proposing it again at every agreement would log a warning and a fence_proposed
+      // event per rank every 64 collectives for the rest of the job (a 2-rank job with a
+      // flipping link wrote 12,600 of them in 5 s), and the vote would keep agreements from
+      // pacing. The agreement ignores such votes anyway (decide), so none is cast.
     } else if (fenced) {
       ballot_.vote(a.link, Vote::Readmit);  // cool-down served, nothing wrong since: probation in the plan
     }
