@@ -137,7 +137,7 @@ using CrcFn = std::uint32_t (*)(std::uint32_t, const unsigned char*, std::size_t
 struct Implementation {
   CrcFn fn;
   const char* name;
-  CrcFn small;  // under one folding stream (256 bytes), where `fn` would only hand over to it
+  CrcFn small;  // under one folding stream (kStreamBytes), where `fn` would only hand over to it
 };
 
 Implementation pick() noexcept {
@@ -159,7 +159,7 @@ const Implementation& chosen() noexcept {
 
 std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
   const Implementation& impl = chosen();
-  return ~(bytes < 256 ? impl.small : impl.fn)(~crc, static_cast<const unsigned char*>(data), bytes);
+  return ~(bytes < detail::crcfold::kStreamBytes ? impl.small : impl.fn)(~crc, static_cast<const unsigned char*>(data), bytes);
 }
 
 std::uint32_t crc32c_portable(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {

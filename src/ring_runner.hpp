@@ -384,8 +384,12 @@ class RingRunner {
   // the call it lay between the last receive and the next call's first send) and holds exactly
   // the bytes sent; its area is free, as the slot it copies for is.
   bool retains_at_send(const Connection& ch, const RemoteRegion* dst, std::size_t bytes) const noexcept {
-    return c_.checksum && c_.size > 1 && c_.retained_peers && ch.retained && !dst && relays_.count == 0 &&
-           bytes_sent_ + bytes <= kRetainUncheckedBytes;
+    return c_.checksum && c_.size > 1 && ch.retained && !dst && small_call_copies_aside(bytes_sent_ + bytes);
+  }
+  // Whether a call that has sent `sent` bytes is small enough that its chunks are copied aside
+  // at the send (retains_at_send), so finish_call has nothing left to retain.
+  bool small_call_copies_aside(std::size_t sent) const noexcept {
+    return c_.retained_peers && relays_.count == 0 && sent <= kRetainUncheckedBytes;
   }
 
   Status service_all_nacks() noexcept;

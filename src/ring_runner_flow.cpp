@@ -12,7 +12,7 @@ Status RingRunner::finish_call() noexcept {
   // ones stay to re-send (copying would cost more than the wait). A ring sends to its right
   // neighbour only.
   if (c_.checksum && c_.size > 1) {
-    if (c_.retained_peers && relays_.count == 0 && bytes_sent_ <= kRetainUncheckedBytes) {
+    if (small_call_copies_aside(bytes_sent_)) {
       // Every chunk such a call sent was copied aside as it went (retains_at_send).
     } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= c_.retain_max_bytes) {
       retain_unaccepted(c_.retained_peers);
