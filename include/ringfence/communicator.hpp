@@ -299,6 +299,8 @@ class Communicator {
   /// Number of digest comparisons (see `CommOptions::digest_every`) that found a divergent rank.
   std::uint64_t digest_mismatches() const noexcept;
   /// Calls `callback` for every health event of this rank (replacing an earlier callback).
+  /// `checksum_errors` events come at most once a second per link after the first; the counts
+  /// held back are delivered when the communicator is destroyed (from its destructor).
   void on_health_event(EventCallback callback);
 
   struct Impl;

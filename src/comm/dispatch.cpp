@@ -4,10 +4,16 @@
 
 namespace ringfence::detail {
 
+namespace {
+// A peer whose call fingerprints keep arriving damaged is warned about at most this often.
+constexpr auto kDamagedCallWarningInterval = std::chrono::seconds(10);
+}  // namespace
+
 void Dispatch::start(TunerModel tuner, std::size_t oneshot_bytes, const Heartbeat* heartbeat) {
   tuner_ = tuner;
   oneshot_copy_.resize(oneshot_bytes);
   heartbeat_ = heartbeat;
+  damaged_calls_.assign(static_cast<std::size_t>(p_.ctx.size), ReportCoalescer(kDamagedCallWarningInterval));
 }
 
 void Dispatch::refuse_in_group(const char* call) const {
@@ -90,8 +96,18 @@ void Dispatch::judge_call(const char* call) {
   CommContext& ctx = p_.ctx;
   const CallChecker::Verdict v = p_.calls.judge(p_.lanes.main().flags);
   if (v.kind == CallChecker::Verdict::Damaged) {
-    ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared", ctx.seq,
-                 v.from->peer, v.from->transport_name);
+    // A link that keeps damaging them (one with no route around stays in use) is named once a
+    // kDamagedCallWarningInterval, with the count held back, not at every call.
+    ReportCoalescer& held = damaged_calls_[static_cast<std::size_t>(v.from->peer)];
+    const auto now = std::chrono::steady_clock::now();
+    const auto since = held.last_report();
+    if (const std::uint64_t n = held.add(1, now); n == 1)
+      ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared", ctx.seq,
+                   v.from->peer, v.from->transport_name);
+    else if (n > 1)
+      ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared "
+                   "(and {} more calls since the last warning, {:.1f} s ago)",
+                   ctx.seq, v.from->peer, v.from->transport_name, n - 1, std::chrono::duration<double>(now - since).count());
     return;
   }
   if (v.kind != CallChecker::Verdict::Disagree) return;

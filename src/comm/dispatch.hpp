@@ -16,6 +16,7 @@
 #include "../device/device_lane.hpp"
 #include "../health/agreement_round.hpp"
 #include "../health/reporting.hpp"
+#include "../report_coalescer.hpp"
 #include "arg_checks.hpp"
 #include "async_queue.hpp"
 #include "call_check.hpp"
@@ -162,6 +163,7 @@ class Dispatch {
   std::vector<P2POp> group_ops_;               // queued by send()/recv() inside a group
   std::vector<P2POp> alltoall_ops_;            // alltoall's transfers (run on the executing thread)
   std::vector<std::byte> alltoall_relay_;      // blocks this rank carries around fenced links
+  std::vector<ReportCoalescer> damaged_calls_;  // per peer: fingerprint warnings held back (judge_call)
 };
 
 }  // namespace ringfence::detail

@@ -16,6 +16,8 @@ constexpr std::uint64_t kBandwidthEvidenceBytes = 1 << 20;
 constexpr std::uint32_t kSpeedEvidenceWrites = 8;
 // Agreements in a row at which a link (or rank) must be judged slow before it is fenced (reported).
 constexpr std::uint8_t kSlowStreak = 3;
+// At most one checksum_errors event per link in this time, after the first (ReportCoalescer).
+constexpr auto kChecksumReportInterval = std::chrono::seconds(1);
 }  // namespace
 
 void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
@@ -26,6 +28,7 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   slow_streak_.assign(static_cast<std::size_t>(ctx_.size) * static_cast<std::size_t>(ctx_.size), 0);
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
+  checksum_reports_.assign(static_cast<std::size_t>(ctx_.size), ReportCoalescer(kChecksumReportInterval));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
   every_ = base_every();
   last_agreement_ = std::chrono::steady_clock::now();
@@ -34,6 +37,12 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
 
 void AgreementRound::stop() noexcept {
   if (monitor_) monitor_->stop();
+  // Mismatches held back (ReportCoalescer) go out now, so the events' counts add up to the job's.
+  for (std::size_t peer = 0; peer < checksum_reports_.size(); ++peer)
+    if (const std::uint64_t n = checksum_reports_[peer].take_held()) {
+      const LinkId l = LinkId::of(ctx_.rank, static_cast<int>(peer));
+      emit(HealthEvent{EventKind::ChecksumErrors, ctx_.rank, l.a, l.b, 0, 0, n, {}, 0});
+    }
 }
 
 bool AgreementRound::enabled() const noexcept {
@@ -128,9 +137,15 @@ void AgreementRound::observe() {
       judge(dch, o, t);
       if (const auto r = ratio(t, dch.expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
     }
-  for (const auto& o : observations_)
-    if (o.checksum_mismatches > 0) emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, o.checksum_mismatches, {}, 0});
-  for (const auto& a : monitor_->evaluate(std::chrono::steady_clock::now(), observations_)) {
+  const auto now = std::chrono::steady_clock::now();
+  // The first mismatches on a link are reported at once; after that at most one event a
+  // kChecksumReportInterval with the sum (a link with no route around stays in use, corrupted).
+  for (const auto& o : observations_) {
+    const int peer = o.link.a == rank ? o.link.b : o.link.a;
+    if (const std::uint64_t n = checksum_reports_[static_cast<std::size_t>(peer)].add(o.checksum_mismatches, now))
+      emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, n, {}, 0});
+  }
+  for (const auto& a : monitor_->evaluate(now, observations_)) {
     if (a.link.b >= ctx_.size) continue;
     if (a.change && a.change->to == health::PolicyState::Suspect)
       emit(HealthEvent{EventKind::LinkSuspect, rank, a.link.a, a.link.b, 0, 0, 0, a.why, 0});

@@ -15,6 +15,7 @@
 #include "../comm/lanes.hpp"
 #include "../comm/plan_state.hpp"
 #include "../device/device_lane.hpp"
+#include "../report_coalescer.hpp"
 #include "agreement.hpp"
 #include "ledger_keeper.hpp"
 #include "link_mover.hpp"
@@ -33,6 +34,8 @@ class AgreementRound {
 
   /// Sizes the ballot and digests for the job; `monitor` (may be null) judges the links.
   void start(std::unique_ptr<HealthMonitor> monitor);
+  /// Stops the monitor's sampler and emits the checksum_errors counts held back (at most one
+  /// event per link a second after its first); called from the communicator's destructor.
   void stop() noexcept;
   HealthMonitor* monitor() const noexcept { return monitor_.get(); }
   /// Whether agreements run: more than one rank, health on (CommOptions::health_enabled) and
@@ -91,6 +94,7 @@ class AgreementRound {
   static constexpr int kOneShotMaxRanks = 8;
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
+  std::vector<ReportCoalescer> checksum_reports_;  // per peer: checksum_errors events held back
   std::vector<std::uint64_t> digests_;
   LedgerKeeper ledger_;  // RINGFENCE_HEALTH_LEDGER: fences that outlive the job
   std::uint64_t calls_since_ = 0, bytes_since_ = 0;  // since the last agreement

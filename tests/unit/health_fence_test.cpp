@@ -297,6 +297,58 @@ TEST_CASE("with two ranks a link that must be fenced has no route around: it sta
   }
 }
 
+TEST_CASE("a link with no route around that keeps corrupting: checksum_errors at most once a second after the first, counts exact",
+          "[integrity][health]") {
+  CommOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = std::chrono::seconds(20);
+  o.checksum = true;
+  o.health_agree_every = 2;
+  o.health_agree_min_interval = std::chrono::microseconds(0);  // an agreement every 2 calls, each seeing new mismatches
+  // Corrupts for 2.6 s from its first flip, then heals: the agreements in the 0.4 s after it
+  // observe every mismatch, so the events must add up to the links' counters exactly. Events go
+  // out near 0, 1 and 2 s; what the link corrupted from then to 2.6 s is held back until the
+  // communicator is destroyed (3 s: before the next second is up).
+  o.fault = "flip:rate=1e-4,link=0-1,seed=5,for_ms=2600";
+  o.host_id = "noplan-events";
+  std::vector<std::uint64_t> events(2, 0), reported(2, 0), caught(2, 0);
+  std::vector<double> seconds(2, 0.0);
+  std::atomic<std::size_t> wrong{0};
+  const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind != EventKind::ChecksumErrors) return;
+      ++events[r];
+      reported[r] += e.count;
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> buf(20000);
+    for (std::int32_t more = 1; more != 0;) {
+      test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), 2, buf.data(), buf.size());
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, ReduceOp::Sum);
+      wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, 2, buf.data(), buf.size());
+      // Both ranks stop at the same call: 3 s after the first one started somewhere.
+      more = std::chrono::steady_clock::now() - start < std::chrono::seconds(3) ? 1 : 0;
+      comm.allreduce(&more, &more, 1, DataType::Int32, ReduceOp::Min);
+    }
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (const auto& l : comm.links()) caught[r] += l.checksum_errors;
+  });  // the communicators are destroyed here: what they held back is reported now
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << events[r] << " events, " << reported[r] << " reported, " << caught[r] << " caught in "
+                  << seconds[r] << " s");
+    REQUIRE(caught[r] > 0);
+    CHECK(reported[r] == caught[r]);
+    // The first at once, then at most one a second, and one with the rest at the end (without
+    // the coalescing: one per agreement that saw a mismatch, hundreds here).
+    CHECK(events[r] >= 1);
+    CHECK(static_cast<double>(events[r]) <= 2.0 + seconds[r]);
+  }
+}
+
 TEST_CASE("without checksums, a counter storm on a link with no route around turns checksums on, results stay exact",
           "[integrity][health][nvml]") {
   // Two ranks, checksums off, link 0-1 mapped to a fake NVLink. The link storms between
