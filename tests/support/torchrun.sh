@@ -10,7 +10,10 @@ set -u
 n=$1; shift
 py=$(command -v python3 || echo /usr/bin/python3)
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# The workers' redirected output: torchrun's default is a new /tmp/torchelastic_* per run that
+# it never removes (two left behind by every test run).
+logdir=$(mktemp -d)
+trap 'rm -f "$log"; rm -rf "$logdir"' EXIT
 try=1
 while :; do
   port=$("$py" - <<'PYEOF'
@@ -35,7 +38,7 @@ PYEOF
   [ -n "$port" ] || { echo "torchrun.sh: no free port pair found in 20000-32000"; exit 1; }
   # torch 1.13 on Python 3.11 crashes on its default --redirects/--tee 0 (docs/launching.md).
   timeout 240 torchrun --nnodes 1 --nproc_per_node="$n" --master_addr 127.0.0.1 --master_port "$port" \
-    --redirects 2 --tee 2 "$@" >"$log" 2>&1
+    --redirects 2 --tee 2 --log_dir "$logdir" "$@" >"$log" 2>&1
   rc=$?
   cat "$log"
   if [ "$rc" -ne 0 ] && [ "$try" -lt 3 ] && grep -q "Address already in use" "$log"; then
