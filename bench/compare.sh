@@ -13,6 +13,12 @@
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
 # size's best busbw per library (timings on a shared box vary; best-of-K compares capabilities).
 # "of-bound" is ringfence's busbw as a share of the bound (meaningful above the L3 cache size).
+# --warmup (3) counts for every size: on the 2-core VMs a process's first write to each page of
+# a staging slot costs ~4 us, and a 256 KiB call needs four calls to have written its quarter of
+# the slot ring once, so with 3 ringfence's 64 KiB-1 MiB figures include first calls (2-rank
+# allgather 256 KiB 0.37x against 1.29x with --warmup 30; docs/tuning.md "First writes to fresh
+# slots"). Use --warmup 30 for the steady state up to 16 MiB (Open MPI's collapse at >= 64 MiB
+# makes 30 warm-up calls there slow).
 # Collectives: all_reduce reduce_scatter all_gather broadcast reduce alltoall sendrecv (default all).
 # --metric time compares the time column instead (best = lowest; the ratio is MPI time over
 # ringfence time, so > 1 still means ringfence is faster): use it for small-message latency.
@@ -50,7 +56,7 @@ gloo=auto   # auto: on with --transport tcp when gloo_all_reduce_perf exists
 plot=""     # --plot OUT.png
 
 usage() {
-  sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
