@@ -14,7 +14,8 @@ class ReportCoalescer {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit ReportCoalescer(Clock::duration interval = std::chrono::seconds(1)) noexcept : interval_(interval) {}
+  /// At most one report per `interval` after the first.
+  explicit ReportCoalescer(Clock::duration interval) noexcept : interval_(interval) {}
 
   /// Adds `count` occurrences at `now` (0 only lets out what is held back once the interval has
   /// passed). Returns the sum to report now, this count and those held back since the last

@@ -388,9 +388,10 @@ class RingRunner {
   }
   // Whether a call that has sent `sent` bytes is small enough that its chunks are copied aside
   // at the send (retains_at_send), so finish_call has nothing left to retain.
-  bool small_call_copies_aside(std::size_t sent) const noexcept {
-    return c_.retained_peers && relays_.count == 0 && sent <= kRetainUncheckedBytes;
-  }
+  bool small_call_copies_aside(std::size_t sent) const noexcept { return can_copy_aside() && sent <= kRetainUncheckedBytes; }
+  // Whether unaccepted chunks can be copied aside at all: lane 0 has retained areas and no
+  // relay carries this call's chunks (a relayed chunk is re-sent by its relay).
+  bool can_copy_aside() const noexcept { return c_.retained_peers && relays_.count == 0; }
 
   Status service_all_nacks() noexcept;
 

@@ -14,7 +14,7 @@ Status RingRunner::finish_call() noexcept {
   if (c_.checksum && c_.size > 1) {
     if (small_call_copies_aside(bytes_sent_)) {
       // Every chunk such a call sent was copied aside as it went (retains_at_send).
-    } else if (c_.retained_peers && relays_.count == 0 && unaccepted_bytes() <= c_.retain_max_bytes) {
+    } else if (can_copy_aside() && unaccepted_bytes() <= c_.retain_max_bytes) {
       retain_unaccepted(c_.retained_peers);
     } else if (by_position_) {
       RINGFENCE_TRY(await_all_acceptance());

@@ -101,13 +101,13 @@ void Dispatch::judge_call(const char* call) {
     ReportCoalescer& held = damaged_calls_[static_cast<std::size_t>(v.from->peer)];
     const auto now = std::chrono::steady_clock::now();
     const auto since = held.last_report();
-    if (const std::uint64_t n = held.add(1, now); n == 1)
-      ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared", ctx.seq,
-                   v.from->peer, v.from->transport_name);
-    else if (n > 1)
-      ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared "
-                   "(and {} more calls since the last warning, {:.1f} s ago)",
-                   ctx.seq, v.from->peer, v.from->transport_name, n - 1, std::chrono::duration<double>(now - since).count());
+    const std::uint64_t n = held.add(1, now);
+    if (n == 0) return;
+    const std::string more = n == 1 ? std::string()
+                                    : fmt::format(" (and {} more calls since the last warning, {:.1f} s ago)", n - 1,
+                                                  std::chrono::duration<double>(now - since).count());
+    ctx.log.warn("collective #{}: the call fingerprint from rank {} arrived damaged or not at all ({} link); not compared{}", ctx.seq,
+                 v.from->peer, v.from->transport_name, more);
     return;
   }
   if (v.kind != CallChecker::Verdict::Disagree) return;

@@ -255,16 +255,25 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
   }
 }
 
-TEST_CASE("with two ranks a link that must be fenced has no route around: it stays in use, checksummed, exact",
-          "[integrity][health]") {
+namespace {
+// Two ranks whose link 0-1 has no route around once fenced (`fault` on it), checksums on and an
+// agreement every 2 calls by count only, so agreements fall at set calls.
+CommOptions no_route_options(const char* fault, const char* host_id) {
   CommOptions o;
   o.chunk_bytes = 4096;
   o.timeout = std::chrono::seconds(20);
   o.checksum = true;
   o.health_agree_every = 2;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
-  o.fault = "flip:rate=1e-4,link=0-1,seed=9";
-  o.host_id = "noplan";
+  o.health_agree_min_interval = std::chrono::microseconds(0);
+  o.fault = fault;
+  o.host_id = host_id;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("with two ranks a link that must be fenced has no route around: it stays in use, checksummed, exact",
+          "[integrity][health]") {
+  CommOptions o = no_route_options("flip:rate=1e-4,link=0-1,seed=9", "noplan");
   std::vector<std::string> no_plan(2);
   std::vector<int> proposed_after(2, 0);  // fence_proposed events after the no_plan one
   std::atomic<std::size_t> wrong{0}, caught{0};
@@ -299,18 +308,11 @@ TEST_CASE("with two ranks a link that must be fenced has no route around: it sta
 
 TEST_CASE("a link with no route around that keeps corrupting: checksum_errors at most once a second after the first, counts exact",
           "[integrity][health]") {
-  CommOptions o;
-  o.chunk_bytes = 4096;
-  o.timeout = std::chrono::seconds(20);
-  o.checksum = true;
-  o.health_agree_every = 2;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // an agreement every 2 calls, each seeing new mismatches
   // Corrupts for 2.6 s from its first flip, then heals: the agreements in the 0.4 s after it
   // observe every mismatch, so the events must add up to the links' counters exactly. Events go
   // out near 0, 1 and 2 s; what the link corrupted from then to 2.6 s is held back until the
   // communicator is destroyed (3 s: before the next second is up).
-  o.fault = "flip:rate=1e-4,link=0-1,seed=5,for_ms=2600";
-  o.host_id = "noplan-events";
+  CommOptions o = no_route_options("flip:rate=1e-4,link=0-1,seed=5,for_ms=2600", "noplan-events");
   std::vector<std::uint64_t> events(2, 0), reported(2, 0), caught(2, 0);
   std::vector<double> seconds(2, 0.0);
   std::atomic<std::size_t> wrong{0};
