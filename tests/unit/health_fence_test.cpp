@@ -41,6 +41,28 @@ using test::run_plan_scenario;
 // The fence scenario (thread ranks, random float inputs, checksums, agreement every 4
 // collectives) and its comparison with the fault-free run: tests/support/fence_scenario.hpp.
 
+namespace {
+// What the tests below share: `fault` on a host of its own (`host_id`), a 20 s timeout and an
+// agreement every `every` calls by count only (no minimum interval), so agreements fall at set
+// calls. Checksums and health stay at their defaults (on).
+CommOptions agreeing_every(int every, const char* fault, const char* host_id) {
+  CommOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.health_agree_every = every;
+  o.health_agree_min_interval = std::chrono::microseconds(0);
+  o.fault = fault;
+  o.host_id = host_id;
+  return o;
+}
+// Two ranks whose link 0-1 has no route around once fenced (`fault` on it): small chunks, an
+// agreement every 2 calls.
+CommOptions no_route_options(const char* fault, const char* host_id) {
+  CommOptions o = agreeing_every(2, fault, host_id);
+  o.chunk_bytes = 4096;
+  return o;
+}
+}  // namespace
+
 TEST_CASE("a corrupting link is fenced by agreement and relayed around: results stay bit-identical", "[integrity][health]") {
   // The point of ringfence: the protected run's float sums are byte-for-byte those of the
   // fault-free run, although a link corrupted data and was fenced mid-way (4 and 3 ranks).
@@ -87,15 +109,11 @@ TEST_CASE("when no relay can carry the fenced hops the ring is re-ordered around
   // of relays carries all four (each rank is left two or three links), but one ring avoids them:
   // 0, 2, 4, 1, 3. Inputs whose sums are exact in any order (the reduction order changes).
   const int n = 5;
-  CommOptions o;
+  CommOptions o = agreeing_every(4,
+                                 "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=1-2,seed=4;flip:rate=1e-4,link=2-3,seed=5;"
+                                 "flip:rate=1e-4,link=0-4,seed=6",
+                                 "replan");
   o.chunk_bytes = 4096;
-  o.timeout = std::chrono::seconds(20);
-  o.checksum = true;
-  o.health_agree_every = 4;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
-  o.fault = "flip:rate=1e-4,link=0-1,seed=3;flip:rate=1e-4,link=1-2,seed=4;flip:rate=1e-4,link=2-3,seed=5;"
-            "flip:rate=1e-4,link=0-4,seed=6";
-  o.host_id = "replan";
   std::vector<PlanOutcome> out;
   std::size_t wrong = 0;
   const std::string error = run_plan_scenario(n, o, 32, 30000, LinkId{0, 1}, [](int, Communicator&) {}, out, wrong);
@@ -117,16 +135,10 @@ TEST_CASE("a link fenced for checksum errors whose corruption stopped is readmit
   // The link corrupts only its first writes (a burst), is fenced on checksum evidence alone, serves
   // its cool-down, comes back on probation (every chunk still checked) and, clean, turns healthy.
   const int n = 4;
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
+  CommOptions o = agreeing_every(2, "flip:rate=1e-4,link=0-1,until=60,seed=3", "checksum-probation");
   o.chunk_bytes = 4096;
-  o.checksum = true;
-  o.health_agree_every = 2;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
-  o.fault = "flip:rate=1e-4,link=0-1,until=60,seed=3";
   o.health.timings.fence_cooldown = std::chrono::milliseconds(150);
   o.health.timings.probation_duration = std::chrono::milliseconds(100);
-  o.host_id = "checksum-probation";
   std::vector<PlanOutcome> out;
   std::size_t wrong = 0;
   const std::string error = run_plan_scenario(n, o, 60, 30000, LinkId{0, 1}, [](int it, Communicator&) {
@@ -175,13 +187,9 @@ TEST_CASE("a link far slower than the job's other links is named slow, fenced an
   std::vector<int> stragglers(n, 0);
   std::vector<std::vector<LinkId>> fences(n);
   std::atomic<std::size_t> wrong{0};
-  CommOptions o;  // the defaults: checksums and health on
-  o.timeout = std::chrono::seconds(20);
+  // 100 MB/s; the other links run at memory speed.
+  CommOptions o = agreeing_every(1, "throttle:mbps=100,link=0-1", "bandwidth");
   o.chunk_bytes = 64 * 1024;  // writes long enough to be timed
-  o.health_agree_every = 1;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
-  o.fault = "throttle:mbps=100,link=0-1";  // 100 MB/s; the other links run at memory speed
-  o.host_id = "bandwidth";
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     comm.on_health_event([&, r](const HealthEvent& e) {
@@ -210,13 +218,9 @@ TEST_CASE("a rank slow on all of its links is named a straggler and no link is f
   std::vector<int> slow_events(n, 0);
   std::vector<std::vector<LinkId>> fences(n);
   std::atomic<std::size_t> wrong{0};
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
+  // Rank 2's ring links, both directions.
+  CommOptions o = agreeing_every(1, "delay:us=1500,link=1-2;delay:us=1500,link=2-3", "straggler");
   o.chunk_bytes = 64 * 1024;
-  o.health_agree_every = 1;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
-  o.fault = "delay:us=1500,link=1-2;delay:us=1500,link=2-3";  // rank 2's ring links, both directions
-  o.host_id = "straggler";
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     comm.on_health_event([&, r](const HealthEvent& e) {
@@ -254,22 +258,6 @@ TEST_CASE("two ranks propose different fences at once: every rank agrees on both
     REQUIRE(faulty.errors_after_first_epoch[r] == 0);
   }
 }
-
-namespace {
-// Two ranks whose link 0-1 has no route around once fenced (`fault` on it), checksums on and an
-// agreement every 2 calls by count only, so agreements fall at set calls.
-CommOptions no_route_options(const char* fault, const char* host_id) {
-  CommOptions o;
-  o.chunk_bytes = 4096;
-  o.timeout = std::chrono::seconds(20);
-  o.checksum = true;
-  o.health_agree_every = 2;
-  o.health_agree_min_interval = std::chrono::microseconds(0);
-  o.fault = fault;
-  o.host_id = host_id;
-  return o;
-}
-}  // namespace
 
 TEST_CASE("with two ranks a link that must be fenced has no route around: it stays in use, checksummed, exact",
           "[integrity][health]") {
@@ -362,15 +350,10 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
   std::barrier sync(n, [&]() noexcept {});
   std::atomic<std::size_t> wrong{0}, caught{0};
   std::vector<std::string> no_plan(n);
-  CommOptions o;
-  o.timeout = std::chrono::seconds(20);
+  CommOptions o = agreeing_every(2, "flip:rate=1e-4,link=0-1,seed=3,at_ms=4000", "noplan-nvml");
   o.checksum = false;
-  o.health_agree_every = 2;
-  o.health_agree_min_interval = std::chrono::microseconds(0);  // by count only: these agreements fall at set calls
   o.health.nvml_library = RINGFENCE_FAKE_NVML_PATH;
   o.health_link_map = "0-1=nvml:0:0";
-  o.fault = "flip:rate=1e-4,link=0-1,seed=3,at_ms=4000";
-  o.host_id = "noplan-nvml";
   const auto start = std::chrono::steady_clock::now();
   const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
