@@ -7,7 +7,7 @@
 #                    [--collectives "all_reduce reduce_scatter ..."] [--metric busbw|time]
 #                    [--timeout SEC] [--log-dir DIR]
 #                    [--transport shm|tcp] [--ifname NAME] [--gloo | --no-gloo]
-#                    [--plot OUT.png]
+#                    [--bind core|none] [--plot OUT.png]
 #
 # For each collective and rank count it runs <collective>_perf under ringfence-run and
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
@@ -29,6 +29,10 @@
 # libgloo-dev is found; all_reduce only, a fresh FileStore directory per run) as a third column
 # with ratio-gloo = ringfence / Gloo (time: Gloo / ringfence). On by default with --transport tcp
 # when the program exists; --no-gloo turns it off.
+# --bind core (the default) pins each rank of every library to a core of its own where the ranks
+# fit the cores (ringfence-run --bind-to core, mpirun --bind-to core: Open MPI's own default for
+# 2 ranks), and pins none where they do not; --bind none never pins. Bound ringfence ranks spin
+# longer in their waits (RINGFENCE_SPIN=auto, docs/tuning.md "Spinning on dedicated cores").
 # --plot OUT.png also draws the results with gnuplot (needed: exit 2 without it), one panel per
 # collective: busbw (or time) against size on a log axis, one line per library measured and
 # rank count, and the memory bound B(n-1)/n^2 as a horizontal line where memcpy_bw measured B.
@@ -54,6 +58,7 @@ transport=shm
 ifname=lo
 gloo=auto   # auto: on with --transport tcp when gloo_all_reduce_perf exists
 plot=""     # --plot OUT.png
+bind=core   # --bind: core where the ranks fit the cores, else none
 
 usage() {
   sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
@@ -80,6 +85,7 @@ while [[ $# -gt 0 ]]; do
     --gloo) gloo=1; shift ;;
     --no-gloo) gloo=0; shift ;;
     --plot) plot=${2:?}; shift 2 ;;
+    --bind) bind=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -95,6 +101,7 @@ IFS=: read -r min_b max_b factor <<<"$sizes"
 factor=${factor:-4}
 [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || die "--repeat expects a positive integer"
 [[ "$transport" == shm || "$transport" == tcp ]] || die "--transport expects shm or tcp"
+[[ "$bind" == core || "$bind" == none ]] || die "--bind expects core or none"
 # Checked before any run: a long sweep should not end in "cannot draw".
 if [[ -n "$plot" ]]; then
   command -v gnuplot >/dev/null || die "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)"
@@ -121,10 +128,10 @@ if ! command -v mpirun >/dev/null; then
   echo "# MPI baseline unavailable (no mpirun): MPI columns show '-'" >&2
 fi
 if [[ $transport == tcp ]]; then
-  mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$ifname")
+  mpirun_cmd=(mpirun --oversubscribe --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include "$ifname")
   rf_env=(env RINGFENCE_TRANSPORTS=tcp RINGFENCE_SOCKET_IFNAME="$ifname")
 else
-  mpirun_cmd=(mpirun --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader)
+  mpirun_cmd=(mpirun --oversubscribe --mca pml ob1 --mca btl self,vader)
   rf_env=()
 fi
 [[ "$(id -u)" == 0 ]] && mpirun_cmd+=(--allow-run-as-root)
@@ -273,7 +280,7 @@ draw_plot() {
 cores=$(nproc)
 llc=$(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo 0)
 echo "# ringfence vs MPI, collectives: $collectives; dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
-     "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores"
+     "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores, --bind $bind (ranks <= cores bound to a core each)"
 # The bound counts DRAM traffic: it holds once the buffers are well beyond the last-level
 # cache; smaller messages run from cache and may exceed it.
 [[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&
@@ -309,23 +316,25 @@ for c in $collectives; do
   rf_perf="$build/bin/${c}_perf"
   mpi_perf="$build/bin/mpi_${c}_perf"
   for n in $ranks; do
+    pin=none  # every library alike (--bind)
+    [[ $bind == core && $n -le $cores ]] && pin=core
     rf_logs=()
     mpi_logs=()
     gloo_logs=()
     for ((k = 1; k <= repeat; k++)); do
       rf_log="$logs/ringfence.$c.n$n.$k.txt"
-      run "ringfence $c n=$n" "$rf_log" "${rf_env[@]}" "$rf_run" -n "$n" "$rf_perf" "${perf_flags[@]}"
+      run "ringfence $c n=$n" "$rf_log" "${rf_env[@]}" "$rf_run" --bind-to "$pin" -n "$n" "$rf_perf" "${perf_flags[@]}"
       rf_logs+=("$rf_log")
       if [[ $have_mpi == 1 && -x "$mpi_perf" ]]; then
         mpi_log="$logs/mpi.$c.n$n.$k.txt"
-        run "mpi $c n=$n" "$mpi_log" "${mpirun_cmd[@]}" -np "$n" "$mpi_perf" "${perf_flags[@]}"
+        run "mpi $c n=$n" "$mpi_log" "${mpirun_cmd[@]}" --bind-to "$pin" -np "$n" "$mpi_perf" "${perf_flags[@]}"
         mpi_logs+=("$mpi_log")
       fi
       if [[ $gloo == 1 && $c == all_reduce ]]; then
         # Gloo's FileStore must start empty: a fresh directory per run.
         gloo_log="$logs/gloo.$c.n$n.$k.txt"
         store=$(mktemp -d "${TMPDIR:-/tmp}/ringfence-gloo-store.XXXXXX") || die "mktemp failed"
-        run "gloo $c n=$n" "$gloo_log" "$rf_run" -n "$n" "$gloo_perf" --store "$store" --iface "$ifname" "${perf_flags[@]}"
+        run "gloo $c n=$n" "$gloo_log" "$rf_run" --bind-to "$pin" -n "$n" "$gloo_perf" --store "$store" --iface "$ifname" "${perf_flags[@]}"
         rm -rf "$store"
         gloo_logs+=("$gloo_log")
       fi

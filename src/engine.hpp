@@ -57,6 +57,12 @@ inline constexpr std::size_t kRetainUncheckedBytes = 16 * 1024;
 inline constexpr std::size_t kDeferWakeMaxBytes = 8 * 1024;
 /// EngineConfig::spin_polls with a CPU per rank.
 inline constexpr int kSpinPolls = 64;
+/// EngineConfig::spin_polls where every rank of the host has a CPU of its own
+/// (CommOptions::spin): about 40 µs of polls at ~20 ns each (AMD EPYC VM), as long as a peer
+/// takes to copy or reduce a 64-128 KiB chain piece, so a chain's ranks (reduce, broadcast)
+/// wait without the link's yields. 2 ranks bound, against kSpinPolls (docs/tuning.md
+/// "Spinning on dedicated cores"): reduce 256 KiB 15.7 -> 13.4 µs, broadcast 32 KiB 3.0 -> 2.5.
+inline constexpr int kDedicatedSpinPolls = 2048;
 /// EngineConfig::spin_polls with more ranks than CPUs on the host. 4 ranks on 2 cores, median
 /// allreduce time against 64 (docs/tuning.md "Spinning and yielding"): 8 B 6.75 -> 5.32 µs,
 /// 4 KiB 9.93 -> 8.35.
@@ -359,7 +365,8 @@ struct EngineConfig {
   /// its yields): a small message's answer usually arrives within a microsecond, and reading
   /// the clock would cost as much. `kOversubscribedSpinPolls` when this host runs more of the
   /// communicator's ranks than it has CPUs: there the answer needs the peer to run, which
-  /// spinning only delays.
+  /// spinning only delays. `kDedicatedSpinPolls` when every rank has a CPU of its own
+  /// (CommOptions::spin).
   int spin_polls = kSpinPolls;
   /// Checksum mode: a call that ends with at most this many bytes not yet accepted by their
   /// receivers copies them to the retained areas and returns; with more it waits for the
@@ -376,8 +383,10 @@ struct EngineConfig {
   /// within a cache line's trip; across a network it is a round trip, which is expected to cost
   /// more than the copy aside (kRetainMaxBytes; measured for tcp on loopback only,
   /// docs/protection-cost.md "Network links").
-  void fit_to_host(bool oversubscribed, bool network_links) noexcept {
-    spin_polls = oversubscribed ? kOversubscribedSpinPolls : kSpinPolls;
+  /// `dedicated`: every rank of the host runs on a CPU of its own (CommContext::dedicated_cores),
+  /// so a long spin takes no peer's time.
+  void fit_to_host(bool oversubscribed, bool network_links, bool dedicated = false) noexcept {
+    spin_polls = oversubscribed ? kOversubscribedSpinPolls : dedicated ? kDedicatedSpinPolls : kSpinPolls;
     retain_max_bytes = oversubscribed || network_links ? kRetainMaxBytes : kRunningRetainMaxBytes;
   }
   /// Distance between staging slots: payload plus the trailer.

@@ -114,9 +114,9 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", "RINGFENCE_HEALTH_LEDGER", "RINGFENCE_HEALTH_LEDGER_QUARANTINE_S", "RINGFENCE_HEALTH_CONFIG",
     "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
     "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
-    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES"};
+    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES", "RINGFENCE_SPIN"};
 
-// An auto / on / off variable into its mode (DeviceRegionsMode, StreamWritesMode).
+// An auto / on / off variable into its mode (DeviceRegionsMode, StreamWritesMode, SpinMode).
 template <class Mode>
 Mode parse_auto_on_off(std::string_view name, std::string_view v) {
   if (v == "auto") return Mode::Auto;
@@ -186,6 +186,7 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
     o.channels = static_cast<int>(parse_integer("RINGFENCE_CHANNELS", *v, 0, 16));
   if (auto v = env.get("RINGFENCE_CHANNEL_MIN_BYTES")) o.channel_min_bytes = parse_bytes(*v, "RINGFENCE_CHANNEL_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_STREAM_WRITES")) o.stream_writes = parse_auto_on_off<StreamWritesMode>("RINGFENCE_STREAM_WRITES", *v);
+  if (auto v = env.get("RINGFENCE_SPIN")) o.spin = parse_auto_on_off<SpinMode>("RINGFENCE_SPIN", *v);
   if (auto v = env.get("RINGFENCE_SLOTS")) o.slots = static_cast<int>(parse_integer("RINGFENCE_SLOTS", *v, 1, 64));
   if (auto v = env.get("RINGFENCE_ALGO")) {
     if (*v == "auto") o.algorithm = Algorithm::Auto;

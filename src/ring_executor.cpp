@@ -7,11 +7,12 @@ namespace ringfence::detail {
 // Along a chain one rank's copy or reduction of chunk k overlaps the next rank's work on chunk
 // k - 1, but a message of one slot would be a single chunk that the ranks handle one after the
 // other; so messages of fewer than kChainPieces slots are cut into kChainPieces chunks. Not
-// below 64 KiB: at 64 KiB four 16 KiB chunks ran 19-34 % slower than one (per-chunk costs);
-// 2 ranks, 128-512 KiB gained 7-68 % (best of 3, docs/tuning.md). Both ends derive it from the count
-// alone, so they agree on the schedule.
+// below 32 KiB: at 64 KiB four 16 KiB chunks ran 19-34 % slower than one (per-chunk costs), two
+// of 32 KiB 6-10 % faster (2 ranks: reduce 9.4-9.8 -> 8.7-8.9 µs; 4 ranks within noise); 2 ranks,
+// 128-512 KiB gained 7-68 % from quarters (best of 3, docs/tuning.md "Chain chunks"). Both ends
+// derive it from the count alone, so they agree on the schedule.
 std::size_t chain_chunk(std::size_t count, std::size_t elem, std::size_t slot_bytes) noexcept {
-  constexpr std::size_t kChainPieces = 4, kChainMinChunkBytes = 64 * 1024;
+  constexpr std::size_t kChainPieces = 4, kChainMinChunkBytes = 32 * 1024;
   const std::size_t slot = slot_bytes / elem, bytes = count * elem;
   if (bytes >= kChainPieces * slot_bytes) return slot;
   const std::size_t piece = (bytes / kChainPieces + 63) / 64 * 64;  // whole cache lines

@@ -17,7 +17,7 @@ std::string_view to_string(LinkState state) noexcept {
 
 // Layout (host byte order): int32 rank, int32 pid, then length-prefixed strings (uint32 length,
 // bytes): host_id, gpu_bus_id, then uint32 count and that many NVLink bus ids, then uint32
-// nvswitch_links.
+// nvswitch_links, then int32 cpu.
 namespace {
 
 void put_u32(Bytes& out, std::uint32_t v) {
@@ -62,6 +62,7 @@ Bytes serialize(const PeerInfo& info) {
   put_u32(out, static_cast<std::uint32_t>(info.nvlink_bus_ids.size()));
   for (const auto& b : info.nvlink_bus_ids) put_string(out, b);
   put_u32(out, info.nvswitch_links);
+  put_u32(out, static_cast<std::uint32_t>(info.cpu));
   return out;
 }
 
@@ -76,6 +77,8 @@ PeerInfo deserialize_peer_info(std::span<const std::byte> bytes) {
   RINGFENCE_EXPECTS(links <= (bytes.size() - in.at) / 4, "malformed peer info: {} NVLinks in {} bytes", links, bytes.size() - in.at);
   for (std::uint32_t i = 0; i < links; ++i) info.nvlink_bus_ids.push_back(in.string("NVLink bus id"));
   info.nvswitch_links = in.u32("NVSwitch link count");
+  info.cpu = static_cast<std::int32_t>(in.u32("CPU"));
+  RINGFENCE_EXPECTS(info.cpu >= -1, "malformed peer info: CPU {}", info.cpu);
   RINGFENCE_EXPECTS(in.at == bytes.size(), "malformed peer info: {} trailing bytes", bytes.size() - in.at);
   return info;
 }

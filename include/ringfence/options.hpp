@@ -35,6 +35,13 @@ enum class DeviceRegionsMode : std::uint8_t {
   Off,   ///< always host-staged
 };
 
+/// Whether the engine's waits may spin long without yielding the CPU (`CommOptions::spin`).
+enum class SpinMode : std::uint8_t {
+  Auto,  ///< when every rank of this host is bound to a CPU of its own (PeerInfo::cpu)
+  On,    ///< the ranks' cores are theirs alone, bound or not (not where ranks outnumber the CPUs)
+  Off,   ///< never: a short spin, then the link's wait, which yields
+};
+
 /// How chunks are written into peers' staging slots (`CommOptions::stream_writes`).
 enum class StreamWritesMode : std::uint8_t {
   Auto,  ///< streaming stores where a probe of this host at setup finds them clearly faster
@@ -139,6 +146,17 @@ struct CommOptions {
   /// at setup (a few ms) and the host's ranks follow it. A local choice: ranks may differ.
   /// Env: RINGFENCE_STREAM_WRITES=auto|on|off.
   StreamWritesMode stream_writes = StreamWritesMode::Auto;
+  /// Long spins in the engine's waits: a rank waiting for a peer polls the flag up to
+  /// `kDedicatedSpinPolls` times before the link's wait, which yields the CPU (`sched_yield`
+  /// costs ~1 µs on these VMs even when no one else runs). Yielding is right when ranks share
+  /// cores, with each other or with another job, and costs a chain's ranks (reduce, broadcast)
+  /// 5-25 % at 32-512 KiB when each has a core of its own. A rank cannot see other jobs, so
+  /// auto takes binding as the sign: every rank of the host bound to one CPU, all different
+  /// (`ringfence-run --bind-to core`, `mpirun --bind-to core`, `srun --cpu-bind=cores`), as
+  /// MPI libraries busy-poll when not oversubscribed. Two jobs bound to the same CPUs then spin
+  /// against each other: set off for them. A local choice: ranks may differ
+  /// (docs/tuning.md "Spinning on dedicated cores"). Env: RINGFENCE_SPIN=auto|on|off.
+  SpinMode spin = SpinMode::Auto;
   /// Allowed transports in priority order, by registry name; empty = every registered
   /// transport in registry order. Env: RINGFENCE_TRANSPORTS=<name>,<name>.
   std::vector<std::string> transports;

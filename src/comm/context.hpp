@@ -2,6 +2,7 @@
 // What every part of one communicator reads: its options, logger, rank, size, bootstrap store,
 // who the ranks are and the transports it selected. Filled once at setup (before any part
 // runs); only `seq` changes afterwards.
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,17 @@ namespace ringfence::detail {
 /// says nothing about how many this communicator's ranks share. A job confined to fewer CPUs
 /// than ranks by other means (a cpuset) is not seen as oversubscribed.
 inline int online_cpus() noexcept { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
+
+/// The one CPU the calling thread may run on when its affinity mask holds exactly one (a
+/// launcher bound the process to a core), else -1 (PeerInfo::cpu).
+inline int bound_cpu() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1) return -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) return c;
+  return -1;
+}
 
 struct CommContext {
   CommOptions options;
@@ -49,6 +61,19 @@ struct CommContext {
   }
   /// More of this communicator's ranks on this host than it has CPUs (peer_info must be known).
   bool oversubscribed() const noexcept { return ranks_on_host() > online_cpus(); }
+  /// Every rank of this communicator on this host (itself included) is bound to one CPU, and no
+  /// two to the same (peer_info must be known): each has a core of its own, as far as the job
+  /// can tell (CommOptions::spin).
+  bool dedicated_cores() const noexcept {
+    for (std::size_t i = 0; i < peer_info.size(); ++i) {
+      const PeerInfo& p = peer_info[i];
+      if (p.host_id != self.host_id) continue;
+      if (p.cpu < 0) return false;
+      for (std::size_t j = 0; j < i; ++j)
+        if (peer_info[j].host_id == self.host_id && peer_info[j].cpu == p.cpu) return false;
+    }
+    return true;
+  }
   /// True when no selected transport shares memory: every link is a network link.
   bool network_only() const noexcept {
     for (const auto& t : transports)

@@ -47,6 +47,7 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   events.open(options.health_log, rank);
 
   ctx.self = PeerInfo{rank, options.host_id.empty() ? default_host_id() : options.host_id, static_cast<std::int32_t>(::getpid())};
+  ctx.self.cpu = detail::bound_cpu();
   const TransportContext tctx{ctx.self, size, &options, &ctx.log};
   const std::vector<FaultRule> faults = parse_fault_spec(options.fault);
   for (const FaultRule& f : faults)  // a rule for a link this job does not have would silently do nothing
@@ -110,8 +111,15 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   // spin for the link's wait, which yields, almost at once (EngineConfig::spin_polls). With a
   // CPU per rank and only shared-memory links chosen, a checked call waits for receivers about
   // to accept its last chunk rather than copy it aside (EngineConfig::retain_max_bytes). A
-  // local choice: ranks may differ.
-  engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link());
+  // local choice: ranks may differ. Where every rank of the host has a core of its own (bound;
+  // CommOptions::spin), waits spin long before the link's wait: a yield costs ~1 µs even when
+  // it comes straight back. Not with several lanes, whose threads share the rank's one CPU.
+  const bool spin_long = options.spin == SpinMode::On ||
+                         (options.spin == SpinMode::Auto && ctx.dedicated_cores() && lanes.lane_count() == 1);
+  engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link(), spin_long);
+  if (spin_long)
+    ctx.log.info("waits spin up to {} polls before yielding ({})", engine.spin_polls,
+                 options.spin == SpinMode::On ? "RINGFENCE_SPIN=on" : fmt::format("every rank of the host bound to a CPU of its own; this one to CPU {}", ctx.self.cpu));
   // Chunks into peers' slots with streaming stores where this host hands them over faster so:
   // the host's lowest rank probes now, every rank reads its answer once the lanes connected
   // (their store round carries it). Local too.

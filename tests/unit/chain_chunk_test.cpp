@@ -13,12 +13,14 @@
 using namespace ringfence;
 using detail::chain_chunk;
 
-TEST_CASE("chain chunk: a slot from four slots up, else a quarter of at least 64 KiB in whole lines", "[engine][chain]") {
+TEST_CASE("chain chunk: a slot from four slots up, else a quarter of at least 32 KiB in whole lines", "[engine][chain]") {
   constexpr std::size_t slot = 256 * 1024;
   CHECK(chain_chunk(4 * slot, 1, slot) == slot);
   CHECK(chain_chunk(100 * slot / 4, 4, slot) == slot / 4);  // 25 slots of floats: a slot's worth
-  CHECK(chain_chunk(64 * 1024, 1, slot) == 64 * 1024);       // one chunk: 64 KiB is the floor
-  CHECK(chain_chunk(1000, 4, slot) == 64 * 1024 / 4);        // smaller than the floor: one chunk
+  CHECK(chain_chunk(32 * 1024, 1, slot) == 32 * 1024);       // one chunk: 32 KiB is the floor
+  CHECK(chain_chunk(64 * 1024, 1, slot) == 32 * 1024);       // two of the floor
+  CHECK(chain_chunk(128 * 1024, 1, slot) == 32 * 1024);      // four of the floor
+  CHECK(chain_chunk(1000, 4, slot) == 32 * 1024 / 4);        // smaller than the floor: one chunk
   CHECK(chain_chunk(256 * 1024 / 4, 4, slot) == 64 * 1024 / 4);   // 256 KiB of floats: four of 64 KiB
   CHECK(chain_chunk(512 * 1024, 1, slot) == 128 * 1024);
   CHECK(chain_chunk((4 * slot - 64) / 8, 8, slot) == slot / 8);  // just under four slots: a quarter rounds up to a slot
@@ -42,8 +44,8 @@ TEST_CASE("chain broadcast and reduce of 1-4 slots are exact, with checksums on 
     std::atomic<std::size_t> wrong{0};
     std::atomic<std::uint64_t> errors{0};
     const std::string err = test::run_ranks(n, o, [&](Communicator& comm) {
-      // 192 KiB, 300 KiB + 4 B and 900 KiB of int32 / float64: 3, 4 and 4 chunks.
-      for (std::size_t bytes : {std::size_t{192} << 10, (std::size_t{300} << 10) + 4, std::size_t{900} << 10})
+      // 64 KiB, 192 KiB, 300 KiB + 4 B and 900 KiB of int32 / float64: 2, 4, 4 and 4 chunks.
+      for (std::size_t bytes : {std::size_t{64} << 10, std::size_t{192} << 10, (std::size_t{300} << 10) + 4, std::size_t{900} << 10})
         for (int root : {0, 2}) {
           const std::size_t count = bytes / 4;
           std::vector<std::int32_t> in(count), out(count, -1);

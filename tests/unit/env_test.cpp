@@ -82,6 +82,11 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(CommOptions{}.stream_writes == StreamWritesMode::Auto);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_STREAM_WRITES", "off"}})).stream_writes == StreamWritesMode::Off);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_STREAM_WRITES", "auto"}})).stream_writes == StreamWritesMode::Auto);
+  REQUIRE(CommOptions{}.spin == SpinMode::Auto);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_SPIN", "on"}})).spin == SpinMode::On);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_SPIN", "off"}})).spin == SpinMode::Off);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_SPIN", "auto"}})).spin == SpinMode::Auto);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_SPIN", "on"}})).transport_settings.count("RINGFENCE_SPIN") == 0);  // a core option
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "on"}})).device_regions == DeviceRegionsMode::On);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_DEVICE_REGIONS", "auto"}})).device_regions == DeviceRegionsMode::Auto);
   REQUIRE(CommOptions::from_env(env({{"RINGFENCE_HEALTH_GPU", "cuda"}})).health_gpu == CommOptions::kHealthGpuFromCuda);
@@ -133,7 +138,7 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_HEALTH_GPU", "x"},   {"RINGFENCE_IB_HCA", ""},       {"RINGFENCE_IB_GID_INDEX", "256"},
                         {"RINGFENCE_IB_TIMEOUT", "0"},   {"RINGFENCE_IB_TIMEOUT", "32"}, {"RINGFENCE_IB_RETRY_CNT", "8"},
                         {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"},
-                        {"RINGFENCE_STREAM_WRITES", "1"}};
+                        {"RINGFENCE_STREAM_WRITES", "1"}, {"RINGFENCE_SPIN", "yes"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     // Core options fail in from_env; a transport's settings when the transport reads them.

@@ -296,3 +296,27 @@ TEST_CASE("ringfence-run --bind-to core pins rank r to the r-th allowed CPU", "[
   CHECK(has_line(unbound.output, "[1] " + own));
   CHECK(run_launcher("-n 1 --bind-to socket true").exit_code == 2);
 }
+
+TEST_CASE("ranks bound to a core each by ringfence-run --bind-to core spin long in their waits and unbound ones or RINGFENCE_SPIN=off do not",
+          "[launcher]") {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  REQUIRE(::sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  // With one CPU the launcher binds both ranks to it: no rank has a core of its own.
+  const std::size_t bound_spinning = CPU_COUNT(&allowed) >= 2 ? 2 : 0;
+  const std::string perf = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "all_reduce_perf").string();
+  REQUIRE(std::filesystem::exists(perf));
+  auto job = [&](const std::string& env, const std::string& bind) {
+    auto r = run_launcher("-n 2 --bind-to " + bind + " env RINGFENCE_LOG=info RINGFENCE_TRANSPORTS=shm " + env + " '" + perf +
+                          "' -b 8 -e 8 -n 2 -w 1 -c 1");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    std::size_t spinning = 0;
+    for (const std::string& line : lines_of(r.output)) spinning += line.find("waits spin up to 2048 polls") != std::string::npos;
+    return spinning;
+  };
+  CHECK(job("", "core") == bound_spinning);  // both ranks, each naming its CPU
+  CHECK(job("", "none") == 0);
+  CHECK(job("RINGFENCE_SPIN=off", "core") == 0);
+  CHECK(job("RINGFENCE_SPIN=on", "none") == 2);
+}

@@ -30,6 +30,7 @@ TEST_CASE("peer info round-trips through its bytes and malformed bytes are refus
   p.gpu_bus_id = "0000:3b:00.0";
   p.nvlink_bus_ids = {"0000:3c:00.0", "0000:5d:00.0"};
   p.nvswitch_links = 18;
+  p.cpu = 5;
   const Bytes b = serialize(p);
   const PeerInfo q = deserialize_peer_info(b);
   REQUIRE(q.rank == 3);
@@ -38,10 +39,12 @@ TEST_CASE("peer info round-trips through its bytes and malformed bytes are refus
   REQUIRE(q.gpu_bus_id == "0000:3b:00.0");
   REQUIRE(q.nvlink_bus_ids == p.nvlink_bus_ids);
   REQUIRE(q.nvswitch_links == 18u);
+  REQUIRE(q.cpu == 5);
   const PeerInfo plain = deserialize_peer_info(serialize(PeerInfo{0, "h", 1}));
   REQUIRE(plain.gpu_bus_id.empty());
   REQUIRE(plain.nvlink_bus_ids.empty());
   REQUIRE(plain.nvswitch_links == 0u);
+  REQUIRE(plain.cpu == -1);  // not bound to one CPU
   // Every truncation, and a trailing byte, is an error naming the problem.
   for (std::size_t n = 0; n < b.size(); ++n)
     REQUIRE_THROWS_WITH(deserialize_peer_info(std::span(b.data(), n)), Catch::Contains("malformed peer info"));
@@ -49,9 +52,14 @@ TEST_CASE("peer info round-trips through its bytes and malformed bytes are refus
   longer.push_back(std::byte{0});
   REQUIRE_THROWS_WITH(deserialize_peer_info(longer), Catch::Contains("1 trailing bytes"));
   // A huge NVLink count cannot make it allocate: refused before reading the ids. (With no ids
-  // the count is the u32 before the final NVSwitch link count.)
+  // the count is the u32 before the NVSwitch link count and the CPU.)
   Bytes huge = serialize(PeerInfo{0, "h", 1});
   const std::uint32_t count = 0xffffffffu;
-  std::memcpy(huge.data() + huge.size() - 8, &count, 4);
+  std::memcpy(huge.data() + huge.size() - 12, &count, 4);
   REQUIRE_THROWS_WITH(deserialize_peer_info(huge), Catch::Contains("4294967295 NVLinks"));
+  // A CPU below -1 is no CPU number.
+  Bytes bad_cpu = serialize(PeerInfo{0, "h", 1});
+  const std::int32_t minus_two = -2;
+  std::memcpy(bad_cpu.data() + bad_cpu.size() - 4, &minus_two, 4);
+  REQUIRE_THROWS_WITH(deserialize_peer_info(bad_cpu), Catch::Contains("CPU -2"));
 }
