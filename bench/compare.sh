@@ -336,7 +336,8 @@ for c in $collectives; do
         gloo_log="$logs/gloo.$c.n$n.$k.txt"
         store=$(mktemp -d "${TMPDIR:-/tmp}/ringfence-gloo-store.XXXXXX") || die "mktemp failed"
         # Gloo unbound always: its transport's progress thread needs a core beside the caller's
-        # (bound to one core per rank it moved 0.26 GB/s at 1 MiB against 1.3-1.6 unbound).
+        # (bound to one core per rank it moved 0.26 GB/s at 1 MiB; unbound 0.61-2.11 in two runs of the
+        # same evening).
         run "gloo $c n=$n" "$gloo_log" "$rf_run" --bind-to none -n "$n" "$gloo_perf" --store "$store" --iface "$ifname" "${perf_flags[@]}"
         rm -rf "$store"
         gloo_logs+=("$gloo_log")

@@ -150,7 +150,7 @@ struct CommOptions {
   /// `kDedicatedSpinPolls` times before the link's wait, which yields the CPU (`sched_yield`
   /// costs ~1 µs on these VMs even when no one else runs). Yielding is right when ranks share
   /// cores, with each other or with another job, and costs a chain's ranks (reduce, broadcast)
-  /// 5-25 % at 32-512 KiB when each has a core of its own. A rank cannot see other jobs, so
+  /// 5-25 % at 32 KiB-2 MiB when each has a core of its own. A rank cannot see other jobs, so
   /// auto takes binding as the sign: every rank of the host bound to one CPU, all different
   /// (`ringfence-run --bind-to core`, `mpirun --bind-to core`, `srun --cpu-bind=cores`), as
   /// MPI libraries busy-poll when not oversubscribed. Two jobs bound to the same CPUs then spin

@@ -44,7 +44,8 @@ struct PeerInfo {
   /// Active NVLinks of that GPU whose far end is an NVSwitch (NVML): two GPUs of one host that
   /// both have some reach each other through the switches (HGX / DGX boards). 0 = none or unknown.
   std::uint32_t nvswitch_links = 0;
-  /// The one CPU this rank's process may run on, when its affinity mask holds exactly one
+  /// The one CPU this rank may run on (the affinity mask of the thread that created the
+  /// communicator), when that mask holds exactly one
   /// (a launcher bound it: `ringfence-run --bind-to core`, `mpirun --bind-to core`, `srun
   /// --cpu-bind=cores`); -1 when it may run on several. The communicator spins longer in its
   /// waits where every rank of a host is bound to a CPU of its own (`CommOptions::spin`).

@@ -23,15 +23,25 @@ namespace ringfence::detail {
 /// than ranks by other means (a cpuset) is not seen as oversubscribed.
 inline int online_cpus() noexcept { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
+/// The lowest CPU the calling thread may run on (its affinity mask), 0 when the mask cannot be
+/// read; `count` gets how many it may run on (0 when unknown).
+inline int first_allowed_cpu(int* count = nullptr) noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const bool known = ::sched_getaffinity(0, sizeof set, &set) == 0;
+  if (count) *count = known ? CPU_COUNT(&set) : 0;
+  int cpu = 0;
+  if (known)
+    while (cpu < CPU_SETSIZE - 1 && !CPU_ISSET(cpu, &set)) ++cpu;
+  return cpu;
+}
+
 /// The one CPU the calling thread may run on when its affinity mask holds exactly one (a
 /// launcher bound the process to a core), else -1 (PeerInfo::cpu).
 inline int bound_cpu() noexcept {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1) return -1;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) return c;
-  return -1;
+  int count = 0;
+  const int cpu = first_allowed_cpu(&count);
+  return count == 1 ? cpu : -1;
 }
 
 struct CommContext {

@@ -113,9 +113,11 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   // to accept its last chunk rather than copy it aside (EngineConfig::retain_max_bytes). A
   // local choice: ranks may differ. Where every rank of the host has a core of its own (bound;
   // CommOptions::spin), waits spin long before the link's wait: a yield costs ~1 µs even when
-  // it comes straight back. Not with several lanes, whose threads share the rank's one CPU.
-  const bool spin_long = options.spin == SpinMode::On ||
-                         (options.spin == SpinMode::Auto && ctx.dedicated_cores() && lanes.lane_count() == 1);
+  // it comes straight back. Not with several lanes, whose threads share the rank's one CPU, and
+  // never where the ranks outnumber the CPUs (there the peer must run first, even with `on`).
+  const bool spin_long = !ctx.oversubscribed() &&
+                         (options.spin == SpinMode::On ||
+                          (options.spin == SpinMode::Auto && ctx.dedicated_cores() && lanes.lane_count() == 1));
   engine.fit_to_host(ctx.oversubscribed(), lanes.has_network_link(), spin_long);
   if (spin_long)
     ctx.log.info("waits spin up to {} polls before yielding ({})", engine.spin_polls,

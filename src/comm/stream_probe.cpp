@@ -135,11 +135,7 @@ std::optional<bool> forced(StreamWritesMode mode) noexcept {
 bool probe_host(const CommContext& ctx) {
   if (const auto f = forced(ctx.options.stream_writes)) return *f;
   if (ctx.ranks_on_host() < 2 || ctx.network_only() || online_cpus() < 2) return false;  // no other core writes a slot here
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  int cpu_a = 0;
-  if (::sched_getaffinity(0, sizeof mine, &mine) == 0)
-    while (cpu_a < CPU_SETSIZE - 1 && !CPU_ISSET(cpu_a, &mine)) ++cpu_a;
+  const int cpu_a = first_allowed_cpu();
   const int cpu_b = (cpu_a + 1) % online_cpus();
   const std::optional<StreamProbe> probe = probe_stream_writes(cpu_a, cpu_b);
   const bool stream = probe && prefers_stream(*probe);
