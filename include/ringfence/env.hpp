@@ -27,7 +27,7 @@
 /// | RINGFENCE_HEALTH_SLOW_FACTOR | a link this many times slower than its transport's median link (twice in a row) is fenced | 3 |
 /// | RINGFENCE_FAULT | fault injection rules (grammar in fault.hpp) | none |
 /// | RINGFENCE_HEALTH_AGREE_EVERY | collectives between fence agreements (0 = never); more (×2…×16) while they take less than the next variable's time and all is well | 64 |
-/// | RINGFENCE_HEALTH_AGREE_MIN_US | quiet agreements are paced to about this many microseconds apart (0 = by count only) | 1000 |
+/// | RINGFENCE_HEALTH_AGREE_MIN_US | quiet agreements are paced to about this many microseconds apart (0 = by count only) | 10000 |
 /// | RINGFENCE_FALLBACK | `from:to` transport pairs a link that must be fenced moves along instead (docs/health.md), or `none` | what the selected transports declare |
 /// | RINGFENCE_HEALTH_FENCE_CRC_ERRORS | corrupted chunks from a peer within the checksum storm window (10 s) that make a rank propose a fence | 3 |
 /// | RINGFENCE_HEALTH_LOG | append health events as JSON lines to this file | none |

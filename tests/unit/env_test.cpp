@@ -35,6 +35,8 @@ TEST_CASE("defaults hold without variables", "[env]") {
   REQUIRE(o.slots == 4);
   REQUIRE(o.transports.empty());
   REQUIRE(o.log_level == LogLevel::Warn);
+  // Quiet agreements about 10 ms apart (options.hpp says why not 1 ms).
+  REQUIRE(o.health_agree_min_interval == std::chrono::milliseconds(10));
 }
 
 TEST_CASE("RINGFENCE_* variables override options", "[env]") {
