@@ -14,6 +14,11 @@
 //
 // --only runs one side's blocks and skips the other (to profile one side with `perf record`);
 // the table then shows that side alone.
+// Under a launcher (`ringfence-run -n 4 [--bind-to core] health_cost_paired ...`: RINGFENCE_RANK
+// set) every process is one rank instead: the defaults' communicator joins through the launch
+// variables and the off one is split from it, so the pairs run on the ranks users run, with the
+// launcher's placement; -n, -t's forcing and --bind then come from the launch (-t still picks
+// the transport of both sides), and rank 0 prints the table.
 // Thread ranks (gloo's idea), float sum, out-of-place, user buffers; the transport is forced to
 // `-t` on both sides. Ranks are pinned to one CPU each when they fit (`--bind core`, default).
 // Sizes below 64 KiB compare time (on / off, lower is better), larger sizes busbw (on / off).
@@ -30,7 +35,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <ringfence/communicator.hpp>
+#include <ringfence/env.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,6 +97,73 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+// One rank's rounds over every size on its two communicators; rank 0 records its timings in
+// `results`. Returns the rank's wrong elements (checked after each size's rounds).
+std::size_t run_rank(const Args& args, const std::vector<std::size_t>& sizes, Communicator& comm_off, Communicator& comm_on,
+                     std::vector<SizeResult>& results) {
+  const int r = comm_on.rank();
+  std::size_t wrong = 0;
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    const std::size_t count = sizes[s] / sizeof(float);
+    // Small integers: every partial sum is exact in float, in any order.
+    std::vector<float> send(count), recv(count);
+    for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r)) % 64);
+    const int iters = iterations_for(sizes[s]);
+    for (int round = 0; round < args.rounds; ++round) {
+      const bool off_first = round % 2 == 0;
+      double t_off = 0, t_on = 0;
+      for (int half = 0; half < 2; ++half) {
+        const bool off_now = (half == 0) == off_first;
+        if (!args.only.empty() && args.only != (off_now ? "off" : "on")) continue;
+        (off_now ? t_off : t_on) = time_block(off_now ? comm_off : comm_on, send.data(), recv.data(), count, iters);
+      }
+      if (r == 0) {
+        results[s].off.push_back(t_off);
+        results[s].on.push_back(t_on);
+      }
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      std::size_t expect = 0;
+      for (int q = 0; q < comm_on.size(); ++q) expect += (i * 7 + static_cast<std::size_t>(q)) % 64;
+      if (recv[i] != static_cast<float>(expect)) ++wrong;
+    }
+  }
+  return wrong;
+}
+
+// Rank 0's table: per size the best block of each side, the median of the round ratios and
+// their range.
+int print_table(const Args& args, const std::vector<std::size_t>& sizes, const std::vector<SizeResult>& results,
+                const std::string& placement, const ringfence::CommOptions& on) {
+  const double busbw_factor = 2.0 * (args.ranks - 1) / args.ranks;
+  fmt::print("health_cost_paired: {} ranks ({}), transport {}, {} rounds per size; off = checksums and health off, "
+             "on = the defaults{}\n\n",
+             args.ranks, placement, args.transport, args.rounds,
+             fmt::format(" (checksum {}, health {})", on.checksum ? "on" : "off", on.health_enabled ? "on" : "off"));
+  fmt::print("| ranks | bytes | off time (us) | on time (us) | **on/off, median of rounds** | range of round ratios | off busbw (GB/s) | on busbw (GB/s) |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|\n");
+  // A side that did not run (--only) shows "-".
+  const auto cell = [](double v, double scale) { return v > 0 ? fmt::format("{:.2f}", v * scale) : std::string("-"); };
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    const auto& res = results[s];
+    const bool small = sizes[s] < (64u << 10);
+    std::vector<double> ratios;
+    if (args.only.empty())
+      for (std::size_t k = 0; k < res.off.size(); ++k)  // time ratio below 64 KiB, busbw ratio from there
+        ratios.push_back(small ? res.on[k] / res.off[k] : res.off[k] / res.on[k]);
+    const double off_best = *std::min_element(res.off.begin(), res.off.end());
+    const double on_best = *std::min_element(res.on.begin(), res.on.end());
+    const double bytes = static_cast<double>(sizes[s]);
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", args.ranks, sizes[s], cell(off_best, 1e6), cell(on_best, 1e6),
+               ratios.empty() ? "-" : fmt::format("**{:.2f}** ({})", median(ratios), small ? "time" : "busbw"),
+               ratios.empty() ? "-"
+                              : fmt::format("{:.2f}–{:.2f}", *std::min_element(ratios.begin(), ratios.end()),
+                                            *std::max_element(ratios.begin(), ratios.end())),
+               cell(off_best > 0 ? busbw_factor * bytes / off_best : 0, 1e-9), cell(on_best > 0 ? busbw_factor * bytes / on_best : 0, 1e-9));
+  }
+  return 0;
+}
+
 int usage(const char* self, int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: %s [-n ranks] [-b min bytes] [-e max bytes] [-r rounds] [-t transport] [--bind core|none] [--only off|on]\n", self);
@@ -126,9 +200,9 @@ int main(int argc, char** argv) {
       default: return usage(argv[0], 2);
     }
   }
-  if (args.ranks < 2 || args.rounds < 1 || args.min_bytes < sizeof(float) || args.max_bytes < args.min_bytes) {
-    std::fprintf(stderr, "%s: need -n >= 2, -r >= 1, %zu <= -b <= -e (got -n %d -r %d -b %zu -e %zu)\n", argv[0], sizeof(float),
-                 args.ranks, args.rounds, args.min_bytes, args.max_bytes);
+  if (args.rounds < 1 || args.min_bytes < sizeof(float) || args.max_bytes < args.min_bytes) {
+    std::fprintf(stderr, "%s: need -r >= 1, %zu <= -b <= -e (got -r %d -b %zu -e %zu)\n", argv[0], sizeof(float),
+                 args.rounds, args.min_bytes, args.max_bytes);
     return 2;
   }
   std::vector<std::size_t> sizes;
@@ -144,9 +218,41 @@ int main(int argc, char** argv) {
   ringfence::CommOptions on = ringfence::CommOptions::from_env(ringfence::Environment::from_process(), {});
   on.transports = {args.transport};
 
+  std::vector<SizeResult> results(sizes.size());
+  std::string placement;
+  const ringfence::Environment env = ringfence::Environment::from_process();
+  if (env.has("RINGFENCE_RANK")) {  // process ranks under a launcher
+    std::size_t wrong = 0;
+    int rank = -1;
+    try {
+      const ringfence::LaunchInfo launch = ringfence::detect_launch(env);
+      rank = launch.rank;
+      args.ranks = launch.size;
+      Communicator comm_on = Communicator::from_launch(launch, ringfence::builtin_transports(), on);
+      std::optional<Communicator> comm_off = comm_on.split(0, comm_on.rank(), off);
+      wrong = run_rank(args, sizes, *comm_off, comm_on, results);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "health_cost_paired: rank %d: %s\n", rank, e.what());
+      return 1;
+    }
+    if (wrong) {
+      std::fprintf(stderr, "health_cost_paired: rank %d: %zu wrong elements\n", rank, wrong);
+      return 1;
+    }
+    if (rank != 0) return 0;
+    cpu_set_t allowed;
+    const bool bound = sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) == 1;
+    placement = fmt::format("process ranks, rank 0 {}", bound ? "bound to one CPU" : "unbound");
+    return print_table(args, sizes, results, placement, on);
+  }
+  if (args.ranks < 2) {
+    std::fprintf(stderr, "%s: need -n >= 2 (got -n %d)\n", argv[0], args.ranks);
+    return 2;
+  }
+  placement = fmt::format("thread ranks, {}", pin ? "pinned" : "unpinned");
+
   auto store_off = std::make_shared<ringfence::PrefixStore>(std::make_shared<ringfence::InProcessStore>(), "off/");
   auto store_on = std::make_shared<ringfence::PrefixStore>(std::make_shared<ringfence::InProcessStore>(), "on/");
-  std::vector<SizeResult> results(sizes.size());
   std::atomic<std::size_t> wrong{0};
   std::mutex error_mutex;
   std::string error;
@@ -157,33 +263,7 @@ int main(int argc, char** argv) {
         if (pin) pin_to_cpu(r);
         Communicator comm_off(store_off, r, args.ranks, ringfence::builtin_transports(), off);
         Communicator comm_on(store_on, r, args.ranks, ringfence::builtin_transports(), on);
-        for (std::size_t s = 0; s < sizes.size(); ++s) {
-          const std::size_t count = sizes[s] / sizeof(float);
-          // Small integers: every partial sum is exact in float, in any order.
-          std::vector<float> send(count), recv(count);
-          for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r)) % 64);
-          const int iters = iterations_for(sizes[s]);
-          for (int round = 0; round < args.rounds; ++round) {
-            const bool off_first = round % 2 == 0;
-            double t_off = 0, t_on = 0;
-            for (int half = 0; half < 2; ++half) {
-              const bool off_now = (half == 0) == off_first;
-              if (!args.only.empty() && args.only != (off_now ? "off" : "on")) continue;
-              (off_now ? t_off : t_on) = time_block(off_now ? comm_off : comm_on, send.data(), recv.data(), count, iters);
-            }
-            if (r == 0) {
-              results[s].off.push_back(t_off);
-              results[s].on.push_back(t_on);
-            }
-          }
-          std::size_t bad = 0;
-          for (std::size_t i = 0; i < count; ++i) {
-            std::size_t expect = 0;
-            for (int q = 0; q < args.ranks; ++q) expect += (i * 7 + static_cast<std::size_t>(q)) % 64;
-            if (recv[i] != static_cast<float>(expect)) ++bad;
-          }
-          wrong += bad;
-        }
+        wrong += run_rank(args, sizes, comm_off, comm_on, results);
       } catch (const std::exception& e) {
         std::lock_guard lock(error_mutex);
         if (error.empty()) error = fmt::format("rank {}: {}", r, e.what());
@@ -195,35 +275,9 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  const double busbw_factor = 2.0 * (args.ranks - 1) / args.ranks;
-  fmt::print("health_cost_paired: {} thread ranks, transport {}, {} rounds per size, {}; off = checksums and health off, "
-             "on = the defaults{}\n\n",
-             args.ranks, args.transport, args.rounds, pin ? "pinned" : "unpinned",
-             fmt::format(" (checksum {}, health {})", on.checksum ? "on" : "off", on.health_enabled ? "on" : "off"));
-  fmt::print("| ranks | bytes | off time (us) | on time (us) | **on/off, median of rounds** | range of round ratios | off busbw (GB/s) | on busbw (GB/s) |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|\n");
-  // A side that did not run (--only) shows "-".
-  const auto cell = [](double v, double scale) { return v > 0 ? fmt::format("{:.2f}", v * scale) : std::string("-"); };
-  for (std::size_t s = 0; s < sizes.size(); ++s) {
-    const auto& res = results[s];
-    const bool small = sizes[s] < (64u << 10);
-    std::vector<double> ratios;
-    if (args.only.empty())
-      for (std::size_t k = 0; k < res.off.size(); ++k)  // time ratio below 64 KiB, busbw ratio from there
-        ratios.push_back(small ? res.on[k] / res.off[k] : res.off[k] / res.on[k]);
-    const double off_best = *std::min_element(res.off.begin(), res.off.end());
-    const double on_best = *std::min_element(res.on.begin(), res.on.end());
-    const double bytes = static_cast<double>(sizes[s]);
-    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", args.ranks, sizes[s], cell(off_best, 1e6), cell(on_best, 1e6),
-               ratios.empty() ? "-" : fmt::format("**{:.2f}** ({})", median(ratios), small ? "time" : "busbw"),
-               ratios.empty() ? "-"
-                              : fmt::format("{:.2f}–{:.2f}", *std::min_element(ratios.begin(), ratios.end()),
-                                            *std::max_element(ratios.begin(), ratios.end())),
-               cell(off_best > 0 ? busbw_factor * bytes / off_best : 0, 1e-9), cell(on_best > 0 ? busbw_factor * bytes / on_best : 0, 1e-9));
-  }
   if (wrong) {
     std::fprintf(stderr, "health_cost_paired: %zu wrong elements\n", wrong.load());
     return 1;
   }
-  return 0;
+  return print_table(args, sizes, results, placement, on);
 }
