@@ -296,6 +296,10 @@ class RingRunner {
   }
 
   Status pump_links() noexcept;
+  // Polls `flag` and the relay duties together (ring_runner_flow.cpp says why).
+  Status poll_with_relays(SignalFlag& flag, std::uint32_t target, bool& done) noexcept;
+  static constexpr int kRelayPolls = 512;
+  static constexpr int kRelayYieldEvery = 16;
 
   Status finish_device_call() noexcept;
 
