@@ -203,7 +203,7 @@ struct CommOptions {
   /// the count (the time since setup includes waiting for the slowest rank to start). 0: by
   /// count only. Must match on every rank. Env: RINGFENCE_HEALTH_AGREE_MIN_US. 10 ms: an
   /// agreement costs ~2 us at 2 ranks and ~16 us at 4 ranks on 2 cores, so at 1 ms 4-rank calls
-  /// of 8 B-32 KiB paid 1-5 % for them (docs/protection-cost.md, "Agreements are rare").
+  /// of 8 B-32 KiB paid about 3 % for them (docs/protection-cost.md, "Agreements are rare").
   std::chrono::microseconds health_agree_min_interval{10000};
   /// An agreement also runs once this many bytes (the collectives' data sizes, the same on every
   /// rank) went by since the last one, so large messages are judged within about a second on a
