@@ -17,8 +17,8 @@
 // Under a launcher (`ringfence-run -n 4 [--bind-to core] health_cost_paired ...`: RINGFENCE_RANK
 // set) every process is one rank instead: the defaults' communicator joins through the launch
 // variables and the off one is split from it, so the pairs run on the ranks users run, with the
-// launcher's placement; -n, -t's forcing and --bind then come from the launch (-t still picks
-// the transport of both sides), and rank 0 prints the table.
+// launcher's placement (--bind does not apply; -n, if given, must match the launch: exit 2),
+// -t still picks the transport of both sides, and rank 0 prints the table.
 // Thread ranks (gloo's idea), float sum, out-of-place, user buffers; the transport is forced to
 // `-t` on both sides. Ranks are pinned to one CPU each when they fit (`--bind core`, default).
 // Sizes below 64 KiB compare time (on / off, lower is better), larger sizes busbw (on / off).
@@ -52,6 +52,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   int ranks = 2;
+  bool ranks_given = false;  // -n on the command line (under a launcher it must match the launch)
   std::size_t min_bytes = 8, max_bytes = std::size_t{256} << 20;
   int rounds = 7;
   std::string transport = "shm";
@@ -177,7 +178,7 @@ int main(int argc, char** argv) {
   static const option longs[] = {{"bind", required_argument, nullptr, 'B'}, {"only", required_argument, nullptr, 'O'}, {"help", no_argument, nullptr, 'h'}, {}};
   for (int c; (c = getopt_long(argc, argv, "n:b:e:r:t:h", longs, nullptr)) != -1;) {
     switch (c) {
-      case 'n': args.ranks = std::atoi(optarg); break;
+      case 'n': args.ranks = std::atoi(optarg), args.ranks_given = true; break;
       case 'b': args.min_bytes = parse_size(optarg).value_or(0); break;
       case 'e': args.max_bytes = parse_size(optarg).value_or(0); break;
       case 'r': args.rounds = std::atoi(optarg); break;
@@ -227,6 +228,11 @@ int main(int argc, char** argv) {
     try {
       const ringfence::LaunchInfo launch = ringfence::detect_launch(env);
       rank = launch.rank;
+      if (args.ranks_given && args.ranks != launch.size) {
+        std::fprintf(stderr, "health_cost_paired: rank %d: -n %d, but the launcher started %d ranks (leave -n out under a launcher)\n",
+                     rank, args.ranks, launch.size);
+        return 2;
+      }
       args.ranks = launch.size;
       Communicator comm_on = Communicator::from_launch(launch, ringfence::builtin_transports(), on);
       std::optional<Communicator> comm_off = comm_on.split(0, comm_on.rank(), off);

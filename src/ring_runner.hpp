@@ -297,7 +297,7 @@ class RingRunner {
 
   Status pump_links() noexcept;
   // Polls `flag` and the relay duties together (ring_runner_flow.cpp says why).
-  Status poll_with_relays(SignalFlag& flag, std::uint32_t target, bool& done) noexcept;
+  Status poll_with_relays(SignalFlag& flag, std::uint32_t target) noexcept;
   static constexpr int kRelayPolls = 512;
   static constexpr int kRelayYieldEvery = 16;
 

@@ -29,12 +29,15 @@ Status RingRunner::finish_call() noexcept {
     for (;;) {
       RINGFENCE_TRY(service_relays());
       RelayDuty* pending = nullptr;
+      std::uint64_t pending_target = 0;  // its chunks to receive in this call
       for (int i = 0; i < relays_.count && !pending; ++i) {
         RelayDuty& d = relays_.duty[i];
         const std::uint32_t accepted = flags_.credit[d.out->peer].value.load(std::memory_order_acquire);
         if (d.in->received < relay_target_[i] || !reached(accepted, static_cast<std::uint32_t>(d.out->sent)) ||
-            d.credited != sender_credit(d))
+            d.credited != sender_credit(d)) {
           pending = &d;
+          pending_target = relay_target_[i];
+        }
       }
       if (!pending) break;
       RINGFENCE_TRY(check_abort("relaying (the peer failed and aborted the collective)", pending->in->received));
@@ -49,13 +52,15 @@ Status RingRunner::finish_call() noexcept {
       Connection& in = *pending->in;
       Connection& out = *pending->out;
       const auto next_data = static_cast<std::uint32_t>(in.received + 1);
-      const bool wants_data = in.received < relay_target_[pending - relays_.duty] &&
+      const bool wants_data = in.received < pending_target &&
                               !reached(flags_.data[in.peer].value.load(std::memory_order_acquire), next_data);
       SignalFlag& flag = wants_data ? flags_.data[in.peer] : flags_.credit[out.peer];
       const std::uint32_t target = wants_data ? next_data : flag.value.load(std::memory_order_acquire) + 1;
-      bool done = false;
-      RINGFENCE_TRY(poll_with_relays(flag, target, done));
-      if (done) continue;
+      const Status polled = poll_with_relays(flag, target);
+      if (!polled.in_progress()) {
+        if (polled.is_error()) return polled;
+        continue;
+      }
       const Status st = (wants_data ? in : out).link->wait(flag, target, std::chrono::microseconds(20));
       if (st.is_error()) return fail(st, wants_data ? in : out, "chunks to relay", in.received);
     }
@@ -135,21 +140,17 @@ void RingRunner::drain_retained(std::chrono::steady_clock::time_point deadline) 
 // lies unforwarded and its receiver waits. So a relay polls both itself first, `kRelayPolls`
 // rounds, yielding every `kRelayYieldEvery` (on 2 cores, 4 ranks with a fenced link relayed:
 // 8 B-4 KiB allreduces took 161-813 us a call without this, 43-85 us with it; docs/health.md,
-// "How a relay waits"). `done` once `flag` reached `target`.
-Status RingRunner::poll_with_relays(SignalFlag& flag, std::uint32_t target, bool& done) noexcept {
+// "How a relay waits"). Ok once `flag` reached `target`, InProgress when it did not in time.
+Status RingRunner::poll_with_relays(SignalFlag& flag, std::uint32_t target) noexcept {
   for (int i = 1; i <= kRelayPolls; ++i) {
     RINGFENCE_TRY(service_relays());
-    if (reached(flag.value.load(std::memory_order_acquire), target)) {
-      done = true;
-      return Status::ok();
-    }
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     if (i % kRelayYieldEvery == 0)
       std::this_thread::yield();
     else
       cpu_pause();
   }
-  done = false;
-  return Status::ok();
+  return Status(ErrorCode::InProgress);
 }
 
 // Waits until `ch`'s peer accepted (consumed; with checksums, verified) every chunk we sent it.
@@ -184,9 +185,8 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
       if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
     }
     if (relays_.count > 0) {
-      bool done = false;
-      RINGFENCE_TRY(poll_with_relays(flag, target, done));
-      if (done) return Status::ok();
+      const Status polled = poll_with_relays(flag, target);
+      if (!polled.in_progress()) return polled;  // reached, or a relay failed
     }
     if (dev_) RINGFENCE_TRY(pump_links());
     const auto now = std::chrono::steady_clock::now();
