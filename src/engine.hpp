@@ -48,6 +48,15 @@ inline constexpr std::size_t kStreamWriteMinBytes = 4096;
 /// is a cache miss that costs a small call more than the copy. 16 KiB: a 4-rank one-shot of
 /// 4 KiB sends 12 (4 ranks, 8 KiB: 1.28-1.37 -> 0.91-1.16 time on/off with 4 KiB here).
 inline constexpr std::size_t kRetainUncheckedBytes = 16 * 1024;
+/// Checksum mode, point-to-point: before a transfer copies the staged chunks its receivers have
+/// not accepted yet aside (more than EngineConfig::retain_max_bytes of them), it waits for their
+/// acceptance for about as long as that copy takes at this many bytes a microsecond (64 KiB/us,
+/// about a copy within the cache here). A receiver in the same exchange (sendrecv, alltoall)
+/// verifies our last chunk about when we finish ours, and its credit saves the copy; one that
+/// takes them only in a later call costs the wait on top of the copy, at most twice the copy.
+/// 2 ranks, 256 KiB sendrecv: 18.9-20.2 -> 14.8-16.5 us, checksums off 15.0-16.0
+/// (docs/protection-cost.md, "Point-to-point: a short wait before the copy aside").
+inline constexpr std::size_t kCopyAsideBytesPerUs = 64 * 1024;
 /// Ring calls of at most this many bytes (a rank's data) leave waking a sleeping receiver of
 /// their chunk and credit signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks
 /// 0.03-0.1 us a call (docs/protection-cost-small-calls.md). Larger ones wake at once: a sleeper

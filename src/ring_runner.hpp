@@ -404,6 +404,8 @@ class RingRunner {
   static const char* waiting_for(const P2POp& op) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
+  std::size_t unretained_bytes(Connection* const* connection_of) noexcept;
+  Status await_p2p_acceptance(Connection* const* connection_of) noexcept;
 
   std::size_t unaccepted_bytes() noexcept;
   std::uint64_t direct_unaccepted_end(Connection& ch) noexcept;

@@ -135,7 +135,9 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   if (dev_) return finish_device_call();
   // With checksums a chunk is only done once the receiver accepted it; the receiver may not
   // take it before its own next call (a send outside a group, then a receive, on every rank),
-  // so the unaccepted chunks are copied aside and the call returns, as it does without checksums.
+  // so the unaccepted chunks are copied aside and the call returns, as it does without checksums
+  // (after a wait bounded by the copy's own time, which in an exchange usually saves it:
+  // await_p2p_acceptance).
   // A chunk written straight into the receiver's buffer is different: the receiver published
   // that buffer's key, so it is in this very transfer and verifies it now; and a re-send must
   // write the same bytes there, which our caller may change once we return. So we wait for
@@ -148,6 +150,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(end),
                                 "acceptance of the chunks written into the receiver's buffer", end - 1));
     }
+    RINGFENCE_TRY(await_p2p_acceptance(connection_of));
     retain_unaccepted(connection_of);  // staged chunks after the last direct one
   }
   return Status::ok();
@@ -182,6 +185,48 @@ std::uint64_t RingRunner::direct_unaccepted_end(Connection& ch) noexcept {
   for (std::uint64_t m = ch.sent; m > first_unaccepted(ch, accepted); --m)
     if (ch.sent_log[(m - 1) % kSentLog].dst) return m;
   return 0;
+}
+
+// Bytes of the staged chunks the peers have not accepted yet and that are not in a retained
+// area already: what retain_unaccepted would copy now.
+std::size_t RingRunner::unretained_bytes(Connection* const* connection_of) noexcept {
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  std::size_t bytes = 0;
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = connection_of[r];
+    if (!ch || !ch->retained) continue;
+    const std::uint32_t accepted = ch->credit_seen = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
+    for (std::uint64_t m = first_unaccepted(*ch, accepted); m < ch->sent; ++m) {
+      const Connection::SentChunk& c = ch->sent_log[m % kSentLog];
+      if (!c.dst && c.src != ch->retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes) bytes += c.bytes;
+    }
+  }
+  return bytes;
+}
+
+// Before retain_unaccepted copies more than retain_max_bytes aside, waits for the receivers'
+// acceptance for about as long as the copy would take (kCopyAsideBytesPerUs), serving their
+// re-send requests. Bounded, not until acceptance: a receiver may take our chunks only in its
+// next call (a send before a receive on every rank), and waiting for it would deadlock.
+Status RingRunner::await_p2p_acceptance(Connection* const* connection_of) noexcept {
+  const std::size_t bytes = unretained_bytes(connection_of);
+  if (bytes <= c_.retain_max_bytes) return Status::ok();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(1 + bytes / kCopyAsideBytesPerUs);
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = connection_of[r];
+    if (!ch || !ch->retained || !ch->link) continue;
+    const auto target = static_cast<std::uint32_t>(ch->sent);
+    while (!reached(flags_.credit[ch->peer].value.load(std::memory_order_acquire), target)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return Status::ok();
+      RINGFENCE_TRY(service_nacks(*ch));
+      flush_deferred();
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      const Status st = ch->link->wait(flags_.credit[ch->peer], target, std::min(left, std::chrono::microseconds(20)));
+      if (st.is_error()) return Status::ok();  // a gone peer shows in its next call; the copy keeps the chunks
+    }
+  }
+  return Status::ok();
 }
 
 // Every chunk a peer has not accepted yet, by its credit read now.
