@@ -204,13 +204,13 @@ std::size_t RingRunner::unretained_bytes(Connection* const* connection_of) noexc
   return bytes;
 }
 
-// Before retain_unaccepted copies more than retain_max_bytes aside, waits for the receivers'
-// acceptance for about as long as the copy would take (kCopyAsideBytesPerUs), serving their
-// re-send requests. Bounded, not until acceptance: a receiver may take our chunks only in its
+// Before retain_unaccepted copies more than retain_max_bytes (and kAwaitAcceptanceMinBytes)
+// aside, waits for the receivers' acceptance for about as long as the copy would take
+// (kCopyAsideBytesPerUs), serving their re-send requests. Bounded, not until acceptance: a receiver may take our chunks only in its
 // next call (a send before a receive on every rank), and waiting for it would deadlock.
 Status RingRunner::await_p2p_acceptance(Connection* const* connection_of) noexcept {
   const std::size_t bytes = unretained_bytes(connection_of);
-  if (bytes <= c_.retain_max_bytes) return Status::ok();
+  if (bytes <= std::max(c_.retain_max_bytes, kAwaitAcceptanceMinBytes)) return Status::ok();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(1 + bytes / kCopyAsideBytesPerUs);
   for (int r = 0; r < c_.size; ++r) {
     Connection* ch = connection_of[r];
