@@ -49,17 +49,18 @@ inline constexpr std::size_t kStreamWriteMinBytes = 4096;
 /// 4 KiB sends 12 (4 ranks, 8 KiB: 1.28-1.37 -> 0.91-1.16 time on/off with 4 KiB here).
 inline constexpr std::size_t kRetainUncheckedBytes = 16 * 1024;
 /// Checksum mode, point-to-point: before a transfer copies the staged chunks its receivers have
-/// not accepted yet aside (more than EngineConfig::retain_max_bytes and kAwaitAcceptanceMinBytes
-/// of them), it waits for their acceptance for about as long as that copy takes at this many
-/// bytes a microsecond (64 KiB/us, about a copy within the cache here). A receiver in the same exchange (sendrecv, alltoall)
+/// not accepted yet aside (more than kAwaitAcceptanceMinBytes of them), it waits for their
+/// acceptance for about as long as that copy takes at this many bytes a microsecond (64 KiB/us,
+/// about a copy within the cache here). A receiver in the same exchange (sendrecv, alltoall)
 /// verifies our last chunk about when we finish ours, and its credit saves the copy; one that
 /// takes them only in a later call costs the wait on top of the copy, at most twice the copy.
 /// 2 ranks, 256 KiB sendrecv: 18.9-20.2 -> 14.8-16.5 us, checksums off 15.0-16.0
 /// (docs/protection-cost.md, "Point-to-point: a short wait before the copy aside").
 inline constexpr std::size_t kCopyAsideBytesPerUs = 64 * 1024;
-/// The same wait only for more than this many bytes (and more than retain_max_bytes): a copy of
-/// 64 KiB takes under a microsecond, less than the wait cost (2 ranks, 64 KiB sendrecv, fast
-/// mode: 5.38-6.05 us a call copying, 5.82-6.96 waiting; 128 KiB 9.95-10.40 against 9.77-10.30).
+/// The same wait only for more than this many bytes: a copy of 64 KiB takes under a microsecond,
+/// less than the wait cost (2 ranks, 64 KiB sendrecv, fast mode: 5.38-6.05 us a call copying,
+/// 5.82-6.96 waiting; 128 KiB 9.95-10.40 against 9.77-10.30). It is at least
+/// EngineConfig::retain_max_bytes (16 or 64 KiB), so what a collective would copy, this copies.
 inline constexpr std::size_t kAwaitAcceptanceMinBytes = 64 * 1024;
 /// Ring calls of at most this many bytes (a rank's data) leave waking a sleeping receiver of
 /// their chunk and credit signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks

@@ -404,8 +404,19 @@ class RingRunner {
   static const char* waiting_for(const P2POp& op) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
-  std::size_t unretained_bytes(Connection* const* connection_of) noexcept;
-  Status await_p2p_acceptance(Connection* const* connection_of) noexcept;
+  std::size_t unretained_bytes(Connection& ch) noexcept;
+  Status await_p2p_acceptance(Connection* const* connection_of, std::size_t staged) noexcept;
+  // Where message m to `ch` is kept once copied aside: its slot's share of the retained area
+  // (at most `slots` messages are unaccepted, and m + slots waits for m's credit).
+  std::byte* retained_at(const Connection& ch, std::uint64_t m) const noexcept {
+    return ch.retained + static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_bytes;
+  }
+  // Whether message m to `ch` would be lost to a re-send once our caller reuses its buffer:
+  // staged (a direct one was waited for) and not copied aside yet.
+  bool needs_copy_aside(const Connection& ch, std::uint64_t m) const noexcept {
+    const Connection::SentChunk& c = ch.sent_log[m % kSentLog];
+    return !c.dst && c.src != retained_at(ch, m);
+  }
 
   std::size_t unaccepted_bytes() noexcept;
   std::uint64_t direct_unaccepted_end(Connection& ch) noexcept;

@@ -308,7 +308,7 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   const Status s = ch.link->signal(sig);
   if (!s.is_ok()) return fail(s, ch, "signalling a chunk", m);
   if (retains_at_send(ch, dst, bytes)) {  // after the signal: the copy overlaps the receiver's work
-    std::byte* const copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
+    std::byte* const copy_at = retained_at(ch, m);
     copy_bytes(copy_at, src, bytes);
     c.src = copy_at;
   }

@@ -150,7 +150,10 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(end),
                                 "acceptance of the chunks written into the receiver's buffer", end - 1));
     }
-    RINGFENCE_TRY(await_p2p_acceptance(connection_of));
+    std::size_t staged = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (ops[i].send && !ops[i].direct && !ops[i].local_dst) staged += ops[i].bytes;
+    RINGFENCE_TRY(await_p2p_acceptance(connection_of, staged));
     retain_unaccepted(connection_of);  // staged chunks after the last direct one
   }
   return Status::ok();
@@ -168,11 +171,10 @@ const char* RingRunner::waiting_for(const P2POp& op) noexcept {
 // there, so a re-send asked for in any later call sends the same bytes whatever the caller did
 // to its buffer since.
 void RingRunner::retain(Connection& ch, std::uint64_t first) noexcept {
-  const auto slots = static_cast<std::uint64_t>(c_.slots);
   for (std::uint64_t m = first; m < ch.sent; ++m) {
+    if (!needs_copy_aside(ch, m)) continue;  // kept already; or direct, which run_p2p waited for
     Connection::SentChunk& c = ch.sent_log[m % kSentLog];
-    std::byte* copy_at = ch.retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes;
-    if (c.src == copy_at || c.dst) continue;  // kept already; or direct, which run_p2p waited for
+    std::byte* const copy_at = retained_at(ch, m);
     copy_bytes(copy_at, c.src, c.bytes);
     c.src = copy_at;
   }
@@ -187,34 +189,33 @@ std::uint64_t RingRunner::direct_unaccepted_end(Connection& ch) noexcept {
   return 0;
 }
 
-// Bytes of the staged chunks the peers have not accepted yet and that are not in a retained
-// area already: what retain_unaccepted would copy now.
-std::size_t RingRunner::unretained_bytes(Connection* const* connection_of) noexcept {
-  const auto slots = static_cast<std::uint64_t>(c_.slots);
+// Bytes of the chunks to `ch` its receiver has not accepted yet that still need a copy aside:
+// what retain_unaccepted would copy for it now.
+std::size_t RingRunner::unretained_bytes(Connection& ch) noexcept {
+  const std::uint32_t accepted = ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
   std::size_t bytes = 0;
-  for (int r = 0; r < c_.size; ++r) {
-    Connection* ch = connection_of[r];
-    if (!ch || !ch->retained) continue;
-    const std::uint32_t accepted = ch->credit_seen = flags_.credit[ch->peer].value.load(std::memory_order_acquire);
-    for (std::uint64_t m = first_unaccepted(*ch, accepted); m < ch->sent; ++m) {
-      const Connection::SentChunk& c = ch->sent_log[m % kSentLog];
-      if (!c.dst && c.src != ch->retained + static_cast<std::size_t>(m % slots) * c_.slot_bytes) bytes += c.bytes;
-    }
-  }
+  for (std::uint64_t m = first_unaccepted(ch, accepted); m < ch.sent; ++m)
+    if (needs_copy_aside(ch, m)) bytes += ch.sent_log[m % kSentLog].bytes;
   return bytes;
 }
 
-// Before retain_unaccepted copies more than retain_max_bytes (and kAwaitAcceptanceMinBytes)
-// aside, waits for the receivers' acceptance for about as long as the copy would take
-// (kCopyAsideBytesPerUs), serving their re-send requests. Bounded, not until acceptance: a receiver may take our chunks only in its
-// next call (a send before a receive on every rank), and waiting for it would deadlock.
-Status RingRunner::await_p2p_acceptance(Connection* const* connection_of) noexcept {
-  const std::size_t bytes = unretained_bytes(connection_of);
-  if (bytes <= std::max(c_.retain_max_bytes, kAwaitAcceptanceMinBytes)) return Status::ok();
+// Before retain_unaccepted copies more than kAwaitAcceptanceMinBytes aside, waits for the
+// receivers' acceptance for about as long as the copy would take (kCopyAsideBytesPerUs),
+// serving their re-send requests. Bounded, not until acceptance: a receiver may take our chunks
+// only in its next call (a send before a receive on every rank), and waiting for it would
+// deadlock. `staged`: the bytes this call sent through staging slots, a bound on what can need
+// a copy (chunks of earlier calls were copied when those returned); under the limit the
+// receivers' credit lines are not even read.
+Status RingRunner::await_p2p_acceptance(Connection* const* connection_of, std::size_t staged) noexcept {
+  if (staged <= kAwaitAcceptanceMinBytes) return Status::ok();
+  std::size_t bytes = 0;
+  for (int r = 0; r < c_.size; ++r)
+    if (Connection* ch = connection_of[r]; ch && ch->retained) bytes += unretained_bytes(*ch);
+  if (bytes <= kAwaitAcceptanceMinBytes) return Status::ok();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(1 + bytes / kCopyAsideBytesPerUs);
   for (int r = 0; r < c_.size; ++r) {
     Connection* ch = connection_of[r];
-    if (!ch || !ch->retained || !ch->link) continue;
+    if (!ch || !ch->retained || !ch->link || unretained_bytes(*ch) == 0) continue;
     const auto target = static_cast<std::uint32_t>(ch->sent);
     while (!reached(flags_.credit[ch->peer].value.load(std::memory_order_acquire), target)) {
       const auto now = std::chrono::steady_clock::now();

@@ -18,6 +18,16 @@ using namespace ringfence;
 
 namespace {
 
+// Re-sends of a call's last chunks happen during a later call: one more collective, then the
+// chunks this rank re-sent over all its links.
+std::uint64_t resends_after_settling(Communicator& comm) {
+  float one = 1.0f;
+  comm.allreduce(&one, &one, 1, DataType::Float32, ReduceOp::Sum);
+  std::uint64_t resends = 0;
+  for (const auto& l : comm.links()) resends += l.retries;
+  return resends;
+}
+
 // 300 float sums of `count` elements over a link that flips bits, each rank overwriting its
 // input and output as soon as a call returns: no element may come out wrong, and some chunks
 // must have been re-sent.
@@ -44,10 +54,7 @@ void overwrite_on_return(int n, std::size_t count, std::size_t chunk_bytes) {
       // A ring's last chunks are sent from the output: overwritten too.
       std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
     }
-    // Re-sends of the last call's chunks happen during a later call.
-    float one = 1.0f;
-    comm.allreduce(&one, &one, 1, DataType::Float32, ReduceOp::Sum);
-    for (const auto& l : comm.links()) resends += l.retries;
+    resends += resends_after_settling(comm);
   });
   INFO(error);
   REQUIRE(error.empty());
@@ -125,10 +132,7 @@ TEST_CASE("retained chunks: a point-to-point exchange over a corrupting link, bu
       wrong += test::count_wrong_pattern(DataType::Float32, left, from_left.data(), count, first);
       if (left != right) wrong += test::count_wrong_pattern(DataType::Float32, right, from_right.data(), count, first + count);
     }
-    // Re-sends of the last exchange's chunks happen during a later call.
-    float one = 1.0f;
-    comm.allreduce(&one, &one, 1, DataType::Float32, ReduceOp::Sum);
-    for (const auto& l : comm.links()) resends += l.retries;
+    resends += resends_after_settling(comm);
   });
   INFO(error);
   REQUIRE(error.empty());
