@@ -37,6 +37,9 @@ class ReportCoalescer {
     return out;
   }
 
+  /// Whether occurrences are held back, waiting for the interval to pass.
+  bool holds() const noexcept { return held_ != 0; }
+
   /// When the last report went out (meaningless before the first).
   Clock::time_point last_report() const noexcept { return last_; }
 

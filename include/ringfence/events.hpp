@@ -15,7 +15,8 @@ namespace ringfence {
 
 /// What happened.
 enum class EventKind : std::uint8_t {
-  ChecksumErrors,  ///< `count` corrupted chunks arrived over link a-b since the last agreement
+  ChecksumErrors,  ///< `count` corrupted chunks arrived over link a-b since the last such event (reported at agreements and
+                   ///< after point-to-point calls: the first at once, then at most one a second per link with the sum)
   FenceProposed,   ///< this rank proposed fencing link a-b
   LinkFenced,      ///< every rank agreed: link a-b is fenced
   Replanned,       ///< new plan in `detail`: ring (ranks joined by '-') and relays ("relays x->z->y"), epoch `epoch`

@@ -18,6 +18,8 @@ constexpr std::uint32_t kSpeedEvidenceWrites = 8;
 constexpr std::uint8_t kSlowStreak = 3;
 // At most one checksum_errors event per link in this time, after the first (ReportCoalescer).
 constexpr auto kChecksumReportInterval = std::chrono::seconds(1);
+// At most one warning per link in this time about corrupted point-to-point chunks, after the first.
+constexpr auto kP2PWarningInterval = std::chrono::seconds(10);
 }  // namespace
 
 void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
@@ -29,6 +31,8 @@ void AgreementRound::start(std::unique_ptr<HealthMonitor> monitor) {
   straggler_streak_.assign(static_cast<std::size_t>(ctx_.size), 0);
   observations_.reserve(static_cast<std::size_t>(ctx_.size));
   checksum_reports_.assign(static_cast<std::size_t>(ctx_.size), ReportCoalescer(kChecksumReportInterval));
+  checksum_counted_.assign(static_cast<std::size_t>(ctx_.size), 0);
+  p2p_warnings_.assign(static_cast<std::size_t>(ctx_.size), ReportCoalescer(kP2PWarningInterval));
   timed_.reserve(static_cast<std::size_t>(ctx_.size));
   every_ = base_every();
   last_agreement_ = std::chrono::steady_clock::now();
@@ -138,13 +142,7 @@ void AgreementRound::observe() {
       if (const auto r = ratio(t, dch.expected_gbps)) o.bandwidth_ratio = std::min(o.bandwidth_ratio.value_or(*r), *r);
     }
   const auto now = std::chrono::steady_clock::now();
-  // The first mismatches on a link are reported at once; after that at most one event a
-  // kChecksumReportInterval with the sum (a link with no route around stays in use, corrupted).
-  for (const auto& o : observations_) {
-    const int peer = o.link.a == rank ? o.link.b : o.link.a;
-    if (const std::uint64_t n = checksum_reports_[static_cast<std::size_t>(peer)].add(o.checksum_mismatches, now))
-      emit(HealthEvent{EventKind::ChecksumErrors, rank, o.link.a, o.link.b, 0, 0, n, {}, 0});
-  }
+  report_checksum_errors(now, false);
   for (const auto& a : monitor_->evaluate(now, observations_)) {
     if (a.link.b >= ctx_.size) continue;
     if (a.change && a.change->to == health::PolicyState::Suspect)
@@ -166,6 +164,51 @@ void AgreementRound::observe() {
       ballot_.vote(a.link, Vote::Readmit);  // cool-down served, nothing wrong since: probation in the plan
     }
   }
+}
+
+// The first mismatches on a link are reported at once; after that at most one event a
+// kChecksumReportInterval with the sum (a link with no route around stays in use, corrupted).
+// Counted from the connections' own counters (every lane's link to a peer, the device lane's
+// too) against what was reported, not from an agreement's observations: point-to-point calls
+// report here as well (`p2p`: also a warning, at most one a kP2PWarningInterval per link), and
+// a job that only sends and receives never runs an agreement.
+void AgreementRound::report_checksum_errors(std::chrono::steady_clock::time_point now, bool p2p) noexcept {
+  const int rank = ctx_.rank;
+  const auto& conns = lanes_.main().connections;
+  for (std::size_t i = 0; i < conns.size(); ++i) {
+    const int peer = conns[i]->peer;
+    const auto p = static_cast<std::size_t>(peer);
+    const std::uint64_t total = checksum_errors_from(i);
+    const std::uint64_t fresh = total > checksum_counted_[p] ? total - checksum_counted_[p] : 0;  // a dropped lane takes its count along
+    checksum_counted_[p] = total;
+    const LinkId l = LinkId::of(rank, peer);
+    if (const std::uint64_t n = checksum_reports_[p].add(fresh, now))
+      emit(HealthEvent{EventKind::ChecksumErrors, rank, l.a, l.b, 0, 0, n, {}, 0});
+    if (!p2p) continue;
+    if (const std::uint64_t n = p2p_warnings_[p].add(fresh, now))
+      ctx_.log.warn("link {}-{}: {} chunk{} from rank {} arrived corrupted in point-to-point calls{} and {} re-sent (results stay "
+                    "exact); only collectives run fence agreements, so the link stays in use until one does",
+                    l.a, l.b, n, n == 1 ? "" : "s", peer, n == fresh ? "" : " since the last warning", n == 1 ? "was" : "were");
+  }
+}
+
+std::uint64_t AgreementRound::checksum_errors_from(std::size_t i) noexcept {
+  std::uint64_t total = 0;
+  lanes_.for_each([&](LaneState& L) { total += L.connections[i]->checksum_errors.load(std::memory_order_relaxed); });
+  if (device_.built()) total += device_.lane().connections[i]->checksum_errors.load(std::memory_order_relaxed);
+  return total;
+}
+
+void AgreementRound::report_p2p_checksum_errors() noexcept {
+  if (!enabled()) return;
+  // Nothing to do, and no clock read, while no chunk arrived damaged and nothing is held back.
+  const auto& conns = lanes_.main().connections;
+  bool due = false;
+  for (std::size_t i = 0; i < conns.size() && !due; ++i) {
+    const auto p = static_cast<std::size_t>(conns[i]->peer);
+    due = checksum_errors_from(i) != checksum_counted_[p] || checksum_reports_[p].holds() || p2p_warnings_[p].holds();
+  }
+  if (due) report_checksum_errors(std::chrono::steady_clock::now(), true);
 }
 
 // The speed of this rank's writes to each peer since the last agreement (every lane's writes

@@ -58,6 +58,12 @@ class AgreementRound {
   /// (or when Fence finds no route); Fence installs the fences. Returns the internal
   /// allreduce's failure, else Ok.
   Status compare_digests(const void* out, std::size_t bytes, Failure& failure, std::string& error);
+  /// After a point-to-point call: emits checksum_errors events for chunks that arrived damaged
+  /// since the last report (the first on a link at once, then at most one a second with the
+  /// sum, as agreements do), so a job that only sends and receives, where no agreement ever
+  /// runs, still names a corrupting link; with a warning, at most one every 10 s per link.
+  /// Nothing while agreements are off (`enabled`).
+  void report_p2p_checksum_errors() noexcept;
   std::uint64_t digest_mismatches() const noexcept { return digest_mismatches_; }
   /// Agreements run so far, and the collectives from the last to the next (by count; bytes
   /// may bring it sooner): `HealthSnapshot::agreements`, `agree_every` (0 while agreements are off).
@@ -70,6 +76,9 @@ class AgreementRound {
   // on every rank, which decide from the same ballot) and are returned; stragglers are reported.
   std::vector<LinkId> judge_slowness();
   void report_speeds() noexcept;
+  void report_checksum_errors(std::chrono::steady_clock::time_point now, bool p2p) noexcept;
+  // The checksum_errors counters of connection `i` to its peer, summed over every lane.
+  std::uint64_t checksum_errors_from(std::size_t i) noexcept;
   void report_pace(std::chrono::steady_clock::time_point now) noexcept;
   // Sets every_ from the reduced ballot: health_agree_every, stretched while all is quiet.
   void pace_next() noexcept;
@@ -95,6 +104,8 @@ class AgreementRound {
   std::vector<TransportObservation> observations_;  // per agreement; reserved at start
   std::vector<std::pair<std::uint64_t, std::uint64_t>> timed_;  // per peer: timed bytes, ns
   std::vector<ReportCoalescer> checksum_reports_;  // per peer: checksum_errors events held back
+  std::vector<ReportCoalescer> p2p_warnings_;  // per peer: warnings about corrupted point-to-point chunks held back
+  std::vector<std::uint64_t> checksum_counted_;  // per peer: its links' checksum_errors counters, summed, already reported or held
   std::vector<std::uint64_t> digests_;
   LedgerKeeper ledger_;  // RINGFENCE_HEALTH_LEDGER: fences that outlive the job
   std::uint64_t calls_since_ = 0, bytes_since_ = 0;  // since the last agreement

@@ -388,3 +388,61 @@ TEST_CASE("without checksums, a counter storm on a link with no route around tur
   }
 }
 
+
+TEST_CASE("a job that only sends and receives over a corrupting link: checksum_errors events as it runs, counts exact, the link named",
+          "[integrity][health][p2p]") {
+  // No collective, so no agreement ever runs: the point-to-point calls themselves must report
+  // the chunks that arrived damaged (the first at once, then at most one event a second per
+  // link, the rest when the communicator is destroyed) and warn, naming the link.
+  const test::TempDir dir("ringfence-p2p-events");
+  CommOptions o = agreeing_every(64, "flip:rate=2e-6,link=0-1,seed=9", "p2p-events");
+  o.log_file = (dir.path() / "log").string();
+  std::vector<std::uint64_t> during(2, 0), events(2, 0), reported(2, 0), caught(2, 0);
+  std::vector<double> seconds(2, 0.0);
+  std::atomic<std::size_t> wrong{0};
+  const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    const int peer = 1 - comm.rank();
+    comm.on_health_event([&, r](const HealthEvent& e) {
+      if (e.kind != EventKind::ChecksumErrors) return;
+      CHECK((e.a == 0 && e.b == 1));
+      ++events[r];
+      reported[r] += e.count;
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const std::size_t count = 50000;
+    std::vector<float> out(count), in(count);
+    for (int it = 0; it < 1500; ++it) {  // about 2 s on an idle 2-core VM: coalescing shows
+      const auto first = static_cast<std::size_t>(it) * 3;
+      test::fill_pattern(DataType::Float32, comm.rank(), out.data(), count, first);
+      comm.group_start();
+      comm.send(out.data(), count, DataType::Float32, peer);
+      comm.recv(in.data(), count, DataType::Float32, peer);
+      comm.group_end();
+      wrong += test::count_wrong_pattern(DataType::Float32, peer, in.data(), count, first);
+    }
+    during[r] = reported[r];
+    seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (const auto& l : comm.links()) caught[r] += l.checksum_errors;
+  });  // destroyed here: what was held back is reported now
+  INFO(error);
+  REQUIRE(error.empty());
+  REQUIRE(wrong == 0);
+  std::ifstream in(dir.path() / "log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(log);
+  std::size_t warnings = 0;
+  for (std::size_t at = 0; (at = log.find("arrived corrupted in point-to-point calls", at)) != std::string::npos; ++at) ++warnings;
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << events[r] << " events, " << during[r] << " reported while running, " << reported[r] << " in all, " << caught[r] << " caught in "
+                  << seconds[r] << " s");
+    REQUIRE(caught[r] > 0);  // the link really damaged chunks both ways
+    CHECK(during[r] > 0);    // reported while the job ran, not only at its end
+    CHECK(reported[r] == caught[r]);
+    CHECK(static_cast<double>(events[r]) <= 2.0 + seconds[r]);  // without coalescing: one per damaged call
+    CHECK_THAT(log, Catch::Contains(fmt::format("link 0-1: ")) && Catch::Contains(fmt::format("from rank {} arrived corrupted", 1 - r)));
+  }
+  // One per rank at once, then at most one per link every 10 s.
+  CHECK(warnings >= 2);
+  CHECK(static_cast<double>(warnings) <= 2.0 * (1.0 + std::max(seconds[0], seconds[1]) / 10.0));
+}
