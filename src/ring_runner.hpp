@@ -300,6 +300,14 @@ class RingRunner {
   Status poll_with_relays(SignalFlag& flag, std::uint32_t target) noexcept;
   static constexpr int kRelayPolls = 512;
   static constexpr int kRelayYieldEvery = 16;
+  // Polls `flag` and answers re-send requests together, once chunks are being re-sent in this
+  // call (`repairing()`; ring_runner_flow.cpp says why). Ok once `flag` reached `target`,
+  // InProgress when it did not in time.
+  Status poll_serving_nacks(SignalFlag& flag, std::uint32_t target) noexcept;
+  bool repairing() const noexcept { return c_.checksum && (resending_ || requested_); }
+  static constexpr int kServePolls = 2048;
+  static constexpr int kServeEvery = 16;
+  static constexpr int kServeYieldEvery = 64;
 
   Status finish_device_call() noexcept;
 
@@ -478,6 +486,7 @@ class RingRunner {
   RelayDuties& relays_;
   Failure& failure_;
   bool resending_ = false;  // a peer asked for a re-send in this call: answer the next ones quickly
+  bool requested_ = false;  // we asked a peer for a re-send in this call
   std::uint64_t relay_target_[kMaxRelayDuties] = {};
   Connection* const* nack_all_ = nullptr;  // point-to-point mode: connection per rank (null for ourselves)
   Connection* const* by_position_ = nullptr;  // tree mode: connection per ring position (null for ourselves)

@@ -120,6 +120,7 @@ Status RingRunner::service_nacks(Connection& ch) noexcept {
 // Asks the peer of `ch` to re-send message m (or the piece of it that `piece` names): its
 // number and the piece, then the nack, on the same link.
 Status RingRunner::request_resend(Connection& ch, std::uint64_t m, std::uint32_t piece) noexcept {
+  requested_ = true;
   Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kNackMsg, c_.size, c_.rank),
                                       static_cast<std::uint32_t>(m), m});
   if (s.is_ok())

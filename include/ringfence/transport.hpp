@@ -328,6 +328,13 @@ struct TransportTraits {
   /// saves a whole write (its bookkeeping and completion), which was most of what the trailer
   /// cost it (docs/protection-cost-small-calls.md).
   bool signals_carry_bytes = false;
+  /// A peer's `signal` is a plain store into the memory of our flag, so polling the flag sees
+  /// it with no call into the link (no progress thread, socket read or copy completion in
+  /// between). Where the engine must watch a flag and other work at once it then polls the flag
+  /// itself instead of waiting in `Link::wait`, which watches one flag (a call re-sending damaged
+  /// chunks: RingRunner::poll_serving_nacks). A transport whose signals arrive through its own
+  /// progress leaves it false: there the link's wait is the faster way to see them.
+  bool flags_stored_by_peer = false;
   /// Transports a link of this one may move to when the health layer must fence it, in order of
   /// preference; the default fallback table (`CommOptions::fallbacks`) is built from these.
   std::vector<std::string> fallbacks;

@@ -276,7 +276,8 @@ class ShmTransport final : public Transport {
   }
 
   const TransportTraits& traits() const noexcept override {
-    static const TransportTraits kTraits{.shares_memory = true, .crc_in_writes = true, .signals_carry_bytes = true, .speed_spread = 10.0};
+    static const TransportTraits kTraits{.shares_memory = true, .crc_in_writes = true, .signals_carry_bytes = true, .flags_stored_by_peer = true,
+                                         .speed_spread = 10.0};
     return kTraits;
   }
   std::string_view name() const noexcept override { return kName; }
