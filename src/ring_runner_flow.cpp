@@ -169,6 +169,7 @@ Status RingRunner::poll_serving_nacks(SignalFlag& flag, std::uint32_t target) no
     if (i % kServeEvery == 0) {
       RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
       if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
+      if (relays_.count > 0) RINGFENCE_TRY(service_relays());  // a relay's chunks wait for us too
       flush_deferred();
     }
     if (i % kServeYieldEvery == 0)
