@@ -156,8 +156,8 @@ Status RingRunner::poll_with_relays(SignalFlag& flag, std::uint32_t target) noex
 // Once chunks are re-sent in a call, both ends of a damaged link usually wait for each other at
 // once: each asked the other for a piece (repair_in_pieces) and waits for it in the link's wait,
 // which watches one flag, spins its polls and sleeps; the other's request lies unanswered until
-// that wait's slice ends. On the AMD VM that cost 55-75 us a re-send (a 20 us futex slice plus
-// the kernel's timer slack, after the link's spin with its yields): a 2-rank 1 MiB sendrecv with
+// that wait's slice ends. On the AMD VM that cost about 60 us a piece (the link's spin with its
+// yields, then a 20 us futex slice, which ends late): a 2-rank 1 MiB sendrecv with
 // flip:rate=1e-4 took 36 ms. So a repairing call polls its flag itself first, answering requests
 // every kServeEvery polls (the link's own wait follows when the peer stays silent). Only where
 // the peer's signals are plain stores (TransportTraits::flags_stored_by_peer): over tcp the

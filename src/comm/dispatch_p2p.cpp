@@ -61,7 +61,7 @@ void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t us
   const Status s = device ? device->run_p2p(call, ops.data(), ops.size(), failure)
                           : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(), p2p_direct(user_min_bytes, whole_exchange), failure);
   ops.clear();
-  p_.agreement.report_p2p_checksum_errors();  // a send/recv-only job runs no agreement that would
+  p_.agreement.report_p2p_checksum_errors();  // a send/recv-only job runs no agreement to report them
   if (!s.is_ok()) raise(call, failure);
 }
 
