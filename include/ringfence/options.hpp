@@ -266,7 +266,8 @@ struct CommOptions {
   /// line is one O_APPEND write); empty = no file. Env: RINGFENCE_HEALTH_LOG.
   std::string health_log;
   /// Prometheus text file (node-exporter textfile collector format) rewritten atomically at every
-  /// fence agreement, every `health_prometheus_interval` (checked when a collective starts), and
+  /// fence agreement, every `health_prometheus_interval` (checked when a collective starts and
+  /// when a send/recv group ends), and
   /// when the communicator closes; `{rank}` in the path is replaced by the rank. Empty = none.
   /// `ringfence-health --live DIR` reads these files. Env: RINGFENCE_HEALTH_PROMETHEUS.
   std::string health_prometheus;
@@ -278,8 +279,8 @@ struct CommOptions {
   /// How long a link fenced or moved in the ledger stays fenced for later jobs, unless
   /// `ringfence-health ledger clear` clears it first. Env: RINGFENCE_HEALTH_LEDGER_QUARANTINE_S.
   std::chrono::seconds health_ledger_quarantine{24 * 3600};
-  /// How often the Prometheus file is refreshed while collectives run; 0 = only at agreements
-  /// and close. Env: RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS.
+  /// How often the Prometheus file is refreshed while collectives or send/recv run; 0 = only at
+  /// agreements and close. Env: RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS.
   std::chrono::milliseconds health_prometheus_interval{2000};
   /// Fault injection rules (see fault.hpp for the grammar); empty = none.
   /// Env: RINGFENCE_FAULT.

@@ -65,10 +65,15 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
     if (!p_.agreement.run(failure).is_ok()) raise(fmt::format("fence agreement before {}", call).c_str(), failure);
     if (!ctx.options.health_prometheus.empty()) write_metrics();
   }
-  // The timed refresh: a scrape (or `ringfence-health --live`) during a run sees current figures,
-  // not only those of the last agreement. One clock read per call, only with the file set.
-  if (!ctx.options.health_prometheus.empty() && ctx.options.health_prometheus_interval.count() > 0 &&
-      std::chrono::steady_clock::now() >= metrics_due_)
+  refresh_metrics_if_due();
+}
+
+// The timed refresh: a scrape (or `ringfence-health --live`) during a run sees current figures,
+// not only those of the last agreement; point-to-point groups call it too (a send/recv-only job
+// runs no agreement). One clock read per call, only with the file set.
+void Dispatch::refresh_metrics_if_due() {
+  const CommOptions& o = p_.ctx.options;
+  if (!o.health_prometheus.empty() && o.health_prometheus_interval.count() > 0 && std::chrono::steady_clock::now() >= metrics_due_)
     write_metrics();
 }
 

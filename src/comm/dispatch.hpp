@@ -140,6 +140,7 @@ class Dispatch {
   void begin_collective(const char* call, CallFingerprint fp);
   // Rewrites the Prometheus file (RINGFENCE_HEALTH_PROMETHEUS) and schedules the next refresh.
   void write_metrics();
+  void refresh_metrics_if_due();
   void settle_call(const char* call);
   void judge_call(const char* call);
   void run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct = false);

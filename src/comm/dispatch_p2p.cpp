@@ -39,6 +39,7 @@ void Dispatch::run_host_group(const char* call) {
   apply_timeout(call_timeout_);
   check_p2p_routes(call, group_ops_);
   run_ops(call, group_ops_, p_.ctx.options.p2p_direct_user_min_bytes);
+  refresh_metrics_if_due();
 }
 
 void Dispatch::check_p2p_routes(const char* call, std::vector<P2POp>& ops) {
