@@ -305,6 +305,13 @@ class RingRunner {
   // InProgress when it did not in time.
   Status poll_serving_nacks(SignalFlag& flag, std::uint32_t target) noexcept;
   bool repairing() const noexcept { return c_.checksum && (resending_ || requested_); }
+  // Whether a wait on `ch` polls with poll_serving_nacks first: this call repairs, on the host,
+  // over a link whose peer's signals are plain stores (TransportTraits::flags_stored_by_peer).
+  bool polls_while_repairing(const Connection& ch) const noexcept {
+    return repairing() && !dev_ && ch.transport->traits().flags_stored_by_peer;
+  }
+  // The re-send requests every wait answers (wait_flag, poll_serving_nacks).
+  Status serve_resend_requests() noexcept;
   static constexpr int kServePolls = 2048;
   static constexpr int kServeEvery = 16;
   static constexpr int kServeYieldEvery = 64;

@@ -156,9 +156,9 @@ Status RingRunner::poll_with_relays(SignalFlag& flag, std::uint32_t target) noex
 // Once chunks are re-sent in a call, both ends of a damaged link usually wait for each other at
 // once: each asked the other for a piece (repair_in_pieces) and waits for it in the link's wait,
 // which watches one flag, spins its polls and sleeps; the other's request lies unanswered until
-// that wait's slice ends. On the AMD VM that cost about 60 us a piece (the link's spin with its
-// yields, then a 20 us futex slice, which ends late): a 2-rank 1 MiB sendrecv with
-// flip:rate=1e-4 took 36 ms. So a repairing call polls its flag itself first, answering requests
+// that wait's slice ends (the link's spin with its yields, then a 20 us futex slice). On the AMD
+// VM a 2-rank 1 MiB sendrecv with flip:rate=1e-4 took 36-41 ms for some 250 failed pieces a
+// call per rank and the pieces that got through: 60-120 us a round trip (not timed one by one). So a repairing call polls its flag itself first, answering requests
 // every kServeEvery polls (the link's own wait follows when the peer stays silent). Only where
 // the peer's signals are plain stores (TransportTraits::flags_stored_by_peer): over tcp the
 // link's wait reads the socket itself, and polling the flag instead made the same 1 MiB
@@ -167,8 +167,7 @@ Status RingRunner::poll_serving_nacks(SignalFlag& flag, std::uint32_t target) no
   for (int i = 1; i <= kServePolls; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     if (i % kServeEvery == 0) {
-      RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
-      if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
+      RINGFENCE_TRY(serve_resend_requests());
       if (relays_.count > 0) RINGFENCE_TRY(service_relays());  // a relay's chunks wait for us too
       flush_deferred();
     }
@@ -178,6 +177,14 @@ Status RingRunner::poll_serving_nacks(SignalFlag& flag, std::uint32_t target) no
       cpu_pause();
   }
   return Status(ErrorCode::InProgress);
+}
+
+// The re-send requests every wait serves: any peer's in point-to-point mode, else the right
+// neighbour's and those for chunks earlier point-to-point calls left retained.
+Status RingRunner::serve_resend_requests() noexcept {
+  RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
+  if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
+  return Status::ok();
 }
 
 // Waits until `ch`'s peer accepted (consumed; with checksums, verified) every chunk we sent it.
@@ -207,15 +214,12 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
   for (;;) {
     RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
     RINGFENCE_TRY(verify_call(false));  // a disagreement may be why nothing comes
-    if (c_.checksum) {
-      RINGFENCE_TRY(nack_all_ ? service_all_nacks() : service_nacks(*right_));
-      if (!nack_all_ && c_.retained_peers) RINGFENCE_TRY(service_retained());
-    }
+    if (c_.checksum) RINGFENCE_TRY(serve_resend_requests());
     if (relays_.count > 0) {
       const Status polled = poll_with_relays(flag, target);
       if (!polled.in_progress()) return polled;  // reached, or a relay failed
     }
-    if (repairing() && !dev_ && ch.transport->traits().flags_stored_by_peer) {
+    if (polls_while_repairing(ch)) {
       const Status polled = poll_serving_nacks(flag, target);
       if (!polled.in_progress()) return polled;
     }

@@ -123,7 +123,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
                                    : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
                                              : ch.received + 1;
       flush_deferred();
-      if (repairing() && !dev_ && ch.transport->traits().flags_stored_by_peer) {  // a peer may wait for our re-send as we wait for it
+      if (polls_while_repairing(ch)) {  // a peer may wait for our re-send as we wait for it
         const Status polled = poll_serving_nacks(flag, static_cast<std::uint32_t>(target));
         if (polled.is_error()) return polled;
         if (polled.is_ok()) break;
