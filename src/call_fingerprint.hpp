@@ -48,12 +48,34 @@ struct CallFingerprint {
   std::uint8_t collective = 0; ///< `CallKind`
   std::uint8_t type = 0;       ///< DataType (0 for calls that move bytes only)
   std::uint8_t op = 0;         ///< ReduceOp (0 for calls that do not reduce)
-  std::uint8_t reserved = 0;
+  std::uint8_t carried = 0;    ///< 1: the post carries the call's data (CallPost; a carried allreduce)
   std::int32_t root = -1;      ///< root rank, -1 for calls without one
   std::uint32_t crc = 0;       ///< CRC32C of the 24 bytes before it
   std::uint32_t reserved2 = 0;
 };
 static_assert(sizeof(CallFingerprint) == 32);
+
+/// The most bytes a call's post carries (CallPost::data): a carried allreduce of two ranks
+/// (docs/carried-allreduce.md) moves its whole input in the post, so its slot is two lines.
+inline constexpr std::size_t kCarryMaxBytes = 88;
+
+/// One fingerprint slot as posted: the fingerprint and, in a carried allreduce
+/// (`fp.carried`), the sender's input with its CRC (seeded with the fingerprint's, so the data
+/// is bound to the call it was sent in). A plain post writes only `fp`; the rest of the slot
+/// then holds whatever an earlier carried post left there, which `fp.carried` says to ignore.
+struct CallPost {
+  CallFingerprint fp;
+  std::uint32_t data_crc = 0;    ///< crc32c(data, data_bytes) seeded with fp.crc
+  std::uint32_t data_bytes = 0;  ///< bytes of `data` in use
+  std::byte data[kCarryMaxBytes];
+  /// Bytes a post writes: the fingerprint, and the carried data with its header.
+  std::size_t posted_bytes() const noexcept {
+    return fp.carried ? offsetof(CallPost, data) + data_bytes : sizeof(CallFingerprint);
+  }
+};
+static_assert(sizeof(CallPost) == 128);
+/// Bytes between fingerprint slots (FlagBlock::calls): a CallPost.
+inline constexpr std::size_t kCallSlotBytes = sizeof(CallPost);
 
 /// A call fingerprint posted to the ranks that check it and not yet compared with the one
 /// `from` posted (design §6). The ring executor compares it before it uses the first chunk it
@@ -64,6 +86,7 @@ struct CallCheck {
   CallFingerprint mine;     ///< ours, numbered and with its CRC
   CallFingerprint theirs;   ///< `from`'s, once read
   bool settled = false;     ///< `theirs` was read
+  bool posted = true;       ///< `mine` was posted (a carried call posts it itself: CallChecker::prepare)
   bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
   /// Every rank that sends us a chunk is compared before that chunk is used, not only `from`:
   /// calls that receive from every rank (one-shot, direct, trees), whose senders wrote their
@@ -75,7 +98,7 @@ struct CallCheck {
   bool disagree() const noexcept {
     return settled && intact &&
            (theirs.collective != mine.collective || theirs.type != mine.type || theirs.op != mine.op || theirs.count != mine.count ||
-            theirs.root != mine.root);
+            theirs.root != mine.root || theirs.carried != mine.carried);
   }
 };
 

@@ -157,6 +157,9 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 /// - `call[p]`: p wrote the fingerprint of its collective number c into `call_area(p, c)`
 ///   (value c, low 32 bits);
 /// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again;
+/// - `repost[p]`: p found our post in fingerprint slot s damaged or lost and asks for it again
+///   (value = p's count of such requests << 5 | s; carried allreduce, RingRunner::run_carried);
+/// - `reposted[p]`: p wrote the post we asked for again (value = that request's value);
 /// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
 ///   (origin + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody). The origin is
 ///   the rank that failed first: a rank that fails on the word passes it on unchanged
@@ -175,19 +178,21 @@ struct FlagBlock {
   SignalFlag* call = nullptr;
   SignalFlag* call_ack = nullptr;
   SignalFlag* nack_piece = nullptr;    ///< which part of the chunk a NACK asks for (encode_piece)
+  SignalFlag* repost = nullptr;
+  SignalFlag* reposted = nullptr;
   SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
   std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
-  std::byte* calls = nullptr;          ///< [size] x kCallSlots x sizeof(CallFingerprint)
-  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kNackPiece, kWords };
+  std::byte* calls = nullptr;          ///< [size] x kCallSlots x kCallSlotBytes (CallPost)
+  enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kNackPiece, kRepost, kReposted, kWords };
   /// Bytes per peer: the words, two mailboxes and the fingerprint slots (a multiple of 64).
-  static constexpr std::size_t kPerPeer = kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * sizeof(CallFingerprint);
+  static constexpr std::size_t kPerPeer = kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * kCallSlotBytes;
 
   static std::size_t bytes(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer + sizeof(SignalFlag); }
   static std::size_t abort_offset(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer; }
   /// Offset of fingerprint slot `slot` written by `rank`.
   static std::size_t call_offset(int size, int rank, std::size_t slot) noexcept {
-    return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * sizeof(CallFingerprint);
+    return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * kCallSlotBytes;
   }
   /// Encodes an abort word.
   static std::uint32_t abort_value(ErrorCode code, int origin, int blamed) noexcept {
@@ -221,6 +226,8 @@ struct FlagBlock {
     call = f + kCall * size;
     call_ack = f + kCallAck * size;
     nack_piece = f + kNackPiece * size;
+    repost = f + kRepost * size;
+    reposted = f + kReposted * size;
     calls = static_cast<std::byte*>(base) + call_offset(size, 0, 0);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
@@ -276,13 +283,16 @@ struct Connection {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
-  CallFingerprint call_fp[kCallSlots];  ///< our fingerprints written to this peer (outlive the writes)
+  CallPost call_post[kCallSlots];  ///< our fingerprints (with carried data) written to this peer (outlive the writes; re-posts)
   CallFingerprint spread_fp[kCallSlots];  ///< the same, written to a peer that does not check us (CallCheck::pairwise)
   std::uint64_t pair_checked = 0;  ///< the last call whose fingerprint from this peer we compared (CallCheck::pairwise)
   CallWord call_word;  ///< our call's word last written to this peer's data flag line (outlives the write)
   /// The peer's acknowledgement of our fingerprints as we last read it (a lower bound: they only
   /// grow): a post whose slot it already frees reads nothing (RingRunner::post_fingerprint).
   std::uint32_t call_ack_seen = 0;
+  std::uint32_t reposts_asked = 0;   ///< fingerprint posts we asked this peer for again (FlagBlock::repost)
+  std::uint32_t repost_served = 0;   ///< the peer's last repost request we answered
+  std::uint64_t last_carried = 0;    ///< the number of our last carried post to this peer (0: none)
   // Direct point-to-point: keys of our receive buffers published to this peer, and keys of the
   // peer's receive buffers we consumed for our sends.
   std::uint32_t p2p_keys_published = 0, p2p_keys_used = 0;
@@ -297,6 +307,7 @@ struct Connection {
   std::size_t repair_piece = 0;
   // Read by links() from any thread (relaxed); written by the communicator's thread alone.
   std::atomic<std::uint32_t> resends{0};
+  std::atomic<std::uint32_t> reposts{0};  ///< fingerprint posts we wrote again (serve_reposts); only counted, never signalled
   std::atomic<std::uint64_t> checksum_errors{0};  ///< corrupted chunks received from the peer
   // Health evidence: writes of at least kTimedWriteBytes are timed (achieved bandwidth against
   // `expected_gbps`, the transport's `can_reach` figure), here or by the link itself
@@ -535,10 +546,19 @@ bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept;
 
 /// Call fingerprints, first half: writes `mine` to every connection in `to[0..n_to)` (after each
 /// has read the one `kCallSlots` calls earlier; `spread`: to peers that do not check us, which
-/// read it only to compare this call, so without waiting). Bounded by the timeout.
+/// read it only to compare this call, so without waiting), with `carried` (a carried allreduce's
+/// input, `mine.carried` set, at most kCarryMaxBytes) in the same write. Bounded by the timeout.
 Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
                         Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure,
-                        bool spread = false) noexcept;
+                        bool spread = false, std::span<const std::byte> carried = {}) noexcept;
+
+/// A carried allreduce of two ranks (docs/carried-allreduce.md): `check` was posted with our
+/// input `send` (post_fingerprint's `carried`); waits for the peer's post of the same call,
+/// compares the calls, verifies the carried bytes (asking for the post again while they arrive
+/// damaged or not at all) and writes `send op theirs`, in rank order, to `recv`. A different
+/// call fails with InvalidUsage (CallCheck::disagree). Bounded by the timeout.
+Status run_carried(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays, CallCheck& check,
+                   const void* send, void* recv, std::size_t count, const Reducer& reducer, Failure& failure) noexcept;
 
 /// Second half, for calls that do not leave it to the executor: waits for `check.from`'s
 /// fingerprint of the same call, reads it into `check` and acknowledges it. `check.intact` is
@@ -554,9 +574,10 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connectio
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
                const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr) noexcept;
 
-/// Lane 0 at the end of a communicator (checksum mode): waits, at most until `deadline`, until
-/// every peer accepted the chunks a call left in the retained areas (Connection::retained),
-/// serving re-send requests meanwhile. Never fails: a peer that never takes them is given up on.
+/// Lane 0 at the end of a communicator: waits, at most until `deadline`, until every peer
+/// accepted the chunks a call left in the retained areas (Connection::retained; checksum mode)
+/// and acknowledged our last carried post (Connection::last_carried), serving re-send and
+/// re-post requests meanwhile. Never fails: a peer that never takes them is given up on.
 void drain_retained(const EngineConfig& config, FlagBlock flags, std::chrono::steady_clock::time_point deadline) noexcept;
 
 /// Runs one ring allreduce over the `left`/`right` connections. Returns Ok, or an error with

@@ -114,7 +114,8 @@ constexpr std::string_view kKnown[] = {
     "RINGFENCE_HEALTH_INTERVAL_MS", "RINGFENCE_HEALTH_PROMETHEUS_INTERVAL_MS", "RINGFENCE_HEALTH_LEDGER", "RINGFENCE_HEALTH_LEDGER_QUARANTINE_S", "RINGFENCE_HEALTH_CONFIG",
     "RINGFENCE_HEALTH_PROMETHEUS", "RINGFENCE_ALGO", "RINGFENCE_TUNER_ALPHA_US", "RINGFENCE_TUNER_GBPS",
     "RINGFENCE_CHECK_CALLS", "RINGFENCE_HEARTBEAT_MS", "RINGFENCE_CUDART", "RINGFENCE_DEVICE_STAGING_SLOTS",
-    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES", "RINGFENCE_SPIN"};
+    "RINGFENCE_DEVICE_REGIONS", "RINGFENCE_CUDA_KERNELS", "RINGFENCE_STREAM_WRITES", "RINGFENCE_SPIN",
+    "RINGFENCE_CARRY_MAX_BYTES"};
 
 // An auto / on / off variable into its mode (DeviceRegionsMode, StreamWritesMode, SpinMode).
 template <class Mode>
@@ -174,6 +175,11 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_TIMEOUT_MS"))
     o.timeout = std::chrono::milliseconds(parse_integer("RINGFENCE_TIMEOUT_MS", *v, 1, 365ll * 24 * 3600 * 1000));
   if (auto v = env.get("RINGFENCE_CHUNK_BYTES")) o.chunk_bytes = parse_bytes(*v, "RINGFENCE_CHUNK_BYTES");
+  if (auto v = env.get("RINGFENCE_CARRY_MAX_BYTES")) {
+    o.carry_max_bytes = *v == "off" || *v == "0" ? 0 : parse_bytes(*v, "RINGFENCE_CARRY_MAX_BYTES");
+    if (o.carry_max_bytes > 88)
+      throw InvalidUsage(fmt::format("RINGFENCE_CARRY_MAX_BYTES='{}': at most 88 bytes travel in a call fingerprint (or off)", *v));
+  }
   if (auto v = env.get("RINGFENCE_DIRECT_WRITE_MIN_BYTES"))
     o.direct_write_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_MIN_BYTES");
   if (auto v = env.get("RINGFENCE_P2P_DIRECT_USER_MIN_BYTES"))

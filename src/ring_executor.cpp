@@ -75,8 +75,7 @@ bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept {
   const int peer = check.from->peer;
   if (!reached(flags.call[peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(check.mine.sequence))) return false;
   const std::size_t slot = check.mine.sequence % kCallSlots;
-  std::memcpy(&check.theirs, flags.calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * sizeof(CallFingerprint),
-              sizeof check.theirs);
+  std::memcpy(&check.theirs, flags.calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * kCallSlotBytes, sizeof check.theirs);
   check.settled = true;
   check.intact = check.theirs.sequence == check.mine.sequence &&
                  check.theirs.crc == crc32c(&check.theirs, offsetof(CallFingerprint, crc));
@@ -84,17 +83,27 @@ bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept {
 }
 
 Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
-                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure, bool spread) noexcept {
+                        Connection* const* to, std::size_t n_to, const CallFingerprint& mine, Failure& failure, bool spread,
+                        std::span<const std::byte> carried) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
-  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).post_fingerprint(to, n_to, mine, spread);
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).post_fingerprint(to, n_to, mine, spread, carried);
+}
+
+Status run_carried(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays, CallCheck& check,
+                   const void* send, void* recv, std::size_t count, const Reducer& reducer, Failure& failure) noexcept {
+  static constexpr DirectWrite kNoDirect{};
+  return RingRunner(config, flags, left, right, reducer, kNoDirect, relays, failure)
+      .run_carried(check, static_cast<const std::byte*>(send), static_cast<std::byte*>(recv), count);
 }
 
 Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays,
                           CallCheck& check, Failure& failure) noexcept {
   static constexpr Reducer kNoReduce{};
   static constexpr DirectWrite kNoDirect{};
-  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).settle_call(check, true, true);
+  // A carried call's fingerprint is acknowledged once its data passed (RingRunner::run_carried):
+  // the peer stops answering re-posts at close once it has that acknowledgement.
+  return RingRunner(config, flags, left, right, kNoReduce, kNoDirect, relays, failure).settle_call(check, true, !check.mine.carried);
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
@@ -118,7 +127,9 @@ void drain_retained(const EngineConfig& config, FlagBlock flags, std::chrono::st
   static constexpr DirectWrite kNoDirect{};
   RelayDuties none;
   Failure failure;
-  RingRunner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure).drain_retained(deadline);
+  RingRunner runner(config, flags, nullptr, nullptr, kNoReduce, kNoDirect, none, failure);
+  if (config.checksum) runner.drain_retained(deadline);
+  runner.drain_reposts(deadline);
 }
 
 }  // namespace ringfence::detail

@@ -170,7 +170,11 @@ class RingRunner {
 
   Status run_p2p(Connection* const* connection_of, P2POp* ops, std::size_t n, const P2PDirect& direct) noexcept;
 
-  Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread = false) noexcept;
+  Status post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread = false,
+                          std::span<const std::byte> carried = {}) noexcept;
+
+  // A carried allreduce (engine.hpp run_carried; ring_runner_carried.cpp).
+  Status run_carried(CallCheck& check, const std::byte* send, std::byte* recv, std::size_t count) noexcept;
 
   Status read_call(CallCheck& check, bool block, bool by_word) noexcept;
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
@@ -312,6 +316,12 @@ class RingRunner {
   }
   // The re-send requests every wait answers (wait_flag, poll_serving_nacks).
   Status serve_resend_requests() noexcept;
+  // Requests for a fingerprint post again (FlagBlock::repost), answered by every wait whatever
+  // the checksum mode: a carried allreduce's peer may wait on one in any later call of ours.
+  Status serve_reposts() noexcept;
+  Status serve_repost(Connection& ch) noexcept;
+  Status request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept;
+  static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
   static constexpr int kServePolls = 2048;
   static constexpr int kServeEvery = 16;
   static constexpr int kServeYieldEvery = 64;
@@ -438,6 +448,7 @@ class RingRunner {
 
  public:
   void drain_retained(std::chrono::steady_clock::time_point deadline) noexcept;
+  void drain_reposts(std::chrono::steady_clock::time_point deadline) noexcept;
 
  private:
 

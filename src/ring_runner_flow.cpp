@@ -205,15 +205,18 @@ Status RingRunner::await_all_acceptance() noexcept {
 // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
 // communicator timeout. Services re-send requests from the right neighbour meanwhile.
 Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
-  // A short spin first (EngineConfig::spin_polls says why and how long).
+  // A short spin first (EngineConfig::spin_polls says why and how long). A peer in a carried
+  // allreduce may be waiting for a post of ours again meanwhile (serve_reposts).
   for (int i = 0; i < c_.spin_polls; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
     cpu_pause();
   }
   const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
   for (;;) {
     RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
     RINGFENCE_TRY(verify_call(false));  // a disagreement may be why nothing comes
+    RINGFENCE_TRY(serve_reposts());
     if (c_.checksum) RINGFENCE_TRY(serve_resend_requests());
     if (relays_.count > 0) {
       const Status polled = poll_with_relays(flag, target);

@@ -8,22 +8,39 @@ namespace ringfence::detail {
 // A spread fingerprint (CallCheck::pairwise) is read only by a peer comparing this very call,
 // before it uses our chunk of it, and the peer cannot be in a call 32 earlier: it needs no
 // acknowledgement, and has its own copies so a later post to a checker waits for nothing it owes.
-Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread) noexcept {
+Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, const CallFingerprint& mine, bool spread,
+                                    std::span<const std::byte> carried) noexcept {
   const auto number = static_cast<std::uint32_t>(mine.sequence);
   const std::size_t slot = mine.sequence % kCallSlots;
   for (std::size_t i = 0; i < n_to; ++i) {
     Connection& ch = *to[i];
     // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
     // must have been read before it is overwritten.
-    if (const auto previous = static_cast<std::uint32_t>(ch.call_fp[slot].sequence);
-        !spread && ch.call_fp[slot].sequence != 0 && !reached(ch.call_ack_seen, previous)) {
+    if (const auto previous = static_cast<std::uint32_t>(ch.call_post[slot].fp.sequence);
+        !spread && ch.call_post[slot].fp.sequence != 0 && !reached(ch.call_ack_seen, previous)) {
       RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], previous, "the reading of an earlier call fingerprint", 0));
       ch.call_ack_seen = flags_.call_ack[ch.peer].value.load(std::memory_order_acquire);
     }
-    CallFingerprint& copy = spread ? ch.spread_fp[slot] : ch.call_fp[slot];
-    copy = mine;
-    Status s = ch.link->write(WriteOp{&copy, nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot),
-                                      sizeof(CallFingerprint), 0});
+    const void* src = nullptr;
+    std::size_t bytes = sizeof(CallFingerprint);
+    if (spread) {
+      ch.spread_fp[slot] = mine;
+      src = &ch.spread_fp[slot];
+    } else {
+      // The post is kept whole (with its carried data) until the slot comes round again: a peer
+      // that finds it damaged asks for it again (serve_reposts), possibly calls later.
+      CallPost& post = ch.call_post[slot];
+      post.fp = mine;
+      post.data_bytes = static_cast<std::uint32_t>(carried.size());
+      if (!carried.empty()) {
+        ch.last_carried = mine.sequence;
+        std::memcpy(post.data, carried.data(), carried.size());
+        post.data_crc = crc32c(post.data, carried.size(), mine.crc);
+      }
+      src = &post;
+      bytes = post.posted_bytes();
+    }
+    Status s = ch.link->write(WriteOp{src, nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot), bytes, 0});
     if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0});
     if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
     RINGFENCE_TRY(drain(ch, "sending the call fingerprint"));

@@ -78,6 +78,12 @@ struct CommOptions {
   /// Allreduce algorithm; Auto lets the tuner choose. Must match on every rank.
   /// Env: RINGFENCE_ALGO=auto|ring|tree|direct|oneshot.
   Algorithm algorithm = Algorithm::Auto;
+  /// Two-rank allreduces of at most this many bytes (and > 0) move their data in the call
+  /// fingerprint each rank posts anyway, instead of as a chunk (docs/carried-allreduce.md):
+  /// about half the time of a small call. Needs `check_calls`, host memory and the Auto or
+  /// OneShot algorithm. At most 88; 0 = off. Must match on every rank.
+  /// Env: RINGFENCE_CARRY_MAX_BYTES=<bytes>|off.
+  std::size_t carry_max_bytes = 88;
   /// Tuner model (alpha-beta, docs/tuning.md): cost of one hop of one chunk in microseconds
   /// (signal, wake-up, pipeline bubble) and the bandwidth of one link in GB/s. Must match on
   /// every rank. Env: RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS.

@@ -43,8 +43,16 @@ class CallChecker {
 
   /// Starts a collective: forgets the previous call's check.
   void reset() noexcept { check_ = CallCheck{}; }
-  /// Posts `mine` (numbered `seq`) to the ranks that check it, over lane 0.
-  Status post(LaneState& lane0, CallFingerprint mine, std::uint64_t seq, Failure& failure) noexcept;
+  /// Posts `mine` (numbered `seq`) to the ranks that check it, over lane 0, carrying `carried`
+  /// (a carried allreduce's input: `mine.carried` is set then).
+  Status post(LaneState& lane0, CallFingerprint mine, std::uint64_t seq, Failure& failure,
+              std::span<const std::byte> carried = {}) noexcept;
+  /// Numbers `mine` (`seq`) and marks it carried, as `post` would, without posting it: the
+  /// carried allreduce posts it itself, right before it waits (RingRunner::run_carried).
+  void prepare(CallFingerprint mine, std::uint64_t seq, std::span<const std::byte> carried) noexcept;
+  /// Whether this rank checks a neighbour's call (the same on every rank of a two-rank job:
+  /// none only while their link is fenced). A carried allreduce needs it.
+  bool checks() const noexcept { return from_ != nullptr; }
   /// Compares now, before the call moves data (for calls that cannot leave it to the executor);
   /// Ok at once when nothing is pending.
   Status settle(LaneState& lane0, Failure& failure) noexcept;

@@ -29,7 +29,7 @@ void Dispatch::apply_timeout(std::chrono::milliseconds t) noexcept {
 
 // Every collective starts here: refuse a broken communicator or one a peer left, count the
 // call, post its fingerprint, and run the fence agreement when it is due.
-void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
+void Dispatch::begin_collective(const char* call, CallFingerprint fp, std::span<const std::byte> carried) {
   CommContext& ctx = p_.ctx;
   check_usable(call);
   if (heartbeat_ && heartbeat_->any_left()) {
@@ -53,11 +53,15 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
   }
   ++ctx.seq;
   p_.calls.reset();
+  const bool agree = p_.agreement.enabled() && p_.agreement.due(fp.count * size_of(static_cast<DataType>(fp.type)));
   if (ctx.options.check_calls && ctx.size > 1) {
     Failure failure;
-    if (!p_.calls.post(p_.lanes.main(), fp, ctx.seq, failure).is_ok()) raise(call, failure);
+    // A carried call posts last, right before it waits (RingRunner::run_carried), unless an
+    // agreement needs the fingerprints compared first.
+    if (!carried.empty() && !agree) p_.calls.prepare(fp, ctx.seq, carried);
+    else if (!p_.calls.post(p_.lanes.main(), fp, ctx.seq, failure, carried).is_ok()) raise(call, failure);
   }
-  if (p_.agreement.enabled() && p_.agreement.due(fp.count * size_of(static_cast<DataType>(fp.type)))) {
+  if (agree) {
     // The agreement may fence or move the link the fingerprints travel on and re-plan who
     // checks whom: compare them first, over the plan they were posted on.
     settle_call(call);
@@ -66,6 +70,32 @@ void Dispatch::begin_collective(const char* call, CallFingerprint fp) {
     if (!ctx.options.health_prometheus.empty()) write_metrics();
   }
   refresh_metrics_if_due();
+}
+
+// The same answer on both ranks for the same call: the options are the same on every rank
+// (the communicator's setup compares them), and so are the size, the fence list (which decides
+// whether a neighbour's call is checked) and whether the call runs on the device lane.
+bool Dispatch::carries(std::size_t bytes) noexcept {
+  const CommOptions& o = p_.ctx.options;
+  return p_.ctx.size == 2 && bytes > 0 && bytes <= o.carry_max_bytes && o.check_calls && p_.calls.checks() && !p_.device.current() &&
+         (o.algorithm == Algorithm::Auto || o.algorithm == Algorithm::OneShot);
+}
+
+// A carried allreduce after its post (begin_collective): the peer's post brings its input.
+void Dispatch::run_carried_call(const char* call, const void* send, void* recv, std::size_t count, const Reducer& reducer) {
+  LaneState& lane0 = p_.lanes.main();
+  CallCheck* check = p_.calls.pending();
+  CallCheck judged;
+  if (!check->from) {  // a fence agreement at the call's start judged it already (and may have re-paired the ranks)
+    judged.from = &lane0.connection_to(1 - p_.ctx.rank);
+    judged.mine = check->mine;  // posted before the agreement
+    check = &judged;
+  }
+  Failure failure;
+  const Status s =
+      run_carried(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, *check, send, recv, count, reducer, failure);
+  judge_call(call);  // first: a disagreement explains a failure better than what it caused
+  if (!s.is_ok()) raise(call, failure);
 }
 
 // The timed refresh: a scrape (or `ringfence-health --live`) during a run sees current figures,
@@ -118,10 +148,17 @@ void Dispatch::judge_call(const char* call) {
   if (v.kind != CallChecker::Verdict::Disagree) return;
   const int peer = v.from->peer;
   p_.failure.abort_peers(ErrorCode::InvalidUsage, peer);
+  // Equal arguments, but one rank carried its data in the fingerprint and the other did not:
+  // their options or libraries differ (setup compares the options, so presumably the latter).
+  const bool carry_differs = v.mine.carried != v.theirs.carried && describe(v.mine) == describe(v.theirs);
   const std::string why = fmt::format(
       "the ranks disagree on collective #{}: rank {} called {}, rank {} called {} (every rank must make the same collective "
-      "calls in the same order, with the same count, datatype, op and root)",
-      ctx.seq, ctx.rank, describe(v.mine), peer, describe(v.theirs));
+      "calls in the same order, with the same count, datatype, op and root){}",
+      ctx.seq, ctx.rank, describe(v.mine), peer, describe(v.theirs),
+      carry_differs ? fmt::format("; rank {} carried its data in the call fingerprint and rank {} did not: RINGFENCE_CARRY_MAX_BYTES "
+                                  "and the ringfence version must match on every rank",
+                                  v.mine.carried ? ctx.rank : peer, v.mine.carried ? peer : ctx.rank)
+                    : std::string());
   p_.failure.record(Status(ErrorCode::InvalidUsage), why);
   const std::string message = fmt::format("rank {}: {} #{} refused: {}", ctx.rank, call, ctx.seq, why);
   ctx.log.error("{}", message);

@@ -137,7 +137,10 @@ class Dispatch {
  private:
   void apply_timeout(std::chrono::milliseconds t) noexcept;
   void refuse_in_group(const char* call) const;
-  void begin_collective(const char* call, CallFingerprint fp);
+  void begin_collective(const char* call, CallFingerprint fp, std::span<const std::byte> carried = {});
+  // Whether an allreduce of `bytes` is carried by the call fingerprints (docs/carried-allreduce.md).
+  bool carries(std::size_t bytes) noexcept;
+  void run_carried_call(const char* call, const void* send, void* recv, std::size_t count, const Reducer& reducer);
   // Rewrites the Prometheus file (RINGFENCE_HEALTH_PROMETHEUS) and schedules the next refresh.
   void write_metrics();
   void refresh_metrics_if_due();

@@ -236,8 +236,8 @@ void Lanes::connect_connections(LaneState& L, std::span<const ConnectSpec> specs
     RINGFENCE_EXPECTS(parts.size() == 3, "rank {}: malformed region keys from rank {}", rank, peer);
     RINGFENCE_EXPECTS(to_string(parts[2]) == protocol,
                       "rank {}: rank {} runs with different data-path options ('{}' vs '{}'): RINGFENCE_CHUNK_BYTES, "
-                      "RINGFENCE_SLOTS, RINGFENCE_CHANNELS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO and "
-                      "RINGFENCE_TUNER_* must match on every rank",
+                      "RINGFENCE_SLOTS, RINGFENCE_CHANNELS, RINGFENCE_DIRECT_WRITE_MIN_BYTES, RINGFENCE_CHECKSUM, RINGFENCE_ALGO, "
+                      "RINGFENCE_CARRY_MAX_BYTES and RINGFENCE_TUNER_* must match on every rank",
                       rank, peer, to_string(parts[2]), protocol);
     ch.peer_inbox = s.to->import_region(parts[0]);
     ch.peer_flags = s.to->import_region(parts[1]);

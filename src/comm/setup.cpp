@@ -39,6 +39,8 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   RINGFENCE_EXPECTS(options.slots >= 1 && options.slots <= 64, "rank {}: CommOptions::slots must be in [1, 64] (got {})", rank,
                     options.slots);
   RINGFENCE_EXPECTS(options.chunk_bytes > 0, "rank {}: CommOptions::chunk_bytes must be positive", rank);
+  RINGFENCE_EXPECTS(options.carry_max_bytes <= detail::kCarryMaxBytes, "rank {}: CommOptions::carry_max_bytes must be at most {} (got {})", rank,
+                    detail::kCarryMaxBytes, options.carry_max_bytes);
   RINGFENCE_EXPECTS(options.health_gpu >= CommOptions::kHealthGpuFromCuda,
                     "rank {}: CommOptions::health_gpu must be an NVML index, -1 (none) or kHealthGpuFromCuda (-2) (got {})", rank,
                     options.health_gpu);
@@ -152,12 +154,12 @@ void Communicator::Impl::setup(const TransportRegistry& reg) {
   const int planned = lanes.lane_count();
   ctx.protocol = fmt::format(
       "v2 slot_bytes={} slots={} direct_write_min_bytes={} checksum={} agree_every={}/{}/{}/{} agreement={} digest_every={} "
-      "algo={} tuner={}/{}{} channels={}/{} check_calls={} heartbeat={}",
+      "algo={} tuner={}/{}{} channels={}/{} check_calls={} heartbeat={} carry={}",
       engine.slot_bytes, engine.slots, options.direct_write_min_bytes, engine.checksum, options.health_agree_every,
       options.health_agree_bytes, options.health_slow_factor, options.health_agree_min_interval.count(), agreement.enabled(),
       options.digest_every, static_cast<int>(options.algorithm), options.tuner_alpha_us, options.tuner_gbps,
       ctx.network_only() ? "/network" : "", planned, options.channel_min_bytes, options.check_calls,
-      options.effective_heartbeat().count() > 0);
+      options.effective_heartbeat().count() > 0, options.carry_max_bytes);
   lanes.build(planned);
   // The heartbeat's own links (one per peer, tiny staging), driven only by its thread.
   if (options.effective_heartbeat().count() > 0) {
@@ -233,9 +235,10 @@ HealthSnapshot Communicator::Impl::snapshot() const {
 
 Communicator::Impl::~Impl() {
   queue.stop();                       // queued work finishes first (bounded; fails fast after an error)
-  if (!failure.failed() && ctx.size > 1 && lanes.main().engine.checksum) {
-    // Chunks our last calls left for their receivers to verify: serve re-sends until they are
-    // accepted (a peer still in that call may find one damaged), for a second at most.
+  if (!failure.failed() && ctx.size > 1) {
+    // Chunks our last calls left for their receivers to verify (checksum mode), and our last
+    // carried post: serve re-sends and re-posts until they are accepted (a peer still in that
+    // call may find one damaged), for a second at most.
     const auto limit = std::min<std::chrono::nanoseconds>(lanes.main().engine.timeout, std::chrono::seconds(1));
     detail::drain_retained(lanes.main().engine, lanes.main().flags, std::chrono::steady_clock::now() + limit);
   }

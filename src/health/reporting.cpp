@@ -65,7 +65,8 @@ std::vector<LinkInfo> collect_links(int rank, const LaneState& lane0, const std:
     info.writes += s.writes.load(std::memory_order_relaxed);
     info.signals += s.signals.load(std::memory_order_relaxed);
     info.errors += s.errors.load(std::memory_order_relaxed);
-    info.retries += s.retries.load(std::memory_order_relaxed) + c.resends.load(std::memory_order_relaxed);
+    info.retries += s.retries.load(std::memory_order_relaxed) + c.resends.load(std::memory_order_relaxed) +
+                    c.reposts.load(std::memory_order_relaxed);
     info.checksum_errors += c.checksum_errors.load(std::memory_order_relaxed);
     info.wait_ms += static_cast<double>(s.wait_ns.load(std::memory_order_relaxed)) / 1e6;
     info.timed_bytes += c.timed_bytes.load(std::memory_order_relaxed) + s.timed_bytes.load(std::memory_order_relaxed);

@@ -57,6 +57,7 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
                                                    {"RINGFENCE_HEALTH_GPU", "3"},
                                                    {"RINGFENCE_DEVICE_REGIONS", "off"},
                                                    {"RINGFENCE_STREAM_WRITES", "on"},
+                                                   {"RINGFENCE_CARRY_MAX_BYTES", "64"},
                                                    {"RINGFENCE_CUDA_KERNELS", "/opt/rf/libringfence_kernels.so"}}));
   REQUIRE(o.timeout == std::chrono::milliseconds(1500));
   REQUIRE(o.chunk_bytes == 64 * 1024);
@@ -73,6 +74,8 @@ TEST_CASE("RINGFENCE_* variables override options", "[env]") {
   REQUIRE(o.health.thresholds.checksum_storm_count == 5);
   REQUIRE(o.channels == 3);
   REQUIRE(o.channel_min_bytes == 2 * 1024 * 1024);
+  REQUIRE(o.carry_max_bytes == 64);
+  REQUIRE(CommOptions::from_env(env({{"RINGFENCE_CARRY_MAX_BYTES", "off"}})).carry_max_bytes == 0);
   REQUIRE(transports::tcp::Options::from(&o).sockets == 4);
   REQUIRE(transports::tcp::Options::from(&o).interfaces == "^docker,lo");
   REQUIRE(transports::tcp::Options::from(nullptr).sockets == 2);  // no options: the defaults
@@ -140,7 +143,8 @@ TEST_CASE("bad values are errors naming the variable", "[env]") {
                         {"RINGFENCE_HEALTH_GPU", "x"},   {"RINGFENCE_IB_HCA", ""},       {"RINGFENCE_IB_GID_INDEX", "256"},
                         {"RINGFENCE_IB_TIMEOUT", "0"},   {"RINGFENCE_IB_TIMEOUT", "32"}, {"RINGFENCE_IB_RETRY_CNT", "8"},
                         {"RINGFENCE_IB_SL", "16"},       {"RINGFENCE_IB_TC", "-1"},       {"RINGFENCE_DEVICE_REGIONS", "yes"},
-                        {"RINGFENCE_STREAM_WRITES", "1"}, {"RINGFENCE_SPIN", "yes"}};
+                        {"RINGFENCE_STREAM_WRITES", "1"}, {"RINGFENCE_SPIN", "yes"},
+                        {"RINGFENCE_CARRY_MAX_BYTES", "89"}, {"RINGFENCE_CARRY_MAX_BYTES", "1X"}};
   for (const Case& c : cases) {
     INFO(c.name << "=" << c.value);
     // Core options fail in from_env; a transport's settings when the transport reads them.

@@ -1,0 +1,108 @@
+// RingRunner, the carried allreduce (docs/carried-allreduce.md): on two ranks an allreduce of
+// at most kCarryMaxBytes moves no chunk. Each rank's call fingerprint carries its input
+// (post_fingerprint), so the one post a call makes anyway is the whole transfer: wait for the
+// peer's post, compare the calls, verify the carried bytes against their CRC, reduce. A post
+// that arrives damaged or not at all is asked for again (FlagBlock::repost), and every wait of
+// every later call answers such requests, so a rank that already returned still serves one.
+#include "ring_runner.hpp"
+
+namespace ringfence::detail {
+
+Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byte* recv, std::size_t count) noexcept {
+  if (!check.from) return fail_self(Status(ErrorCode::InvalidUsage), "a carried allreduce without a checked peer", 0);
+  Connection& from = *check.from;
+  const std::size_t bytes = count * reducer_.elem_size;
+  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
+  const std::size_t slot = check.mine.sequence % kCallSlots;
+  const std::byte* const theirs = flags_.calls + (static_cast<std::size_t>(from.peer) * kCallSlots + slot) * kCallSlotBytes;
+  // Our post goes last, right before the wait: its signal looks for a sleeping peer just after
+  // its store, while the flag's line is still ours, and that wait for the line overlaps the
+  // wait for the peer's post. Looked for later (a deferred wake-up, after the peer read the
+  // line), it is a miss on the call's path: 0.13 us of 0.6 in the slow phase here.
+  if (!check.posted) {
+    Connection* to[] = {&from};
+    RINGFENCE_TRY(post_fingerprint(to, 1, check.mine, false, std::span<const std::byte>(send, bytes)));
+    check.posted = true;
+  }
+  RINGFENCE_TRY(read_call(check, true, false));
+  for (int attempt = 1;; ++attempt) {
+    if (check.intact) {
+      if (check.disagree())
+        return fail(Status(ErrorCode::InvalidUsage), from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
+      std::uint32_t header[2];  // CallPost::data_crc, data_bytes
+      std::memcpy(header, theirs + offsetof(CallPost, data_crc), sizeof header);
+      const std::byte* data = theirs + offsetof(CallPost, data);
+      if (header[1] == bytes && crc32c(data, bytes, check.theirs.crc) == header[0]) {
+        // In rank order on both ranks, so both write the same bits (float sums included).
+        const bool first = c_.rank < from.peer;
+        reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
+        // Every carried post is acknowledged once its data passed: the peer's close waits for
+        // that before it stops answering re-post requests (drain_retained). The line is ours
+        // (the peer reads it only when a slot comes round), so the signal and its look for a
+        // sleeper cost no transfer.
+        const Status s =
+            from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
+        if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
+        return drain(from, "acknowledging the call fingerprint");
+      }
+    }
+    ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
+    if (attempt >= c_.max_attempts)
+      return fail(Status(ErrorCode::Transient), from, "an intact call fingerprint with its data (every post failed its checksum)", 0);
+    std::uint32_t asked = 0;
+    RINGFENCE_TRY(request_repost(from, slot, asked));
+    RINGFENCE_TRY(wait_flag(from, flags_.reposted[from.peer], asked, "the call fingerprint sent again", 0));
+    check.settled = check.intact = false;
+    read_fingerprint(flags_, check);  // its flag reached this call long ago: reads at once
+  }
+}
+
+// Asks `ch`'s peer for its post in `slot` again: the request's value names the slot under a
+// count that only grows, so a request for the same slot twice is still a new value.
+Status RingRunner::request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept {
+  value = ++ch.reposts_asked << 5 | static_cast<std::uint32_t>(slot);
+  static_assert(kCallSlots == 32, "the request's low 5 bits name the slot");
+  const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRepost, c_.size, c_.rank), value, 0});
+  if (!s.is_ok()) return fail(s, ch, "asking for a call fingerprint again", 0);
+  return drain(ch, "asking for a call fingerprint again");
+}
+
+// Writes the posts peers asked for again (request_repost), then says so. The kept post of a
+// slot is the one the peer waits for: the slot comes round only after the peer acknowledged it.
+Status RingRunner::serve_reposts() noexcept {
+  Status st = Status::ok();
+  for_each_call_connection([&](Connection& ch) {
+    if (st.is_ok()) st = serve_repost(ch);
+  });
+  return st;
+}
+
+Status RingRunner::serve_repost(Connection& ch) noexcept {
+  const std::uint32_t asked = flags_.repost[ch.peer].value.load(std::memory_order_acquire);
+  if (asked == ch.repost_served) return Status::ok();
+  const CallPost& post = ch.call_post[asked % kCallSlots];
+  const std::size_t at = FlagBlock::call_offset(c_.size, c_.rank, asked % kCallSlots);
+  Status st = ch.link->write(WriteOp{&post, nullptr, &ch.peer_flags, at, post.posted_bytes(), 0});
+  if (st.is_ok()) st = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kReposted, c_.size, c_.rank), asked, 0});
+  if (!st.is_ok()) return fail(st, ch, "sending a call fingerprint again", 0);
+  ch.repost_served = asked;
+  ch.reposts.fetch_add(1, std::memory_order_relaxed);  // counted with re-sent chunks (LinkInfo::retries)
+  return drain(ch, "sending a call fingerprint again");
+}
+
+// At close: answers re-post requests until each peer acknowledged our last carried post (a peer
+// still in that call may find it damaged), or until `deadline`.
+void RingRunner::drain_reposts(std::chrono::steady_clock::time_point deadline) noexcept {
+  for (int r = 0; r < c_.size; ++r) {
+    Connection* ch = c_.retained_peers ? c_.retained_peers[r] : nullptr;
+    if (!ch || !ch->link || ch->last_carried == 0) continue;
+    const auto last = static_cast<std::uint32_t>(ch->last_carried);
+    while (!reached(flags_.call_ack[ch->peer].value.load(std::memory_order_acquire), last) && std::chrono::steady_clock::now() < deadline) {
+      if (!serve_repost(*ch).is_ok()) break;
+      ch->link->flush_wakes();
+      if (ch->link->wait(flags_.call_ack[ch->peer], last, std::chrono::milliseconds(1)).is_error()) break;
+    }
+  }
+}
+
+}  // namespace ringfence::detail
