@@ -30,8 +30,10 @@ inline constexpr std::size_t kCallSlots = 32;
 /// The ring executor acknowledges the fingerprints it compares of calls whose number is a
 /// multiple of this (acknowledgements count up, so one frees every slot before it too);
 /// `settle_fingerprint` acknowledges every one, which covers the fingerprints compared before a
-/// fence agreement (it may re-pair the ranks). At most `kCallSlots`, so a slot's previous call
-/// is always followed by an acknowledged one before the slot comes round again.
+/// fence agreement (it may re-pair the ranks), except a carried post's: a carried allreduce
+/// acknowledges every post itself once its data passed (RingRunner::run_carried). At most
+/// `kCallSlots`, so a slot's previous call is always followed by an acknowledged one before the
+/// slot comes round again.
 inline constexpr std::size_t kCallAckEvery = 16;
 static_assert(kCallAckEvery >= 1 && kCallAckEvery <= kCallSlots);
 
@@ -87,6 +89,7 @@ struct CallCheck {
   CallFingerprint theirs;   ///< `from`'s, once read
   bool settled = false;     ///< `theirs` was read
   bool posted = true;       ///< `mine` was posted (a carried call posts it itself: CallChecker::prepare)
+  bool damage_counted = false;  ///< `theirs` arrived damaged and that was counted against the link already (CallChecker::judge)
   bool intact = false;      ///< `theirs` arrived undamaged and numbered as this call
   /// Every rank that sends us a chunk is compared before that chunk is used, not only `from`:
   /// calls that receive from every rank (one-shot, direct, trees), whose senders wrote their

@@ -156,7 +156,8 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 ///   keys p published to us so far): the destination of our next direct point-to-point send.
 /// - `call[p]`: p wrote the fingerprint of its collective number c into `call_area(p, c)`
 ///   (value c, low 32 bits);
-/// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again;
+/// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again
+///   (for a carried post: and its data passed);
 /// - `repost[p]`: p found our post in fingerprint slot s damaged or lost and asks for it again
 ///   (value = p's count of such requests << 5 | s; carried allreduce, RingRunner::run_carried);
 /// - `reposted[p]`: p wrote the post we asked for again (value = that request's value);
@@ -561,7 +562,8 @@ Status run_carried(const EngineConfig& config, FlagBlock flags, Connection* left
                    const void* send, void* recv, std::size_t count, const Reducer& reducer, Failure& failure) noexcept;
 
 /// Second half, for calls that do not leave it to the executor: waits for `check.from`'s
-/// fingerprint of the same call, reads it into `check` and acknowledges it. `check.intact` is
+/// fingerprint of the same call, reads it into `check` and acknowledges it (a carried post only
+/// once its data passed, in RingRunner::run_carried). `check.intact` is
 /// false when it arrived damaged or stale (a lossy or corrupting link: evidence against the
 /// link, not a disagreement); a disagreement is not an error here (see `CallCheck::disagree`).
 /// Bounded by the timeout.

@@ -14,6 +14,8 @@
 #include <ringfence/options.hpp>
 #include <sstream>
 
+#include "call_fingerprint.hpp"
+
 extern char** environ;  // NOLINT: POSIX
 
 namespace ringfence {
@@ -177,8 +179,9 @@ CommOptions CommOptions::from_env(const Environment& env, CommOptions o) {
   if (auto v = env.get("RINGFENCE_CHUNK_BYTES")) o.chunk_bytes = parse_bytes(*v, "RINGFENCE_CHUNK_BYTES");
   if (auto v = env.get("RINGFENCE_CARRY_MAX_BYTES")) {
     o.carry_max_bytes = *v == "off" || *v == "0" ? 0 : parse_bytes(*v, "RINGFENCE_CARRY_MAX_BYTES");
-    if (o.carry_max_bytes > 88)
-      throw InvalidUsage(fmt::format("RINGFENCE_CARRY_MAX_BYTES='{}': at most 88 bytes travel in a call fingerprint (or off)", *v));
+    if (o.carry_max_bytes > detail::kCarryMaxBytes)
+      throw InvalidUsage(
+          fmt::format("RINGFENCE_CARRY_MAX_BYTES='{}': at most {} bytes travel in a call fingerprint (or off)", *v, detail::kCarryMaxBytes));
   }
   if (auto v = env.get("RINGFENCE_DIRECT_WRITE_MIN_BYTES"))
     o.direct_write_min_bytes = *v == "off" ? SIZE_MAX : parse_bytes(*v, "RINGFENCE_DIRECT_WRITE_MIN_BYTES");

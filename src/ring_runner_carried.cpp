@@ -37,7 +37,7 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
         const bool first = c_.rank < from.peer;
         reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
         // Every carried post is acknowledged once its data passed: the peer's close waits for
-        // that before it stops answering re-post requests (drain_retained). The line is ours
+        // that before it stops answering re-post requests (drain_reposts). The line is ours
         // (the peer reads it only when a slot comes round), so the signal and its look for a
         // sleeper cost no transfer.
         const Status s =
@@ -46,7 +46,8 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
         return drain(from, "acknowledging the call fingerprint");
       }
     }
-    ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
+    if (!check.damage_counted) ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
+    check.damage_counted = false;
     if (attempt >= c_.max_attempts)
       return fail(Status(ErrorCode::Transient), from, "an intact call fingerprint with its data (every post failed its checksum)", 0);
     std::uint32_t asked = 0;

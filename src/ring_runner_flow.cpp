@@ -128,6 +128,7 @@ void RingRunner::drain_retained(std::chrono::steady_clock::time_point deadline) 
     while (!reached(flags_.credit[ch->peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch->sent)) &&
            std::chrono::steady_clock::now() < deadline) {
       if (!service_nacks(*ch).is_ok()) break;
+      if (!serve_repost(*ch).is_ok()) break;  // the receiver may first need a carried post of ours again
       flush_deferred();
       if (ch->link->wait(flags_.credit[ch->peer], static_cast<std::uint32_t>(ch->sent), std::chrono::milliseconds(1)).is_error()) break;
     }
@@ -203,7 +204,8 @@ Status RingRunner::await_all_acceptance() noexcept {
 }
 
 // Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
-// communicator timeout. Services re-send requests from the right neighbour meanwhile.
+// communicator timeout. Services re-send requests from the right neighbour and requests for a
+// carried post again (serve_reposts) meanwhile.
 Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept {
   // A short spin first (EngineConfig::spin_polls says why and how long). A peer in a carried
   // allreduce may be waiting for a post of ours again meanwhile (serve_reposts).
@@ -229,13 +231,14 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
     if (dev_) RINGFENCE_TRY(pump_links());
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return fail(Status(ErrorCode::Timeout), ch, what, message);
-    // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK (1 ms; 20 us
-    // once a peer asked for re-sends in this call: it may be repairing a chunk piece by piece)
-    // or an abort (50 ms) is handled promptly.
+    // Sleep in slices so a relay chunk or a device link's signal (20 us), a NACK or a request
+    // for a carried post again (1 ms; 20 us once a peer asked for re-sends in this call: it may
+    // be repairing a chunk piece by piece) or an abort (50 ms) is handled promptly. Neither
+    // request signals the flag we sleep on.
     const auto slice = std::min<std::chrono::nanoseconds>(
-        deadline - now, relays_.count > 0 || dev_ || resending_ ? std::chrono::nanoseconds(20000)
-                        : c_.checksum     ? std::chrono::nanoseconds(1000000)
-                                          : std::chrono::nanoseconds(50000000));
+        deadline - now, relays_.count > 0 || dev_ || resending_        ? std::chrono::nanoseconds(20000)
+                        : c_.checksum || ch.last_carried != 0 ? std::chrono::nanoseconds(1000000)
+                                                              : std::chrono::nanoseconds(50000000));
     flush_deferred();  // a peer asleep on a signal of ours may be what this waits for
     const Status s = ch.link->wait(flag, target, slice);
     if (s.is_ok()) return s;

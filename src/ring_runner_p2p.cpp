@@ -101,6 +101,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     }
     RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
     if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
+    RINGFENCE_TRY(serve_reposts());  // a peer in a carried allreduce may wait on a post of ours
     if (dev_) RINGFENCE_TRY(pump_links());
     if (now - last_progress >= c_.timeout) {
       for (std::size_t i = 0; i < n; ++i)

@@ -82,6 +82,7 @@ CallChecker::Verdict CallChecker::judge(const FlagBlock& flags) noexcept {
   k.from = nullptr;  // judged once
   if (!k.intact) {
     ++v.from->checksum_errors;
+    k.damage_counted = true;
     v.kind = Verdict::Damaged;
   } else if (k.disagree()) {
     v.kind = Verdict::Disagree;

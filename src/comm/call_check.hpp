@@ -50,8 +50,8 @@ class CallChecker {
   /// Numbers `mine` (`seq`) and marks it carried, as `post` would, without posting it: the
   /// carried allreduce posts it itself, right before it waits (RingRunner::run_carried).
   void prepare(CallFingerprint mine, std::uint64_t seq, std::span<const std::byte> carried) noexcept;
-  /// Whether this rank checks a neighbour's call (the same on every rank of a two-rank job:
-  /// none only while their link is fenced). A carried allreduce needs it.
+  /// Whether this rank checks a neighbour's call (always in a two-rank job: fencing its only link
+  /// fails the job). A carried allreduce needs it.
   bool checks() const noexcept { return from_ != nullptr; }
   /// Compares now, before the call moves data (for calls that cannot leave it to the executor);
   /// Ok at once when nothing is pending.

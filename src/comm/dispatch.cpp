@@ -89,11 +89,13 @@ void Dispatch::run_carried_call(const char* call, const void* send, void* recv, 
   if (!check->from) {  // a fence agreement at the call's start judged it already (and may have re-paired the ranks)
     judged.from = &lane0.connection_to(1 - p_.ctx.rank);
     judged.mine = check->mine;  // posted before the agreement
+    judged.damage_counted = check->damage_counted;
     check = &judged;
   }
   Failure failure;
   const Status s =
       run_carried(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, *check, send, recv, count, reducer, failure);
+  if (check == &judged) *p_.calls.pending() = judged;  // judged again below: a disagreement read after the agreement is named too
   judge_call(call);  // first: a disagreement explains a failure better than what it caused
   if (!s.is_ok()) raise(call, failure);
 }
@@ -148,15 +150,16 @@ void Dispatch::judge_call(const char* call) {
   if (v.kind != CallChecker::Verdict::Disagree) return;
   const int peer = v.from->peer;
   p_.failure.abort_peers(ErrorCode::InvalidUsage, peer);
-  // Equal arguments, but one rank carried its data in the fingerprint and the other did not:
-  // their options or libraries differ (setup compares the options, so presumably the latter).
+  // Equal arguments, but one rank carried its data in the fingerprint and the other did not: one
+  // call ran on the device lane (stream-ordered, device memory) and the other on the host, or
+  // the libraries differ (setup compares the options).
   const bool carry_differs = v.mine.carried != v.theirs.carried && describe(v.mine) == describe(v.theirs);
   const std::string why = fmt::format(
       "the ranks disagree on collective #{}: rank {} called {}, rank {} called {} (every rank must make the same collective "
       "calls in the same order, with the same count, datatype, op and root){}",
       ctx.seq, ctx.rank, describe(v.mine), peer, describe(v.theirs),
-      carry_differs ? fmt::format("; rank {} carried its data in the call fingerprint and rank {} did not: RINGFENCE_CARRY_MAX_BYTES "
-                                  "and the ringfence version must match on every rank",
+      carry_differs ? fmt::format("; rank {} carried its data in the call fingerprint and rank {} did not: one call is stream-ordered "
+                                  "on device memory and the other on the host, or the ringfence versions differ",
                                   v.mine.carried ? ctx.rank : peer, v.mine.carried ? peer : ctx.rank)
                     : std::string());
   p_.failure.record(Status(ErrorCode::InvalidUsage), why);
