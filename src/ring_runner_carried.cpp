@@ -15,10 +15,10 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   const auto number = static_cast<std::uint32_t>(check.mine.sequence);
   const std::size_t slot = check.mine.sequence % kCallSlots;
   const std::byte* const theirs = flags_.calls + (static_cast<std::size_t>(from.peer) * kCallSlots + slot) * kCallSlotBytes;
-  // Our post goes last, right before the wait: its signal looks for a sleeping peer just after
-  // its store, while the flag's line is still ours, and that wait for the line overlaps the
-  // wait for the peer's post. Looked for later (a deferred wake-up, after the peer read the
-  // line), it is a miss on the call's path: 0.13 us of 0.6 in the slow phase here.
+  // Our post goes last, right before the wait, and its signal leaves waking a sleeping peer to
+  // our wait (before it sleeps) or our end (defer_wake): a signal that looks for a sleeper at
+  // once waits for the flag's line first (docs/carried-allreduce.md, "What it gains").
+  defer_wakes(true);
   if (!check.posted) {
     Connection* to[] = {&from};
     RINGFENCE_TRY(post_fingerprint(to, 1, check.mine, false, std::span<const std::byte>(send, bytes)));

@@ -41,7 +41,11 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
       bytes = post.posted_bytes();
     }
     Status s = ch.link->write(WriteOp{src, nullptr, &ch.peer_flags, FlagBlock::call_offset(c_.size, c_.rank, slot), bytes, 0});
-    if (s.is_ok()) s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0});
+    // A carried post's signal leaves waking a sleeping peer to this runner's next wait or end
+    // (defer_wakes: RingRunner::run_carried).
+    SignalOp sig{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kCall, c_.size, c_.rank), number, 0};
+    sig.defer_wake = !carried.empty() && defer_wake(ch);
+    if (s.is_ok()) s = ch.link->signal(sig);
     if (!s.is_ok()) return fail(s, ch, "sending the call fingerprint", 0);
     RINGFENCE_TRY(drain(ch, "sending the call fingerprint"));
   }
