@@ -195,6 +195,10 @@ struct FlagBlock {
   static std::size_t call_offset(int size, int rank, std::size_t slot) noexcept {
     return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * kCallSlotBytes;
   }
+  /// Fingerprint slot `slot` that `peer` writes into this block (read side of call_offset).
+  const std::byte* call_slot(int peer, std::size_t slot) const noexcept {
+    return calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * kCallSlotBytes;
+  }
   /// Encodes an abort word.
   static std::uint32_t abort_value(ErrorCode code, int origin, int blamed) noexcept {
     auto field = [](int r) { return r >= 0 && r < 4095 ? static_cast<std::uint32_t>(r + 1) : 0u; };

@@ -75,7 +75,7 @@ bool read_fingerprint(const FlagBlock& flags, CallCheck& check) noexcept {
   const int peer = check.from->peer;
   if (!reached(flags.call[peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(check.mine.sequence))) return false;
   const std::size_t slot = check.mine.sequence % kCallSlots;
-  std::memcpy(&check.theirs, flags.calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * kCallSlotBytes, sizeof check.theirs);
+  std::memcpy(&check.theirs, flags.call_slot(peer, slot), sizeof check.theirs);
   check.settled = true;
   check.intact = check.theirs.sequence == check.mine.sequence &&
                  check.theirs.crc == crc32c(&check.theirs, offsetof(CallFingerprint, crc));

@@ -14,7 +14,7 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   const std::size_t bytes = count * reducer_.elem_size;
   const auto number = static_cast<std::uint32_t>(check.mine.sequence);
   const std::size_t slot = check.mine.sequence % kCallSlots;
-  const std::byte* const theirs = flags_.calls + (static_cast<std::size_t>(from.peer) * kCallSlots + slot) * kCallSlotBytes;
+  const std::byte* const theirs = flags_.call_slot(from.peer, slot);
   // Our post goes last, right before the wait, and its signal leaves waking a sleeping peer to
   // our wait (before it sleeps) or our end (defer_wake): a signal that looks for a sleeper at
   // once waits for the flag's line first (docs/carried-allreduce.md, "What it gains").

@@ -36,14 +36,10 @@ CallFingerprint make_fingerprint(CallKind kind, std::uint64_t count, DataType ty
 
 Status CallChecker::post(LaneState& lane0, CallFingerprint mine, std::uint64_t seq, Failure& failure,
                          std::span<const std::byte> carried) noexcept {
+  prepare(mine, seq, carried);
   if (!from_) return Status::ok();
-  mine.sequence = seq;
-  mine.carried = carried.empty() ? 0 : 1;
-  mine.crc = crc32c(&mine, offsetof(CallFingerprint, crc));
-  RINGFENCE_TRY(post_fingerprint(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, to_.data(), to_.size(), mine,
-                                 failure, false, carried));
-  check_.from = from_;
-  check_.mine = mine;
+  RINGFENCE_TRY(post_fingerprint(lane0.engine, lane0.flags, lane0.left, lane0.right, lane0.relay_duties, to_.data(), to_.size(),
+                                 check_.mine, failure, false, carried));
   check_.posted = true;
   return Status::ok();
 }
