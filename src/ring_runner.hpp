@@ -320,6 +320,9 @@ class RingRunner {
   // the checksum mode: a carried allreduce's peer may wait on one in any later call of ours.
   Status serve_reposts() noexcept;
   Status serve_repost(Connection& ch) noexcept;
+  static bool post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept;
+  Status accept_carried(Connection& from, const std::byte* send, const std::byte* data, std::byte* recv, std::size_t count,
+                        std::uint32_t number) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
   static constexpr int kServePolls = 2048;

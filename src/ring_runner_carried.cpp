@@ -24,27 +24,30 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     RINGFENCE_TRY(post_fingerprint(to, 1, check.mine, false, std::span<const std::byte>(send, bytes)));
     check.posted = true;
   }
-  RINGFENCE_TRY(read_call(check, true, false));
+  // The common case reads no fingerprint: the post's data CRC is seeded with its poster's
+  // fingerprint CRC, so data that verifies under *our* fingerprint's CRC is intact and of the
+  // same call, as a matching call word stands for the fingerprint (CallCheck::word). Anything
+  // else (damage, a different call, a stale slot) goes the long way: the fingerprint is read,
+  // compared and, damaged, asked for again.
+  if (!reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) {
+    settling_ = true;  // as read_call: the wait must not try to settle a check again
+    const Status waited = wait_flag(from, flags_.call[from.peer], number,
+                                    "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+    settling_ = false;
+    RINGFENCE_TRY(waited);
+  }
+  if (post_verifies(theirs, bytes, check.mine.crc)) {
+    check.theirs = check.mine;
+    check.settled = check.intact = true;
+    return accept_carried(from, send, theirs + offsetof(CallPost, data), recv, count, number);
+  }
+  read_fingerprint(flags_, check);
   for (int attempt = 1;; ++attempt) {
     if (check.intact) {
       if (check.disagree())
         return fail(Status(ErrorCode::InvalidUsage), from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
-      std::uint32_t header[2];  // CallPost::data_crc, data_bytes
-      std::memcpy(header, theirs + offsetof(CallPost, data_crc), sizeof header);
-      const std::byte* data = theirs + offsetof(CallPost, data);
-      if (header[1] == bytes && crc32c(data, bytes, check.theirs.crc) == header[0]) {
-        // In rank order on both ranks, so both write the same bits (float sums included).
-        const bool first = c_.rank < from.peer;
-        reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
-        // Every carried post is acknowledged once its data passed: the peer's close waits for
-        // that before it stops answering re-post requests (drain_reposts). The line is ours
-        // (the peer reads it only when a slot comes round), so the signal and its look for a
-        // sleeper cost no transfer.
-        const Status s =
-            from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
-        if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
-        return drain(from, "acknowledging the call fingerprint");
-      }
+      if (post_verifies(theirs, bytes, check.theirs.crc))
+        return accept_carried(from, send, theirs + offsetof(CallPost, data), recv, count, number);
     }
     if (!check.damage_counted) ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
     check.damage_counted = false;
@@ -56,6 +59,30 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     check.settled = check.intact = false;
     read_fingerprint(flags_, check);  // its flag reached this call long ago: reads at once
   }
+}
+
+// True when the post at `post` carries `bytes` of data whose CRC, seeded with `fp_crc`, is the
+// one it was posted with (CallPost::data_crc).
+bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept {
+  std::uint32_t header[2];  // CallPost::data_crc, data_bytes
+  std::memcpy(header, post + offsetof(CallPost, data_crc), sizeof header);
+  return header[1] == bytes && crc32c(post + offsetof(CallPost, data), bytes, fp_crc) == header[0];
+}
+
+// Writes `send op data` to `recv` and acknowledges the peer's post: the end of a carried call
+// whose peer post passed.
+Status RingRunner::accept_carried(Connection& from, const std::byte* send, const std::byte* data, std::byte* recv, std::size_t count,
+                                  std::uint32_t number) noexcept {
+  // In rank order on both ranks, so both write the same bits (float sums included).
+  const bool first = c_.rank < from.peer;
+  reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
+  // Every carried post is acknowledged once its data passed: the peer's close waits for that
+  // before it stops answering re-post requests (drain_reposts). The line is ours (the peer
+  // reads it only when a slot comes round), so the signal and its look for a sleeper cost no
+  // transfer.
+  const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});
+  if (!s.is_ok()) return fail(s, from, "acknowledging the call fingerprint", 0);
+  return drain(from, "acknowledging the call fingerprint");
 }
 
 // Asks `ch`'s peer for its post in `slot` again: the request's value names the slot under a
