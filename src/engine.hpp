@@ -537,7 +537,7 @@ struct P2PDirect {
 
 /// The chunk, in elements, of a chain broadcast or reduce of `count` elements of `elem` bytes
 /// with staging slots of `slot_bytes`: a slot, or for messages under four slots a quarter of
-/// the message (at least 64 KiB, whole cache lines), so the chain's ranks overlap.
+/// the message (at least 32 KiB, whole cache lines), so the chain's ranks overlap.
 std::size_t chain_chunk(std::size_t count, std::size_t elem, std::size_t slot_bytes) noexcept;
 
 /// Runs one ring collective over `left`/`right` (see `run_ring_allreduce`).

@@ -141,6 +141,7 @@ class Dispatch {
   // Whether an allreduce of `bytes` is carried by the call fingerprints (docs/carried-allreduce.md).
   bool carries(std::size_t bytes) noexcept;
   void run_carried_call(const char* call, const void* send, void* recv, std::size_t count, const Reducer& reducer);
+  void run_staged_allreduce(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes, const Reducer& reducer);
   // Rewrites the Prometheus file (RINGFENCE_HEALTH_PROMETHEUS) and schedules the next refresh.
   void write_metrics();
   void refresh_metrics_if_due();

@@ -8,6 +8,36 @@
 
 namespace ringfence::detail {
 
+// An allreduce through chunks (not carried): ring, tree, direct or one-shot, as the tuner chooses.
+void Dispatch::run_staged_allreduce(const char* call, const void* send, void* recv, std::size_t count, std::size_t bytes,
+                                    const Reducer& reducer) {
+  const CommContext& ctx = p_.ctx;
+  DeviceLane* device = p_.device.current();
+  // The same choice on the device lane (every rank is on it or none is); its links reach every
+  // peer directly, as the tree, direct and one-shot schedules need.
+  Algorithm algo = choose_allreduce(tuner_, ctx.options.algorithm, ctx.size, bytes, p_.plan.tree_allowed(), p_.plan.fenced().empty());
+  // One-shot sends the input to every peer before any result lands, so in place it works on a
+  // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
+  // On the device lane DeviceLane::run makes the copy, in device memory.
+  if (algo == Algorithm::OneShot && bytes > oneshot_copy_.size()) algo = Algorithm::Ring;
+  const void* src = send;
+  if (algo == Algorithm::OneShot && send == recv && bytes > 0 && !device) {
+    ringfence::copy_bytes(oneshot_copy_.data(), send, bytes);  // the vector copy: glibc's is slow at these sizes here
+    src = oneshot_copy_.data();
+  }
+  if (algo != Algorithm::Ring) {
+    const auto ring_kind = algo == Algorithm::Tree     ? RingCollective::TreeAllreduce
+                           : algo == Algorithm::Direct ? RingCollective::DirectAllreduce
+                                                       : RingCollective::OneShotAllreduce;
+    RingCall c{ring_kind, src, recv, count, 0};
+    c.by_position = p_.lanes.by_position();
+    c.by_rank = p_.lanes.by_rank();
+    run_ring_call(call, c, reducer);
+  } else {
+    run_ring_call(call, RingCall{RingCollective::Allreduce, send, recv, count, 0}, reducer, true);
+  }
+}
+
 Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t count, DataType type, ReduceOp op, CallKind kind) {
   const char* call = kind == CallKind::Barrier ? "barrier" : "allreduce";
   check_usable(call);
@@ -18,35 +48,9 @@ Work Dispatch::allreduce(bool async, const void* send, void* recv, std::size_t c
     const bool carried = carries(bytes);
     begin_collective(call, make_fingerprint(kind, count, type, static_cast<int>(op)),
                      carried ? std::span<const std::byte>(static_cast<const std::byte*>(send), bytes) : std::span<const std::byte>());
-    DeviceLane* device = p_.device.current();
-    if (carried) {
-      run_carried_call(call, send, recv, count, reducer);
-    } else {
-      // The same choice on the device lane (every rank is on it or none is); its links reach every
-      // peer directly, as the tree, direct and one-shot schedules need.
-      Algorithm algo = choose_allreduce(tuner_, ctx.options.algorithm, ctx.size, bytes, p_.plan.tree_allowed(), p_.plan.fenced().empty());
-      // One-shot sends the input to every peer before any result lands, so in place it works on a
-      // copy of the input: at most one slot (the same limit on every rank, whatever its buffers).
-      // On the device lane DeviceLane::run makes the copy, in device memory.
-      if (algo == Algorithm::OneShot && bytes > oneshot_copy_.size()) algo = Algorithm::Ring;
-      const void* src = send;
-      if (algo == Algorithm::OneShot && send == recv && bytes > 0 && !device) {
-        ringfence::copy_bytes(oneshot_copy_.data(), send, bytes);  // the vector copy: glibc's is slow at these sizes here
-        src = oneshot_copy_.data();
-      }
-      if (algo != Algorithm::Ring) {
-        const auto ring_kind = algo == Algorithm::Tree     ? RingCollective::TreeAllreduce
-                               : algo == Algorithm::Direct ? RingCollective::DirectAllreduce
-                                                           : RingCollective::OneShotAllreduce;
-        RingCall c{ring_kind, src, recv, count, 0};
-        c.by_position = p_.lanes.by_position();
-        c.by_rank = p_.lanes.by_rank();
-        run_ring_call(call, c, reducer);
-      } else {
-        run_ring_call(call, RingCall{RingCollective::Allreduce, send, recv, count, 0}, reducer, true);
-      }
-    }
-    if (ctx.size > 1 && ctx.options.digest_every > 0 && ctx.seq % static_cast<std::uint64_t>(ctx.options.digest_every) == 0 && !device) {
+    if (carried) run_carried_call(call, send, recv, count, reducer);
+    else run_staged_allreduce(call, send, recv, count, bytes, reducer);
+    if (ctx.size > 1 && ctx.options.digest_every > 0 && ctx.seq % static_cast<std::uint64_t>(ctx.options.digest_every) == 0 && !p_.device.current()) {
       Failure failure;
       std::string mismatch;
       if (!p_.agreement.compare_digests(recv, bytes, failure, mismatch).is_ok()) raise("result digest comparison after allreduce", failure);
