@@ -48,7 +48,9 @@ TEST_CASE("crc32c matches the standard check values, in hardware and in the tabl
   // four-per-turn loop is met at several alignments), the folding path (256 bytes per round,
   // 16-byte and ragged tails), the three-stream path (3072 bytes per round), at odd offsets too.
   std::vector<std::size_t> lengths{0u, 1u, 7u, 8u, 9u, 15u, 16u, 63u, 256u, 257u, 271u, 272u, 511u, 512u, 513u, 4099u, 3071u, 3072u,
-                                   3073u, 6144u, 12288u, 20000u, 100000u};
+                                   3073u, 6144u, 12288u, 20000u, 100000u,
+                                   // the hybrid (crc32c_fold.hpp): from 4 KiB to 64 KiB, 352 bytes a step
+                                   4095u, 4096u, 4097u, 4447u, 4448u, 4449u, 5000u, 33333u, 65535u, 65536u, 65537u};
   for (std::size_t len = 64; len < 256; ++len) lengths.push_back(len);
   for (std::size_t len : lengths) {
     for (std::size_t at : {0u, 1u, 3u}) {
@@ -83,8 +85,8 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
   for (auto& x : b) x = static_cast<std::byte>(rng() & 0x3f);  // small values: no overflow worries for exactness
   // Lengths around the 256-byte fold steps, the 2 KiB groups, the 8 KiB blocks and the 16 KiB
   // up to which a staging copy copies before it folds.
-  for (std::size_t len : {0u, 1u, 16u, 255u, 256u, 257u, 2047u, 2048u, 2049u, 8191u, 8192u, 8200u, 16383u, 16384u, 16385u,
-                          65536u, 69999u}) {
+  for (std::size_t len : {0u, 1u, 16u, 255u, 256u, 257u, 2047u, 2048u, 2049u, 4095u, 4096u, 4100u, 4448u, 4708u, 8191u, 8192u, 8200u,
+                          16383u, 16384u, 16385u, 33333u, 65535u, 65536u, 65537u, 69999u}) {
     CAPTURE(len);
     std::fill(dst.begin(), dst.end(), std::byte{0});
     REQUIRE(copy_bytes_crc(dst.data(), a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
@@ -137,7 +139,8 @@ TEST_CASE("the fused float sum gives the float kernels' bits and the CRC of its 
   const auto* bb = reinterpret_cast<const std::byte*>(b.data());
   auto* db = reinterpret_cast<std::byte*>(dst.data());
   bool fused_somewhere = false;
-  for (std::size_t count : {0u, 1u, 63u, 64u, 65u, 127u, 1000u, 16384u, 65536u, 65537u, 70000u}) {
+  for (std::size_t count : {0u, 1u, 63u, 64u, 65u, 127u, 1000u, 1023u, 1024u, 1025u, 1112u, 1177u, 8333u, 16383u, 16384u, 16385u,
+                            65536u, 65537u, 70000u}) {
     CAPTURE(count);
     r.combine(want.data(), a.data(), b.data(), count, 2);
     std::fill(dst.begin(), dst.end(), -0.0f);

@@ -28,7 +28,7 @@ TEST_CASE("streaming copies give the plain copies' bytes and CRCs at every lengt
   const auto base = (reinterpret_cast<std::uintptr_t>(raw.data()) + 63) / 64 * 64 - reinterpret_cast<std::uintptr_t>(raw.data());
   for (std::size_t offset : {0u, 16u, 64u, 3u}) {
     // Around the 64- and 256-byte steps; up to a slot (256 KiB), where the CRC variant streams.
-    for (std::size_t len : {0u, 1u, 63u, 255u, 256u, 257u, 4096u, 16384u, 16385u, 65535u, 65536u, 262144u}) {
+    for (std::size_t len : {0u, 1u, 63u, 255u, 256u, 257u, 4096u, 4448u, 4709u, 16384u, 16385u, 65535u, 65536u, 65537u, 262144u}) {
       for (int with_crc = 0; with_crc < 3; ++with_crc) {
         CAPTURE(offset, len, with_crc);
         std::fill(raw.begin(), raw.end(), std::byte{0x5a});
