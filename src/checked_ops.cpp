@@ -106,7 +106,7 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
   std::uint32_t raw = ~0u;
-  if (bytes >= kHybridCopyMinBytes && bytes <= crcfold::kHybridMaxBytes) {
+  if (bytes >= kHybridCopyMinBytes && bytes <= crcfold::kHybridMaxBytes && crcfold::hybrid_pays()) {
     const std::size_t done = crcfold::hybrid(
         raw, src, bytes,
         [&](std::size_t at) RF_FOLD_TARGET {

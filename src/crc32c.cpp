@@ -112,7 +112,7 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_sse42(std::uint32_t c, const
 RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
   // From kHybridMinBytes to kHybridMaxBytes the scalar unit takes part (crc32c_fold.hpp, "The hybrid").
   const std::size_t hybrid_bytes =
-      bytes > detail::crcfold::kHybridMaxBytes
+      bytes > detail::crcfold::kHybridMaxBytes || !detail::crcfold::hybrid_pays()
           ? 0
           : detail::crcfold::hybrid(c, p, bytes, [&](std::size_t at) RF_FOLD_TARGET { return detail::crcfold::load(p + at); }, [](std::size_t) {});
   p += hybrid_bytes;
@@ -128,6 +128,10 @@ RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, s
 }  // namespace
 
 namespace detail::crcfold {
+bool hybrid_pays() noexcept {
+  static const bool amd = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+  return amd;
+}
 bool available() noexcept {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul") &&
