@@ -75,60 +75,15 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
   return s;
 }
 
-// The copy from `raw` (a raw register), plain stores; the final (inverted) CRC.
-RF_FOLD_TARGET std::uint32_t copy_fold_from(std::uint32_t raw, unsigned char* dst, const unsigned char* src, std::size_t bytes) noexcept {
-  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  if (body == 0) {
-    std::memcpy(dst, src, bytes);
-    return crc32c(src, bytes, ~raw);
-  }
-  crcfold::Stream s = crcfold::start(crcfold::load(src), raw);
-  crcfold::store(dst, crcfold::load(src));
-  for (std::size_t at = crcfold::kStreamBytes; at < body; at += crcfold::kStreamBytes) {
-    const crcfold::Block x = crcfold::load(src + at);
-    crcfold::store(dst + at, x);
-    crcfold::step(s, x);
-  }
-  if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
-  return ~crcfold::finish(s, src + body, bytes - body);
-}
-
-// The shortest copy that takes the hybrid (each lane copies its 32 bytes where it CRCs them): at
-// 4 KiB it ran 0.9-1.0x of the folding alone, at 32-64 KiB 1.07-1.17x.
-constexpr std::size_t kHybridCopyMinBytes = 16 * 1024;
-
 // `kStream`: streaming stores (dst 64-byte aligned), whose lines are neither read first nor kept
-// in the cache; fenced before the tail and the return. From kHybridCopyMinBytes to
-// kHybridMaxBytes the scalar `crc32` unit takes part (crc32c_fold.hpp, "The hybrid"); what it
-// leaves, under a step, is copied with plain stores.
+// in the cache; fenced before the tail and the return. Not the hybrid (crc32c_fold.hpp): with
+// its lanes copying 32 bytes each a step, a 2-rank allreduce's checked 32-128 KiB calls ran
+// 0.80-0.87 busbw on/off against 0.90-0.96 without it, though the copy alone ran 1.15x in the
+// cache (docs/protection-cost.md, "A fast CRC32C").
 template <bool kStream>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
-  std::uint32_t raw = ~0u;
-  if (bytes >= kHybridCopyMinBytes && bytes <= crcfold::kHybridMaxBytes && crcfold::hybrid_pays()) {
-    const std::size_t done = crcfold::hybrid(
-        raw, src, bytes,
-        [&](std::size_t at) RF_FOLD_TARGET {
-          const crcfold::Block x = crcfold::load(src + at);
-          if constexpr (kStream) {
-            for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
-          } else {
-            crcfold::store(dst + at, x);
-          }
-          return x;
-        },
-        [&](std::size_t at) RF_FOLD_TARGET {  // lanes lie on 32-byte boundaries of dst
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + at));
-          if constexpr (kStream) {
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + at), v);
-          } else {
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + at), v);
-          }
-        });
-    if constexpr (kStream) _mm_sfence();
-    return copy_fold_from(raw, dst + done, src + done, bytes - done);
-  }
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
     const crcfold::Block x = crcfold::load(src + at);
@@ -146,28 +101,20 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
 
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
 // registers the folding takes. Not the hybrid: with the sum's loads and stores beside it, it ran
-// 0.75-0.85x of this loop at 4-64 KiB (lanes summed in the loop or after it). The same IEEE
-// additions as the float sum kernel, which also does the tail (`tail`), so results are
-// bit-identical.
+// 0.75-0.85x of this loop at 4-64 KiB (lanes summed in the loop or after it). The same IEEE additions as the float sum kernel, which also does
+// the tail (`tail`), so results are bit-identical.
 RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, const std::byte* a_b, const std::byte* b_b,
                                           std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* a = reinterpret_cast<const unsigned char*>(a_b);
   const auto* b = reinterpret_cast<const unsigned char*>(b_b);
-  const auto sum_block = [&](std::size_t at) RF_FOLD_TARGET {
+  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
+  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
     const crcfold::Block x = crcfold::load(a + at);
     for (int k = 0; k < 4; ++k)
       _mm512_storeu_ps(dst + at + 64 * k, _mm512_add_ps(_mm512_castsi512_ps(x.v[k]), _mm512_loadu_ps(b + at + 64 * k)));
     return x;
-  };
-  const std::uint32_t raw = ~0u;
-  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  if (body == 0) {
-    if (bytes > 0) tail(dst, a, b, bytes / sizeof(float), 2);
-    return crc32c(a, bytes, ~raw);
-  }
-  crcfold::Stream s = crcfold::start(sum_block(0), raw);
-  for (std::size_t at = crcfold::kStreamBytes; at < body; at += crcfold::kStreamBytes) crcfold::step(s, sum_block(at));
+  });
   if (bytes > body) tail(dst + body, a + body, b + body, (bytes - body) / sizeof(float), 2);
   return ~crcfold::finish(s, a + body, bytes - body);
 }
