@@ -76,10 +76,9 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
 }
 
 // `kStream`: streaming stores (dst 64-byte aligned), whose lines are neither read first nor kept
-// in the cache; fenced before the tail and the return. Not the hybrid (crc32c_fold.hpp): with
-// its lanes copying 32 bytes each a step, a 2-rank allreduce's checked 32-128 KiB calls ran
-// 0.80-0.87 busbw on/off against 0.90-0.96 without it, though the copy alone ran 1.15x in the
-// cache (docs/protection-cost.md, "A fast CRC32C").
+// in the cache; fenced before the tail and the return. Scalar `crc32` lanes beside the folding
+// (a hybrid CRC) made the copy 1.15x faster in the cache and a 2-rank allreduce's checked
+// 32-128 KiB calls slower (docs/protection-cost-amd.md, "A hybrid CRC32C, tried and not landed").
 template <bool kStream>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
@@ -100,8 +99,8 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
 }
 
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
-// registers the folding takes. Not the hybrid: with the sum's loads and stores beside it, it ran
-// 0.75-0.85x of this loop at 4-64 KiB (lanes summed in the loop or after it). The same IEEE additions as the float sum kernel, which also does
+// registers the folding takes (with scalar `crc32` lanes beside it, 0.75-0.85x as fast: the same
+// doc). The same IEEE additions as the float sum kernel, which also does
 // the tail (`tail`), so results are bit-identical.
 RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, const std::byte* a_b, const std::byte* b_b,
                                           std::size_t bytes) noexcept {

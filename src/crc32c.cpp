@@ -1,8 +1,7 @@
 // CRC32C, chosen once at run time by CPUID (docs/protection-cost.md, "A fast CRC32C"):
 //  - AVX-512 + VPCLMULQDQ: carry-less-multiply folding of 256 bytes per step (four 512-bit
 //    accumulators), finished with two `crc32` instructions; tens of bytes per cycle, so a
-//    chunk's CRC costs a small fraction of the copy or reduction that touches it. From 4 to
-//    64 KiB three scalar `crc32` streams run beside the folding (crc32c_fold.hpp, "The hybrid").
+//    chunk's CRC costs a small fraction of the copy or reduction that touches it.
 //  - SSE4.2: the `crc32` instruction over three independent streams (one instruction per
 //    cycle instead of one per three, its latency), merged by table-driven shifts.
 //  - a table, everywhere else.
@@ -110,13 +109,6 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_sse42(std::uint32_t c, const
 }
 
 RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
-  // From kHybridMinBytes to kHybridMaxBytes the scalar unit takes part (crc32c_fold.hpp, "The hybrid").
-  const std::size_t hybrid_bytes =
-      bytes > detail::crcfold::kHybridMaxBytes || !detail::crcfold::hybrid_pays()
-          ? 0
-          : detail::crcfold::hybrid(c, p, bytes, [&](std::size_t at) RF_FOLD_TARGET { return detail::crcfold::load(p + at); }, [](std::size_t) {});
-  p += hybrid_bytes;
-  bytes -= hybrid_bytes;
   if (bytes < detail::crcfold::kStreamBytes) return crc_sse42_short(c, p, bytes);
   detail::crcfold::Stream s = detail::crcfold::start(p, c);
   for (p += detail::crcfold::kStreamBytes, bytes -= detail::crcfold::kStreamBytes; bytes >= detail::crcfold::kStreamBytes;
@@ -128,10 +120,6 @@ RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, s
 }  // namespace
 
 namespace detail::crcfold {
-bool hybrid_pays() noexcept {
-  static const bool amd = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
-  return amd;
-}
 bool available() noexcept {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul") &&
