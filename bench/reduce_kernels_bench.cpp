@@ -119,7 +119,7 @@ void checked_small(benchmark::State& state, int kind) {
 // One checked pass of a chunk the size of a mid-sized call's (4-64 KiB, in the cache): a copy
 // with its CRC (a sender's write into a peer's slot) or a float sum with its input's CRC (a
 // receiver's verifying reduction, sum_f32_with_crc), where the folding, not the memory, sets the
-// pace: the hybrid's range (crc32c_fold.hpp).
+// pace (docs/protection-cost-amd.md, "The hybrid again, narrower").
 void checked_pass(benchmark::State& state, bool sum) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   std::vector<std::byte> a(bytes, std::byte{1}), b(bytes, std::byte{2}), out(bytes);
