@@ -78,7 +78,7 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
 // `kStream`: streaming stores (dst 64-byte aligned), whose lines are neither read first nor kept
 // in the cache; fenced before the tail and the return. Scalar `crc32` lanes beside the folding
 // (a hybrid CRC) made the copy 1.15x faster in the cache and a 2-rank allreduce's checked
-// 32-128 KiB calls slower (docs/protection-cost-amd.md, "A hybrid CRC32C, tried and not landed").
+// 32-128 KiB calls slower (docs/protection-cost-amd.md, "The hybrid again, narrower").
 template <bool kStream>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
