@@ -559,9 +559,10 @@ Status post_fingerprint(const EngineConfig& config, FlagBlock flags, Connection*
 
 /// A carried allreduce of two ranks (docs/carried-allreduce.md): `check` was posted with our
 /// input `send` (post_fingerprint's `carried`); waits for the peer's post of the same call,
-/// compares the calls, verifies the carried bytes (asking for the post again while they arrive
-/// damaged or not at all) and writes `send op theirs`, in rank order, to `recv`. A different
-/// call fails with InvalidUsage (CallCheck::disagree). Bounded by the timeout.
+/// verifies the carried bytes under our fingerprint's CRC (a match proves the same call; else the
+/// fingerprints are read and compared, and the post asked for again while it arrives damaged or
+/// not at all) and writes `send op theirs`, in rank order, to `recv`. A different call fails
+/// with InvalidUsage (CallCheck::disagree). Bounded by the timeout.
 Status run_carried(const EngineConfig& config, FlagBlock flags, Connection* left, Connection* right, RelayDuties& relays, CallCheck& check,
                    const void* send, void* recv, std::size_t count, const Reducer& reducer, Failure& failure) noexcept;
 

@@ -177,6 +177,7 @@ class RingRunner {
   Status run_carried(CallCheck& check, const std::byte* send, std::byte* recv, std::size_t count) noexcept;
 
   Status read_call(CallCheck& check, bool block, bool by_word) noexcept;
+  Status await_call_post(CallCheck& check) noexcept;
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
   Status verify_call(bool block, Connection* data_from = nullptr) noexcept;
@@ -321,7 +322,7 @@ class RingRunner {
   Status serve_reposts() noexcept;
   Status serve_repost(Connection& ch) noexcept;
   static bool post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept;
-  Status accept_carried(Connection& from, const std::byte* send, const std::byte* data, std::byte* recv, std::size_t count,
+  Status accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
                         std::uint32_t number) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests

@@ -1,7 +1,8 @@
 // RingRunner, the carried allreduce (docs/carried-allreduce.md): on two ranks an allreduce of
 // at most kCarryMaxBytes moves no chunk. Each rank's call fingerprint carries its input
 // (post_fingerprint), so the one post a call makes anyway is the whole transfer: wait for the
-// peer's post, compare the calls, verify the carried bytes against their CRC, reduce. A post
+// peer's post, verify its bytes under our own fingerprint's CRC (which proves the call the same;
+// otherwise read and compare the fingerprints), reduce. A post
 // that arrives damaged or not at all is asked for again (FlagBlock::repost), and every wait of
 // every later call answers such requests, so a rank that already returned still serves one.
 #include "ring_runner.hpp"
@@ -29,17 +30,11 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   // same call, as a matching call word stands for the fingerprint (CallCheck::word). Anything
   // else (damage, a different call, a stale slot) goes the long way: the fingerprint is read,
   // compared and, damaged, asked for again.
-  if (!reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) {
-    settling_ = true;  // as read_call: the wait must not try to settle a check again
-    const Status waited = wait_flag(from, flags_.call[from.peer], number,
-                                    "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
-    settling_ = false;
-    RINGFENCE_TRY(waited);
-  }
+  RINGFENCE_TRY(await_call_post(check));
   if (post_verifies(theirs, bytes, check.mine.crc)) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
-    return accept_carried(from, send, theirs + offsetof(CallPost, data), recv, count, number);
+    return accept_carried(from, send, theirs, recv, count, number);
   }
   read_fingerprint(flags_, check);
   for (int attempt = 1;; ++attempt) {
@@ -47,7 +42,7 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
       if (check.disagree())
         return fail(Status(ErrorCode::InvalidUsage), from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
       if (post_verifies(theirs, bytes, check.theirs.crc))
-        return accept_carried(from, send, theirs + offsetof(CallPost, data), recv, count, number);
+        return accept_carried(from, send, theirs, recv, count, number);
     }
     if (!check.damage_counted) ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
     check.damage_counted = false;
@@ -69,10 +64,11 @@ bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::ui
   return header[1] == bytes && crc32c(post + offsetof(CallPost, data), bytes, fp_crc) == header[0];
 }
 
-// Writes `send op data` to `recv` and acknowledges the peer's post: the end of a carried call
-// whose peer post passed.
-Status RingRunner::accept_carried(Connection& from, const std::byte* send, const std::byte* data, std::byte* recv, std::size_t count,
+// Writes `send op` the data of the peer's post `post` to `recv` and acknowledges the post: the
+// end of a carried call whose peer post passed (post_verifies).
+Status RingRunner::accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
                                   std::uint32_t number) noexcept {
+  const std::byte* const data = post + offsetof(CallPost, data);
   // In rank order on both ranks, so both write the same bits (float sums included).
   const bool first = c_.rank < from.peer;
   reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);

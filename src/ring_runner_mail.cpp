@@ -64,14 +64,22 @@ Status RingRunner::read_call(CallCheck& check, bool block, bool by_word) noexcep
     check.theirs = check.mine;
     check.settled = check.intact = true;
   } else if (!read_fingerprint(flags_, check) && block) {
-    settling_ = true;  // the wait below must not try to settle a check again
-    const Status waited = wait_flag(from, flags_.call[from.peer], static_cast<std::uint32_t>(check.mine.sequence),
-                                    "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
-    settling_ = false;
-    RINGFENCE_TRY(waited);
+    RINGFENCE_TRY(await_call_post(check));
     read_fingerprint(flags_, check);
   }
   return Status::ok();
+}
+
+// Waits until `check.from` has posted its fingerprint of this call (its call flag); reads nothing.
+Status RingRunner::await_call_post(CallCheck& check) noexcept {
+  Connection& from = *check.from;
+  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
+  if (reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
+  settling_ = true;  // the wait must not try to settle a check again
+  const Status waited =
+      wait_flag(from, flags_.call[from.peer], number, "the call fingerprint of the same collective (did every rank make the same calls?)", 0);
+  settling_ = false;
+  return waited;
 }
 
 // The checked neighbour's fingerprint (read_call), acknowledged when its number is a multiple
