@@ -57,27 +57,46 @@ struct CallFingerprint {
 };
 static_assert(sizeof(CallFingerprint) == 32);
 
-/// The most bytes a call's post carries (CallPost::data): a carried allreduce of two ranks
-/// (docs/carried-allreduce.md) moves its whole input in the post, so its slot is two lines.
-inline constexpr std::size_t kCarryMaxBytes = 88;
+/// The most bytes a call's post carries: a carried allreduce of two ranks
+/// (docs/carried-allreduce.md) moves its whole input in the post, up to the 4 KiB where small
+/// calls end (issue #29's 8 B-4 KiB). Only two-rank communicators have slots that large
+/// (call_slot_bytes).
+inline constexpr std::size_t kCarryMaxBytes = 4096;
 
-/// One fingerprint slot as posted: the fingerprint and, in a carried allreduce
-/// (`fp.carried`), the sender's input with its CRC (seeded with the fingerprint's, so the data
-/// is bound to the call it was sent in). A plain post writes only `fp`; the rest of the slot
-/// then holds whatever an earlier carried post left there, which `fp.carried` says to ignore.
+/// The head of one fingerprint slot as posted: the fingerprint and, in a carried allreduce
+/// (`fp.carried`), the length and CRC of the sender's input, which follows this head in the slot
+/// (`data()`). `data_crc` is crc32c(data) xor fp.crc: the data is bound to the call it was sent
+/// in, and the pass that copies or reduces the data computes its CRC (seed 0) on the way. A plain
+/// post writes only `fp`; the rest of the slot then holds whatever an earlier carried post left
+/// there, which `fp.carried` says to ignore.
 struct CallPost {
   CallFingerprint fp;
-  std::uint32_t data_crc = 0;    ///< crc32c(data, data_bytes) seeded with fp.crc
-  std::uint32_t data_bytes = 0;  ///< bytes of `data` in use
-  std::byte data[kCarryMaxBytes];
-  /// Bytes a post writes: the fingerprint, and the carried data with its header.
-  std::size_t posted_bytes() const noexcept {
-    return fp.carried ? offsetof(CallPost, data) + data_bytes : sizeof(CallFingerprint);
-  }
+  std::uint32_t data_crc = 0;    ///< crc32c(data(), data_bytes) ^ fp.crc
+  std::uint32_t data_bytes = 0;  ///< bytes of data() in use
+  /// The carried data, right after the head (within the slot: call_slot_bytes).
+  std::byte* data() noexcept { return reinterpret_cast<std::byte*>(this) + sizeof(CallPost); }
+  const std::byte* data() const noexcept { return reinterpret_cast<const std::byte*>(this) + sizeof(CallPost); }
+  /// Bytes a post writes: the fingerprint, and the carried data with its head.
+  std::size_t posted_bytes() const noexcept { return fp.carried ? sizeof(CallPost) + data_bytes : sizeof(CallFingerprint); }
 };
-static_assert(sizeof(CallPost) == 128);
-/// Bytes between fingerprint slots (FlagBlock::calls): a CallPost.
-inline constexpr std::size_t kCallSlotBytes = sizeof(CallPost);
+static_assert(sizeof(CallPost) == 40 && alignof(CallPost) <= 16);
+/// A post its receiver found damaged this many times is asked for again in pieces of this many
+/// bytes, each with its own CRC (RingRunner::repair_carried): a link that spoils most whole
+/// posts (flips at 1e-3 per byte spoil 98 % of 4 KiB ones) still gets pieces through.
+inline constexpr int kWholeRepostAttempts = 4;
+inline constexpr std::size_t kRepostPieceBytes = 256;
+static_assert(kCarryMaxBytes / kRepostPieceBytes < 32, "a re-post request names its piece in 5 bits");
+/// `CallPost::data_bytes` of a re-posted piece: the piece's number and length under a tag no
+/// whole post's length has, so neither is taken for the other.
+constexpr std::uint32_t repost_piece_tag(std::size_t piece, std::size_t bytes) noexcept {
+  return 0x80000000u | static_cast<std::uint32_t>(piece) << 16 | static_cast<std::uint32_t>(bytes);
+}
+/// Bytes between fingerprint slots, in a FlagBlock (FlagBlock::calls) and in a connection's
+/// kept posts (Connection::call_post): a carried post's room on two ranks (65 lines), a line on
+/// more, where only plain fingerprints are posted.
+constexpr std::size_t call_slot_bytes(int size) noexcept {
+  return size == 2 ? (sizeof(CallPost) + kCarryMaxBytes + 63) / 64 * 64 : 64;
+}
 
 /// A call fingerprint posted to the ranks that check it and not yet compared with the one
 /// `from` posted (design §6). The ring executor compares it before it uses the first chunk it

@@ -159,7 +159,8 @@ constexpr PieceRange decode_piece(std::uint32_t word, std::size_t bytes) noexcep
 /// - `call_ack[p]`: p read our fingerprint of collective c (value c), so its slot is free again
 ///   (for a carried post: and its data passed);
 /// - `repost[p]`: p found our post in fingerprint slot s damaged or lost and asks for it again
-///   (value = p's count of such requests << 5 | s; carried allreduce, RingRunner::run_carried);
+///   (value = p's count of such requests << 10 | piece << 5 | s, piece 0 for the whole post,
+///   k + 1 for its data's k-th kRepostPieceBytes; carried allreduce, RingRunner::run_carried);
 /// - `reposted[p]`: p wrote the post we asked for again (value = that request's value);
 /// - `abort` (one word): some peer failed and aborted; value = error code << 24 |
 ///   (origin + 1) << 12 | (rank it blames + 1), ranks below 4095 (0 = nobody). The origin is
@@ -184,20 +185,23 @@ struct FlagBlock {
   SignalFlag* abort = nullptr;         ///< one word
   std::byte* mailboxes = nullptr;      ///< [size] x kMailboxBytes (collectives' output keys)
   std::byte* p2p_mailboxes = nullptr;  ///< [size] x kMailboxBytes (point-to-point receive keys)
-  std::byte* calls = nullptr;          ///< [size] x kCallSlots x kCallSlotBytes (CallPost)
+  std::byte* calls = nullptr;          ///< [size] x kCallSlots x call_slot_bytes(size) (CallPost and its data)
+  std::size_t call_slot_stride = 0;    ///< call_slot_bytes(size)
   enum Word { kData = 0, kCredit, kMail, kNack, kRetry, kP2PMail, kNackMsg, kCall, kCallAck, kNackPiece, kRepost, kReposted, kWords };
   /// Bytes per peer: the words, two mailboxes and the fingerprint slots (a multiple of 64).
-  static constexpr std::size_t kPerPeer = kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * kCallSlotBytes;
+  static std::size_t per_peer(int size) noexcept {
+    return kWords * sizeof(SignalFlag) + 2 * kMailboxBytes + kCallSlots * call_slot_bytes(size);
+  }
 
-  static std::size_t bytes(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer + sizeof(SignalFlag); }
-  static std::size_t abort_offset(int size) noexcept { return static_cast<std::size_t>(size) * kPerPeer; }
+  static std::size_t bytes(int size) noexcept { return static_cast<std::size_t>(size) * per_peer(size) + sizeof(SignalFlag); }
+  static std::size_t abort_offset(int size) noexcept { return static_cast<std::size_t>(size) * per_peer(size); }
   /// Offset of fingerprint slot `slot` written by `rank`.
   static std::size_t call_offset(int size, int rank, std::size_t slot) noexcept {
-    return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * kCallSlotBytes;
+    return mailbox_offset(size, 2 * size) + (static_cast<std::size_t>(rank) * kCallSlots + slot) * call_slot_bytes(size);
   }
   /// Fingerprint slot `slot` that `peer` writes into this block (read side of call_offset).
   const std::byte* call_slot(int peer, std::size_t slot) const noexcept {
-    return calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * kCallSlotBytes;
+    return calls + (static_cast<std::size_t>(peer) * kCallSlots + slot) * call_slot_stride;
   }
   /// Encodes an abort word.
   static std::uint32_t abort_value(ErrorCode code, int origin, int blamed) noexcept {
@@ -234,6 +238,7 @@ struct FlagBlock {
     repost = f + kRepost * size;
     reposted = f + kReposted * size;
     calls = static_cast<std::byte*>(base) + call_offset(size, 0, 0);
+    call_slot_stride = call_slot_bytes(size);
     abort = reinterpret_cast<SignalFlag*>(static_cast<std::byte*>(base) + abort_offset(size));
   }
 };
@@ -288,7 +293,17 @@ struct Connection {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
-  CallPost call_post[kCallSlots];  ///< our fingerprints (with carried data) written to this peer (outlive the writes; re-posts)
+  /// Our fingerprint posts to this peer (with carried data), kept until their slot comes round:
+  /// they outlive the writes and are written again when the peer asks (re-posts). kCallSlots
+  /// slots of `post_stride` bytes (call_slot_bytes of the communicator's size: keep_posts), zeroed.
+  std::unique_ptr<std::byte[]> posts = std::make_unique<std::byte[]>(kCallSlots * call_slot_bytes(0));
+  std::size_t post_stride = call_slot_bytes(0);
+  CallPost& call_post(std::size_t slot) noexcept { return *reinterpret_cast<CallPost*>(posts.get() + slot * post_stride); }
+  /// Makes room for posts of a communicator of `size` ranks (setup: before any post).
+  void keep_posts(int size) {
+    post_stride = call_slot_bytes(size);
+    posts = std::make_unique<std::byte[]>(kCallSlots * post_stride);
+  }
   CallFingerprint spread_fp[kCallSlots];  ///< the same, written to a peer that does not check us (CallCheck::pairwise)
   std::uint64_t pair_checked = 0;  ///< the last call whose fingerprint from this peer we compared (CallCheck::pairwise)
   CallWord call_word;  ///< our call's word last written to this peer's data flag line (outlives the write)
@@ -297,6 +312,7 @@ struct Connection {
   std::uint32_t call_ack_seen = 0;
   std::uint32_t reposts_asked = 0;   ///< fingerprint posts we asked this peer for again (FlagBlock::repost)
   std::uint32_t repost_served = 0;   ///< the peer's last repost request we answered
+  CallPost repost_head;              ///< the head of a piece we posted again (outlives the write)
   std::uint64_t last_carried = 0;    ///< the number of our last carried post to this peer (0: none)
   // Direct point-to-point: keys of our receive buffers published to this peer, and keys of the
   // peer's receive buffers we consumed for our sends.

@@ -324,7 +324,8 @@ class RingRunner {
   static bool post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept;
   Status accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
                         std::uint32_t number) noexcept;
-  Status request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept;
+  Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept;
+  Status request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
   static constexpr int kServePolls = 2048;
   static constexpr int kServeEvery = 16;

@@ -48,27 +48,31 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     check.damage_counted = false;
     if (attempt >= c_.max_attempts)
       return fail(Status(ErrorCode::Transient), from, "an intact call fingerprint with its data (every post failed its checksum)", 0);
+    if (attempt >= kWholeRepostAttempts && check.intact && bytes > kRepostPieceBytes) {
+      RINGFENCE_TRY(repair_carried(check, slot, bytes));
+      return accept_carried(from, send, theirs, recv, count, number);
+    }
     std::uint32_t asked = 0;
-    RINGFENCE_TRY(request_repost(from, slot, asked));
+    RINGFENCE_TRY(request_repost(from, slot, 0, asked));
     RINGFENCE_TRY(wait_flag(from, flags_.reposted[from.peer], asked, "the call fingerprint sent again", 0));
     check.settled = check.intact = false;
     read_fingerprint(flags_, check);  // its flag reached this call long ago: reads at once
   }
 }
 
-// True when the post at `post` carries `bytes` of data whose CRC, seeded with `fp_crc`, is the
-// one it was posted with (CallPost::data_crc).
+// True when the post at `post` carries `bytes` of data whose CRC, xor `fp_crc`, is the one it
+// was posted with (CallPost::data_crc).
 bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept {
   std::uint32_t header[2];  // CallPost::data_crc, data_bytes
   std::memcpy(header, post + offsetof(CallPost, data_crc), sizeof header);
-  return header[1] == bytes && crc32c(post + offsetof(CallPost, data), bytes, fp_crc) == header[0];
+  return header[1] == bytes && (crc32c(post + sizeof(CallPost), bytes) ^ fp_crc) == header[0];
 }
 
 // Writes `send op` the data of the peer's post `post` to `recv` and acknowledges the post: the
 // end of a carried call whose peer post passed (post_verifies).
 Status RingRunner::accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
                                   std::uint32_t number) noexcept {
-  const std::byte* const data = post + offsetof(CallPost, data);
+  const std::byte* const data = post + sizeof(CallPost);
   // In rank order on both ranks, so both write the same bits (float sums included).
   const bool first = c_.rank < from.peer;
   reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
@@ -81,10 +85,40 @@ Status RingRunner::accept_carried(Connection& from, const std::byte* send, const
   return drain(from, "acknowledging the call fingerprint");
 }
 
-// Asks `ch`'s peer for its post in `slot` again: the request's value names the slot under a
-// count that only grows, so a request for the same slot twice is still a new value.
-Status RingRunner::request_repost(Connection& ch, std::size_t slot, std::uint32_t& value) noexcept {
-  value = ++ch.reposts_asked << 5 | static_cast<std::uint32_t>(slot);
+// Asks for the data of the peer's post in `slot` again piece by piece, each piece with its own
+// CRC in the slot's head (repost_piece_tag), until every piece passed: the pieces land where the
+// whole post's data lies, and a write touches no byte outside its piece, so once the last one
+// passed the slot holds the whole data intact. The post's fingerprint was intact (and the same
+// call) when this began; each piece's head brings it again and it is checked again.
+Status RingRunner::repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept {
+  Connection& from = *check.from;
+  const std::byte* const post = flags_.call_slot(from.peer, slot);
+  for (std::size_t k = 0, at = 0; at < bytes; ++k, at += kRepostPieceBytes) {
+    const std::size_t n = std::min(kRepostPieceBytes, bytes - at);
+    for (int attempt = 1;; ++attempt) {
+      std::uint32_t asked = 0;
+      RINGFENCE_TRY(request_repost(from, slot, k + 1, asked));
+      RINGFENCE_TRY(wait_flag(from, flags_.reposted[from.peer], asked, "a piece of the call fingerprint's data sent again", 0));
+      check.settled = check.intact = false;
+      read_fingerprint(flags_, check);
+      std::uint32_t head[2];  // CallPost::data_crc, data_bytes
+      std::memcpy(head, post + offsetof(CallPost, data_crc), sizeof head);
+      if (check.intact && !check.disagree() && head[1] == repost_piece_tag(k, n) &&
+          (crc32c(post + sizeof(CallPost) + at, n) ^ check.theirs.crc) == head[0])
+        break;
+      ++from.checksum_errors;
+      if (attempt >= c_.max_attempts)
+        return fail(Status(ErrorCode::Transient), from, "a piece of the call fingerprint's data (every re-post failed its checksum)", 0);
+    }
+  }
+  return Status::ok();
+}
+
+// Asks `ch`'s peer for its post in `slot` again (`piece` 0), or for the k-th piece of its data
+// (`piece` k + 1): the request's value names both under a count that only grows, so a request
+// for the same thing twice is still a new value.
+Status RingRunner::request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept {
+  value = ++ch.reposts_asked << 10 | static_cast<std::uint32_t>(piece) << 5 | static_cast<std::uint32_t>(slot);
   static_assert(kCallSlots == 32, "the request's low 5 bits name the slot");
   const Status s = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kRepost, c_.size, c_.rank), value, 0});
   if (!s.is_ok()) return fail(s, ch, "asking for a call fingerprint again", 0);
@@ -104,9 +138,21 @@ Status RingRunner::serve_reposts() noexcept {
 Status RingRunner::serve_repost(Connection& ch) noexcept {
   const std::uint32_t asked = flags_.repost[ch.peer].value.load(std::memory_order_acquire);
   if (asked == ch.repost_served) return Status::ok();
-  const CallPost& post = ch.call_post[asked % kCallSlots];
+  const CallPost& post = ch.call_post(asked % kCallSlots);
   const std::size_t at = FlagBlock::call_offset(c_.size, c_.rank, asked % kCallSlots);
-  Status st = ch.link->write(WriteOp{&post, nullptr, &ch.peer_flags, at, post.posted_bytes(), 0});
+  const std::size_t piece = asked >> 5 & 31;
+  Status st = Status::ok();
+  if (piece == 0) {
+    st = ch.link->write(WriteOp{&post, nullptr, &ch.peer_flags, at, post.posted_bytes(), 0});
+  } else {  // the data's piece, then a head with its CRC (repair_carried)
+    const std::size_t from = (piece - 1) * kRepostPieceBytes;
+    const std::size_t n = post.fp.carried && from < post.data_bytes ? std::min(kRepostPieceBytes, post.data_bytes - from) : 0;
+    ch.repost_head.fp = post.fp;
+    ch.repost_head.data_bytes = repost_piece_tag(piece - 1, n);
+    ch.repost_head.data_crc = crc32c(post.data() + from, n) ^ post.fp.crc;
+    if (n > 0) st = ch.link->write(WriteOp{post.data() + from, nullptr, &ch.peer_flags, at + sizeof(CallPost) + from, n, 0});
+    if (st.is_ok()) st = ch.link->write(WriteOp{&ch.repost_head, nullptr, &ch.peer_flags, at, sizeof(CallPost), 0});
+  }
   if (st.is_ok()) st = ch.link->signal(SignalOp{&ch.peer_flags, FlagBlock::flag_offset(FlagBlock::kReposted, c_.size, c_.rank), asked, 0});
   if (!st.is_ok()) return fail(st, ch, "sending a call fingerprint again", 0);
   ch.repost_served = asked;

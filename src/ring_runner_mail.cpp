@@ -16,8 +16,8 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
     Connection& ch = *to[i];
     // The slot's previous fingerprint to this peer (if any: the pairs change with the plan)
     // must have been read before it is overwritten.
-    if (const auto previous = static_cast<std::uint32_t>(ch.call_post[slot].fp.sequence);
-        !spread && ch.call_post[slot].fp.sequence != 0 && !reached(ch.call_ack_seen, previous)) {
+    if (const auto previous = static_cast<std::uint32_t>(ch.call_post(slot).fp.sequence);
+        !spread && ch.call_post(slot).fp.sequence != 0 && !reached(ch.call_ack_seen, previous)) {
       RINGFENCE_TRY(wait_flag(ch, flags_.call_ack[ch.peer], previous, "the reading of an earlier call fingerprint", 0));
       ch.call_ack_seen = flags_.call_ack[ch.peer].value.load(std::memory_order_acquire);
     }
@@ -29,13 +29,12 @@ Status RingRunner::post_fingerprint(Connection* const* to, std::size_t n_to, con
     } else {
       // The post is kept whole (with its carried data) until the slot comes round again: a peer
       // that finds it damaged asks for it again (serve_reposts), possibly calls later.
-      CallPost& post = ch.call_post[slot];
+      CallPost& post = ch.call_post(slot);
       post.fp = mine;
       post.data_bytes = static_cast<std::uint32_t>(carried.size());
       if (!carried.empty()) {
         ch.last_carried = mine.sequence;
-        std::memcpy(post.data, carried.data(), carried.size());
-        post.data_crc = crc32c(post.data, carried.size(), mine.crc);
+        post.data_crc = copy_bytes_crc(post.data(), carried.data(), carried.size()) ^ mine.crc;
       }
       src = &post;
       bytes = post.posted_bytes();

@@ -80,10 +80,10 @@ struct CommOptions {
   Algorithm algorithm = Algorithm::Auto;
   /// Two-rank allreduces of at most this many bytes (and > 0) move their data in the call
   /// fingerprint each rank posts anyway, instead of as a chunk (docs/carried-allreduce.md):
-  /// about half the time of a small call. Needs `check_calls`, host memory and the Auto or
-  /// OneShot algorithm. At most 88; 0 = off. Must match on every rank.
-  /// Env: RINGFENCE_CARRY_MAX_BYTES=<bytes>|off.
-  std::size_t carry_max_bytes = 88;
+  /// a third to half the time of a small call, with its checksum whatever `checksum` says.
+  /// Needs `check_calls`, host memory and the Auto or OneShot algorithm. At most 4096; 0 = off.
+  /// Must match on every rank. Env: RINGFENCE_CARRY_MAX_BYTES=<bytes>|off.
+  std::size_t carry_max_bytes = 4096;
   /// Tuner model (alpha-beta, docs/tuning.md): cost of one hop of one chunk in microseconds
   /// (signal, wake-up, pipeline bubble) and the bandwidth of one link in GB/s. Must match on
   /// every rank. Env: RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS.
