@@ -322,8 +322,11 @@ class RingRunner {
   Status serve_reposts() noexcept;
   Status serve_repost(Connection& ch) noexcept;
   static bool post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept;
-  Status accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
+  bool finish_verified(const Connection& from, const std::byte* post, const std::byte* own, std::byte* recv, std::size_t count,
+                       std::uint32_t fp_crc) noexcept;
+  Status accept_carried(Connection& from, const std::byte* own, const std::byte* post, std::byte* recv, std::size_t count,
                         std::uint32_t number) noexcept;
+  Status acknowledge_carried(Connection& from, std::uint32_t number) noexcept;
   Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests

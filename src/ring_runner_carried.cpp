@@ -25,16 +25,22 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     RINGFENCE_TRY(post_fingerprint(to, 1, check.mine, false, std::span<const std::byte>(send, bytes)));
     check.posted = true;
   }
-  // The common case reads no fingerprint: the post's data CRC is seeded with its poster's
+  // Our input as posted: the copy our post keeps until its slot comes round. The pass below
+  // writes `recv` before it knows the peer's data passed, and `recv` may be `send`.
+  const CallPost& kept = from.call_post(slot);
+  const bool kept_ours = kept.fp.sequence == check.mine.sequence && kept.fp.carried && kept.data_bytes == bytes;
+  const std::byte* const own = kept_ours ? kept.data() : send;
+  // The common case reads no fingerprint: the post's data CRC is bound to its poster's
   // fingerprint CRC, so data that verifies under *our* fingerprint's CRC is intact and of the
-  // same call, as a matching call word stands for the fingerprint (CallCheck::word). Anything
-  // else (damage, a different call, a stale slot) goes the long way: the fingerprint is read,
-  // compared and, damaged, asked for again.
+  // same call, as a matching call word stands for the fingerprint (CallCheck::word). The check
+  // runs in the reduction's pass. Anything else (damage, a different call, a stale slot) goes the
+  // long way: the fingerprint is read, compared and, damaged, asked for again; `recv` is then
+  // written again.
   RINGFENCE_TRY(await_call_post(check));
-  if (post_verifies(theirs, bytes, check.mine.crc)) {
+  if (kept_ours ? finish_verified(from, theirs, own, recv, count, check.mine.crc) : post_verifies(theirs, bytes, check.mine.crc)) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
-    return accept_carried(from, send, theirs, recv, count, number);
+    return kept_ours ? acknowledge_carried(from, number) : accept_carried(from, own, theirs, recv, count, number);
   }
   read_fingerprint(flags_, check);
   for (int attempt = 1;; ++attempt) {
@@ -42,7 +48,7 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
       if (check.disagree())
         return fail(Status(ErrorCode::InvalidUsage), from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
       if (post_verifies(theirs, bytes, check.theirs.crc))
-        return accept_carried(from, send, theirs, recv, count, number);
+        return accept_carried(from, own, theirs, recv, count, number);
     }
     if (!check.damage_counted) ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
     check.damage_counted = false;
@@ -50,7 +56,7 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
       return fail(Status(ErrorCode::Transient), from, "an intact call fingerprint with its data (every post failed its checksum)", 0);
     if (attempt >= kWholeRepostAttempts && check.intact && bytes > kRepostPieceBytes) {
       RINGFENCE_TRY(repair_carried(check, slot, bytes));
-      return accept_carried(from, send, theirs, recv, count, number);
+      return accept_carried(from, own, theirs, recv, count, number);
     }
     std::uint32_t asked = 0;
     RINGFENCE_TRY(request_repost(from, slot, 0, asked));
@@ -68,14 +74,32 @@ bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::ui
   return header[1] == bytes && (crc32c(post + sizeof(CallPost), bytes) ^ fp_crc) == header[0];
 }
 
-// Writes `send op` the data of the peer's post `post` to `recv` and acknowledges the post: the
+// Writes `own op` the data of the peer's post `post` to `recv` in rank order, checking that
+// data in the same pass: true when its length and CRC (xor `fp_crc`) are the ones it was posted
+// with. `own` must not overlap `recv`.
+bool RingRunner::finish_verified(const Connection& from, const std::byte* post, const std::byte* own, std::byte* recv, std::size_t count,
+                                 std::uint32_t fp_crc) noexcept {
+  std::uint32_t header[2];  // CallPost::data_crc, data_bytes
+  std::memcpy(header, post + offsetof(CallPost, data_crc), sizeof header);
+  if (header[1] != count * reducer_.elem_size) return false;
+  const std::byte* const data = post + sizeof(CallPost);
+  const bool first = c_.rank < from.peer;  // rank order, as in accept_carried
+  const std::uint32_t crc = finish_with_crc_of(reducer_, recv, first ? own : data, first ? data : own, count, c_.size, first);
+  return (crc ^ fp_crc) == header[0];
+}
+
+// Writes `own op` the data of the peer's post `post` to `recv` and acknowledges the post: the
 // end of a carried call whose peer post passed (post_verifies).
-Status RingRunner::accept_carried(Connection& from, const std::byte* send, const std::byte* post, std::byte* recv, std::size_t count,
+Status RingRunner::accept_carried(Connection& from, const std::byte* own, const std::byte* post, std::byte* recv, std::size_t count,
                                   std::uint32_t number) noexcept {
   const std::byte* const data = post + sizeof(CallPost);
   // In rank order on both ranks, so both write the same bits (float sums included).
   const bool first = c_.rank < from.peer;
-  reducer_.finish(recv, first ? send : data, first ? data : send, count, c_.size);
+  reducer_.finish(recv, first ? own : data, first ? data : own, count, c_.size);
+  return acknowledge_carried(from, number);
+}
+
+Status RingRunner::acknowledge_carried(Connection& from, std::uint32_t number) noexcept {
   // Every carried post is acknowledged once its data passed: the peer's close waits for that
   // before it stops answering re-post requests (drain_reposts). The line is ours (the peer
   // reads it only when a slot comes round), so the signal and its look for a sleeper cost no
