@@ -42,6 +42,9 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     check.settled = check.intact = true;
     return kept_ours ? acknowledge_carried(from, number) : accept_carried(from, own, theirs, recv, count, number);
   }
+  // That pass wrote `recv` from data that failed: it holds our input again, so a refused call's
+  // output has nothing from the other call (failure-semantics.md) and an in-place one lost nothing.
+  if (kept_ours) copy_bytes(recv, own, bytes);
   read_fingerprint(flags_, check);
   for (int attempt = 1;; ++attempt) {
     if (check.intact) {

@@ -258,39 +258,45 @@ TEST_CASE("carried allreduce: a carried call against a staged one is refused nam
 }
 
 TEST_CASE("carried allreduce: two carried calls of the same size that differ in op or type are refused naming both", "[carried][failure]") {
-  // Both posts carry 8 bytes, so only the fingerprint tells the calls apart: the receiver's
-  // data check under its own fingerprint's CRC must fail and the fingerprints be compared.
+  // Both posts carry 8 bytes (then 1 KiB), so only the fingerprint tells the calls apart: the
+  // receiver's data check under its own fingerprint's CRC must fail and the fingerprints be
+  // compared. The check runs in the reduction's pass, which writes the (in-place) output first:
+  // a refused call must leave it holding the rank's own input, nothing from the other call.
   struct Case {
     DataType type1;
     ReduceOp op1;
     const char* named0;
     const char* named1;
   };
-  for (const Case& c : {Case{DataType::Float32, ReduceOp::Max, "(count=2, float, sum)", "(count=2, float, max)"},
-                        Case{DataType::Int32, ReduceOp::Sum, "(count=2, float, sum)", "(count=2, int32, sum)"}}) {
+  for (const std::size_t count : {2u, 256u})
+  for (const Case& c : {Case{DataType::Float32, ReduceOp::Max, "float, sum)", "float, max)"},
+                        Case{DataType::Int32, ReduceOp::Sum, "float, sum)", "int32, sum)"}}) {
     std::vector<std::string> seen(2);
     const std::string err = test::run_ranks(2, options(), [&](Communicator& comm) {
       const auto r = static_cast<std::size_t>(comm.rank());
       // Matching calls first: the first collective's fence agreement compares the fingerprints
       // itself; the mismatch must be caught in a plain carried call.
       REQUIRE(exact_calls(comm, DataType::Float32, ReduceOp::Sum, 2, 5, false) == 0);
-      std::vector<std::byte> buf(8);
+      std::vector<float> buf(count), input(count);
+      for (std::size_t i = 0; i < count; ++i) input[i] = static_cast<float>(i + 1 + 1000 * r);
+      buf = input;
       const DataType type = r == 0 ? DataType::Float32 : c.type1;
       const ReduceOp op = r == 0 ? ReduceOp::Sum : c.op1;
       try {
-        comm.allreduce(buf.data(), buf.data(), 2, type, op);
+        comm.allreduce(buf.data(), buf.data(), count, type, op);
         seen[r] = "no error";
       } catch (const InvalidUsage& e) {
         const std::string what = e.what();
-        const bool names = what.find(fmt::format("rank 0 called allreduce{}", c.named0)) != std::string::npos &&
-                           what.find(fmt::format("rank 1 called allreduce{}", c.named1)) != std::string::npos;
+        const bool names = what.find(fmt::format("rank 0 called allreduce(count={}, {}", count, c.named0)) != std::string::npos &&
+                           what.find(fmt::format("rank 1 called allreduce(count={}, {}", count, c.named1)) != std::string::npos;
         seen[r] = names ? "ok" : "message: " + what;
       } catch (const Error& e) {
         const std::string what = e.what();
         seen[r] = what.find("invalid-usage") != std::string::npos ? "ok" : "message: " + what;
       }
+      if (seen[r] == "ok" && buf != input) seen[r] = "the refused call's output is not the rank's input";
     });
-    INFO(c.named1 << ": " << err << " | " << seen[0] << " | " << seen[1]);
+    INFO(count << " " << c.named1 << ": " << err << " | " << seen[0] << " | " << seen[1]);
     REQUIRE(err.empty());
     REQUIRE(seen[0] == "ok");
     REQUIRE(seen[1] == "ok");
