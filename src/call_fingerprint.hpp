@@ -4,6 +4,7 @@
 // executor settles. The engine's layout of them (FlagBlock, Connection) is in engine.hpp.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace ringfence::detail {
 
@@ -97,6 +98,20 @@ constexpr std::uint32_t repost_piece_tag(std::size_t piece, std::size_t bytes) n
 constexpr std::size_t call_slot_bytes(int size) noexcept {
   return size == 2 ? (sizeof(CallPost) + kCarryMaxBytes + 63) / 64 * 64 : 64;
 }
+
+/// Our fingerprint posts to one peer (with carried data), kept until their slot comes round:
+/// they outlive the writes and are written again when the peer asks (re-posts). kCallSlots
+/// slots of call_slot_bytes(size), laid out as the peer's slots for them, zeroed.
+class KeptPosts {
+ public:
+  explicit KeptPosts(int size = 0) : stride_(call_slot_bytes(size)), mem_(std::make_unique<std::byte[]>(kCallSlots * stride_)) {}
+  CallPost& operator[](std::size_t slot) noexcept { return *reinterpret_cast<CallPost*>(mem_.get() + slot * stride_); }
+  std::size_t stride() const noexcept { return stride_; }
+
+ private:
+  std::size_t stride_;
+  std::unique_ptr<std::byte[]> mem_;
+};
 
 /// A call fingerprint posted to the ranks that check it and not yet compared with the one
 /// `from` posted (design §6). The ring executor compares it before it uses the first chunk it

@@ -293,17 +293,8 @@ struct Connection {
   SentChunk sent_log[kSentLog];
   ChunkTrailer trailers[kSentLog];  ///< trailer storage must outlive asynchronous writes
   std::uint32_t mail_header[3] = {};  ///< {key length, crc32c(key, seeded with the call), call}
-  /// Our fingerprint posts to this peer (with carried data), kept until their slot comes round:
-  /// they outlive the writes and are written again when the peer asks (re-posts). kCallSlots
-  /// slots of `post_stride` bytes (call_slot_bytes of the communicator's size: keep_posts), zeroed.
-  std::unique_ptr<std::byte[]> posts = std::make_unique<std::byte[]>(kCallSlots * call_slot_bytes(0));
-  std::size_t post_stride = call_slot_bytes(0);
-  CallPost& call_post(std::size_t slot) noexcept { return *reinterpret_cast<CallPost*>(posts.get() + slot * post_stride); }
-  /// Makes room for posts of a communicator of `size` ranks (setup: before any post).
-  void keep_posts(int size) {
-    post_stride = call_slot_bytes(size);
-    posts = std::make_unique<std::byte[]>(kCallSlots * post_stride);
-  }
+  KeptPosts posts;  ///< our fingerprint posts to this peer (with carried data), for re-posts
+  CallPost& call_post(std::size_t slot) noexcept { return posts[slot]; }
   CallFingerprint spread_fp[kCallSlots];  ///< the same, written to a peer that does not check us (CallCheck::pairwise)
   std::uint64_t pair_checked = 0;  ///< the last call whose fingerprint from this peer we compared (CallCheck::pairwise)
   CallWord call_word;  ///< our call's word last written to this peer's data flag line (outlives the write)

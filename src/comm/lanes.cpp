@@ -133,7 +133,7 @@ void Lanes::connect(LaneState& L, int index, MemoryKind memory, std::byte** extr
   L.flags_mem = allocate(FlagBlock::bytes(size));
   L.flags.bind(L.flags_mem, size);
   for (auto& ch : L.connections)  // our posts' copies, laid out as the peer's slots for them
-    if (ch->post_stride != call_slot_bytes(size)) ch->keep_posts(size);
+    if (ch->posts.stride() != call_slot_bytes(size)) ch->posts = KeptPosts(size);
   // Another lane's engine starts as a copy of lane 0's: its re-send requests come through its
   // own flags, never through lane 0's retained chunks.
   L.engine.retained_peers = nullptr;
