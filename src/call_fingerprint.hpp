@@ -93,10 +93,11 @@ constexpr std::uint32_t repost_piece_tag(std::size_t piece, std::size_t bytes) n
   return 0x80000000u | static_cast<std::uint32_t>(piece) << 16 | static_cast<std::uint32_t>(bytes);
 }
 /// Bytes between fingerprint slots, in a FlagBlock (FlagBlock::calls) and in a connection's
-/// kept posts (Connection::call_post): a carried post's room on two ranks (65 lines), a line on
-/// more, where only plain fingerprints are posted.
+/// kept posts (Connection::call_post): a carried post's room on two ranks, 128 bytes on more,
+/// where only plain fingerprints are posted (as before carried posts grew). Multiples of 128, so
+/// no two slots share a pair of lines (which adjacent-line prefetchers fetch together).
 constexpr std::size_t call_slot_bytes(int size) noexcept {
-  return size == 2 ? (sizeof(CallPost) + kCarryMaxBytes + 63) / 64 * 64 : 64;
+  return size == 2 ? (sizeof(CallPost) + kCarryMaxBytes + 127) / 128 * 128 : 128;
 }
 
 /// Our fingerprint posts to one peer (with carried data), kept until their slot comes round:
