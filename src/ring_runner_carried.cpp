@@ -69,12 +69,25 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   }
 }
 
+namespace {
+
+// The head of a peer's post in our flag block, as it is now: CallPost::data_crc and data_bytes.
+struct PostHead {
+  std::uint32_t crc = 0, bytes = 0;
+};
+PostHead read_head(const std::byte* post) noexcept {
+  PostHead h;
+  std::memcpy(&h, post + offsetof(CallPost, data_crc), sizeof h);
+  return h;
+}
+
+}  // namespace
+
 // True when the post at `post` carries `bytes` of data whose CRC, xor `fp_crc`, is the one it
 // was posted with (CallPost::data_crc).
 bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept {
-  std::uint32_t header[2];  // CallPost::data_crc, data_bytes
-  std::memcpy(header, post + offsetof(CallPost, data_crc), sizeof header);
-  return header[1] == bytes && (crc32c(post + sizeof(CallPost), bytes) ^ fp_crc) == header[0];
+  const PostHead head = read_head(post);
+  return head.bytes == bytes && (crc32c(post + sizeof(CallPost), bytes) ^ fp_crc) == head.crc;
 }
 
 // Writes `own op` the data of the peer's post `post` to `recv` in rank order, checking that
@@ -82,13 +95,12 @@ bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::ui
 // with. `own` must not overlap `recv`.
 bool RingRunner::finish_verified(const Connection& from, const std::byte* post, const std::byte* own, std::byte* recv, std::size_t count,
                                  std::uint32_t fp_crc) noexcept {
-  std::uint32_t header[2];  // CallPost::data_crc, data_bytes
-  std::memcpy(header, post + offsetof(CallPost, data_crc), sizeof header);
-  if (header[1] != count * reducer_.elem_size) return false;
+  const PostHead head = read_head(post);
+  if (head.bytes != count * reducer_.elem_size) return false;
   const std::byte* const data = post + sizeof(CallPost);
   const bool first = c_.rank < from.peer;  // rank order, as in accept_carried
   const std::uint32_t crc = finish_with_crc_of(reducer_, recv, first ? own : data, first ? data : own, count, c_.size, first);
-  return (crc ^ fp_crc) == header[0];
+  return (crc ^ fp_crc) == head.crc;
 }
 
 // Writes `own op` the data of the peer's post `post` to `recv` and acknowledges the post: the
@@ -128,10 +140,9 @@ Status RingRunner::repair_carried(CallCheck& check, std::size_t slot, std::size_
       RINGFENCE_TRY(wait_flag(from, flags_.reposted[from.peer], asked, "a piece of the call fingerprint's data sent again", 0));
       check.settled = check.intact = false;
       read_fingerprint(flags_, check);
-      std::uint32_t head[2];  // CallPost::data_crc, data_bytes
-      std::memcpy(head, post + offsetof(CallPost, data_crc), sizeof head);
-      if (check.intact && !check.disagree() && head[1] == repost_piece_tag(k, n) &&
-          (crc32c(post + sizeof(CallPost) + at, n) ^ check.theirs.crc) == head[0])
+      const PostHead head = read_head(post);
+      if (check.intact && !check.disagree() && head.bytes == repost_piece_tag(k, n) &&
+          (crc32c(post + sizeof(CallPost) + at, n) ^ check.theirs.crc) == head.crc)
         break;
       ++from.checksum_errors;
       if (attempt >= c_.max_attempts)
