@@ -1,7 +1,8 @@
 #pragma once
 // Call fingerprints (design §6, docs/failure-semantics.md): what every rank writes about its call
 // before the call uses data, the short word a sender puts beside its data flag, and the check the
-// executor settles. The engine's layout of them (FlagBlock, Connection) is in engine.hpp.
+// executor settles. Their slots in a rank's flags are laid out in flag_block.hpp (FlagBlock); a
+// connection (engine.hpp) keeps its posts in KeptPosts, below.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
