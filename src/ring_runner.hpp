@@ -177,7 +177,19 @@ class RingRunner {
   Status run_carried(CallCheck& check, const std::byte* send, std::byte* recv, std::size_t count) noexcept;
 
   Status read_call(CallCheck& check, bool block, bool by_word) noexcept;
-  Status await_call_post(CallCheck& check) noexcept;
+  // A carried post its receiver looks at while it waits for the post's flag
+  // (await_carried_post): `look` is true once the post holds this call's data, verified.
+  struct WatchedPost {
+    const std::byte* post = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t sequence = 0;
+    std::uint32_t fp_crc = 0;
+    int failed = 0;  // looks whose CRC failed: a few at most (kWatchedVerifications)
+    bool verified = false;
+    bool look() noexcept;
+  };
+  Status await_call_post(CallCheck& check, int spin_polls = -1, WatchedPost* watch = nullptr) noexcept;
+  Status await_carried_post(CallCheck& check, const std::byte* post, std::size_t bytes, bool& verified) noexcept;
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
   Status verify_call(bool block, Connection* data_from = nullptr) noexcept;
@@ -330,6 +342,7 @@ class RingRunner {
   Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
+  static constexpr int kWatchedVerifications = 6;  // failed CRCs of a watched post a call computes at most
   static constexpr int kServePolls = 2048;
   static constexpr int kServeEvery = 16;
   static constexpr int kServeYieldEvery = 64;
@@ -363,7 +376,10 @@ class RingRunner {
     return s;
   }
 
-  Status wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message) noexcept;
+  // `spin_polls` < 0: EngineConfig::spin_polls. With `watch`, also Ok once `watch->look()` is
+  // true, looked at between the sleep's slices.
+  Status wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message,
+                   int spin_polls = -1, WatchedPost* watch = nullptr) noexcept;
 
   Status drain(Connection& ch, const char* what) noexcept;
 

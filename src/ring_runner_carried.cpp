@@ -5,6 +5,8 @@
 // otherwise read and compare the fingerprints), reduce. A post
 // that arrives damaged or not at all is asked for again (FlagBlock::repost), and every wait of
 // every later call answers such requests, so a rank that already returned still serves one.
+#include <atomic>
+
 #include "ring_runner.hpp"
 
 namespace ringfence::detail {
@@ -36,7 +38,13 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   // runs in the reduction's pass. Anything else (damage, a different call, a stale slot) goes the
   // long way: the fingerprint is read, compared and, damaged, asked for again; `recv` is then
   // written again.
-  RINGFENCE_TRY(await_call_post(check));
+  bool watched = false;
+  RINGFENCE_TRY(await_carried_post(check, theirs, bytes, watched));
+  if (watched) {  // verified under our fingerprint's CRC before its flag came
+    check.theirs = check.mine;
+    check.settled = check.intact = true;
+    return accept_carried(from, own, theirs, recv, count, number);
+  }
   if (kept_ours ? finish_verified(from, theirs, own, recv, count, check.mine.crc) : post_verifies(theirs, bytes, check.mine.crc)) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
@@ -71,6 +79,14 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
 
 namespace {
 
+// The call number at the head of a peer's post in our flag block, as it is now. The peer may be
+// writing the post: an atomic load, and an acquiring one, so the reads of the post that follow
+// it are not made before it.
+std::uint64_t posted_sequence(const std::byte* post) noexcept {
+  static_assert(offsetof(CallPost, fp) + offsetof(CallFingerprint, sequence) == 0);
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(post))).load(std::memory_order_acquire);
+}
+
 // The head of a peer's post in our flag block, as it is now: CallPost::data_crc and data_bytes.
 struct PostHead {
   std::uint32_t crc = 0, bytes = 0;
@@ -82,6 +98,57 @@ PostHead read_head(const std::byte* post) noexcept {
 }
 
 }  // namespace
+
+// Waits for the peer's post of this call as await_call_post does, watching the post itself
+// meanwhile when it carries at most kWatchedPostDataBytes: once its head shows this call's
+// number and its data verifies under our own fingerprint's CRC (as in run_carried), `verified`
+// is true and the call goes on without the post's flag. The flag is a line of its own, written
+// after the post: the reader that waits on it takes two line transfers in turn (the flag's, then
+// the post's), one where it watches the post (docs/carried-allreduce.md, "Watching the post").
+// The post is looked at in every poll of the spin and, once the spin is spent, between the
+// slices of the sleep on the flag. Only a post whose flag came is judged damaged, so a failed
+// look counts nothing.
+Status RingRunner::await_carried_post(CallCheck& check, const std::byte* post, std::size_t bytes, bool& verified) noexcept {
+  verified = false;
+  if (bytes > kWatchedPostDataBytes) return await_call_post(check);
+  WatchedPost watch{post, bytes, check.mine.sequence, check.mine.crc};
+  const SignalFlag& flag = flags_.call[check.from->peer];
+  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
+  // A post that failed is looked at again after 1, 2, 4, ... polls: one still being written
+  // (its head lands first, while we read its lines) gets time to land.
+  int next_look = 0, gap = 1;
+  for (int i = 0; i < c_.spin_polls; ++i) {
+    if (i >= next_look) {
+      const int failed = watch.failed;
+      if (watch.look()) {
+        verified = true;
+        return Status::ok();
+      }
+      if (watch.failed != failed) {
+        next_look = i + gap;
+        gap *= 2;
+      }
+    }
+    if (reached(flag.value.load(std::memory_order_acquire), number)) return Status::ok();
+    if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
+    cpu_pause();
+  }
+  RINGFENCE_TRY(await_call_post(check, 0, &watch));  // the spin is spent: sleep on the flag
+  verified = watch.verified;
+  return Status::ok();
+}
+
+// True once the post holds this call's data, intact: its head shows the call's number, and the
+// data verifies under the fingerprint CRC. A post damaged, or still being written, fails the
+// CRC; after kWatchedVerifications such looks only the flag ends the wait (a damaged post
+// would cost a CRC at every look until its flag came).
+bool RingRunner::WatchedPost::look() noexcept {
+  if (verified) return true;
+  if (failed >= kWatchedVerifications || posted_sequence(post) != sequence) return false;
+  verified = post_verifies(post, bytes, fp_crc);
+  if (!verified) ++failed;
+  return verified;
+}
 
 // True when the post at `post` carries `bytes` of data whose CRC, xor `fp_crc`, is the one it
 // was posted with (CallPost::data_crc).

@@ -1,6 +1,7 @@
 // The carried allreduce (docs/carried-allreduce.md): on two ranks an allreduce of at most
 // CommOptions::carry_max_bytes moves its input in the call fingerprint. Thread ranks: exact
-// results for every type, op and size up to the limit, one write a call and no chunk, calls
+// results for every type, op and size up to the limit, one write a call and no chunk, posts of
+// at most 1 KiB taken before their flags, calls
 // interleaved with staged ones past the fingerprint slots' wrap, posts damaged or lost on the
 // link asked for again, mismatched calls and options refused, a missing peer a bounded error.
 #include <fmt/format.h>
@@ -128,6 +129,51 @@ TEST_CASE("carried allreduce: avg divides once, and float results are the same b
   for (std::size_t i = 0; i < results[0].size(); ++i) {
     const float a = 0.1f * static_cast<float>(i + 1) * 3.0f, b = 0.1f * static_cast<float>(i + 1) * 7.0f;
     REQUIRE(results[0][i] == (a + b) / 2.0f);
+  }
+}
+
+TEST_CASE("carried allreduce: a post of at most 1 KiB is taken as it lands, without its flag; a longer one waits for the flag", "[carried]") {
+  // Every signal on the link is held for 400 ms (`hold`): the posts' flags, and the
+  // acknowledgements, which only a call 32 later would wait for. A watched post
+  // (RingRunner::await_carried_post) needs neither: its receiver looks at it while it spins and
+  // between the slices of its sleep on the flag, so every call ends in about a millisecond at
+  // most; unwatched, every one would wait 400 ms for its flag. A 2 KiB post is not watched.
+  CommOptions o = options();
+  o.fault = "hold:ms=400,link=0-1";
+  o.health_agree_every = 0;
+  o.heartbeat_interval = std::chrono::milliseconds(0);
+  std::atomic<std::size_t> wrong{0};
+  std::atomic<int> arrived{0};
+  // Both ranks' threads meet before each call, outside the communicator (whose signals are
+  // held); bounded, so a rank that failed leaves the other waiting 5 s at most.
+  auto meet = [&arrived](int round) {
+    ++arrived;
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (arrived.load() < 2 * round && Clock::now() < deadline) std::this_thread::yield();
+  };
+  std::vector<int> quick(2);
+  std::vector<double> flagged_ms(2);
+  const std::string err = test::run_ranks(2, o, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    int round = 0;
+    for (const std::size_t count : {1, 2, 6, 22, 64, 100, 255, 256}) {
+      meet(++round);
+      const auto start = Clock::now();
+      wrong += exact_calls(comm, DataType::Float32, ReduceOp::Sum, count, 1, count % 2 == 0);
+      if (Clock::now() - start < std::chrono::milliseconds(200)) ++quick[r];
+    }
+    meet(++round);
+    const auto start = Clock::now();
+    wrong += exact_calls(comm, DataType::Float32, ReduceOp::Sum, 512, 1, false);
+    flagged_ms[r] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  });
+  INFO(err << "; calls of at most 1 KiB under 200 ms: " << quick[0] << " / " << quick[1] << " of 8; the 2 KiB one took " << flagged_ms[0]
+            << " / " << flagged_ms[1] << " ms");
+  REQUIRE(err.empty());
+  REQUIRE(wrong == 0);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(quick[r] == 8);
+    CHECK(flagged_ms[r] >= 300.0);  // the hold works: the 2 KiB call waited for its flag
   }
 }
 
