@@ -118,7 +118,7 @@ Status RingRunner::await_carried_post(CallCheck& check, const std::byte* post, s
   // (its head lands first, while we read its lines) gets time to land.
   int next_look = 0, gap = 1;
   for (int i = 0; i < c_.spin_polls; ++i) {
-    if (i >= next_look) {
+    if (i >= next_look && posted_sequence(post) == watch.sequence) {  // the common miss costs no call
       const int failed = watch.failed;
       if (watch.look()) {
         verified = true;
