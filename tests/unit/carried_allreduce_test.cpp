@@ -132,7 +132,7 @@ TEST_CASE("carried allreduce: avg divides once, and float results are the same b
   }
 }
 
-TEST_CASE("carried allreduce: a post of at most 1 KiB is taken as it lands, without its flag; a longer one waits for the flag", "[carried]") {
+TEST_CASE("carried allreduce: a post of at most 1 KiB is taken as it lands without its flag, a longer one waits for it", "[carried]") {
   // Every signal on the link is held for 400 ms (`hold`): the posts' flags, and the
   // acknowledgements, which only a call 32 later would wait for. A watched post
   // (RingRunner::await_carried_post) needs neither: its receiver looks at it while it spins and
