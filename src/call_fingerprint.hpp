@@ -65,7 +65,7 @@ static_assert(sizeof(CallFingerprint) == 32);
 /// (call_slot_bytes).
 inline constexpr std::size_t kCarryMaxBytes = 4096;
 /// A carried post of at most this many bytes of data is watched by its receiver while it waits
-/// (RingRunner::await_carried_post). The post is written head first, so a receiver that finds
+/// (RingRunner::WatchedPost). The post is written head first, so a receiver that finds
 /// the head may find the data still coming: its CRC fails and it looks again. Up to 1 KiB the
 /// reading overlaps the writing and the call gains (docs/carried-allreduce.md, "Watching the
 /// post"); at 4 KiB the failed CRCs cost more than the flag's line does.

@@ -177,19 +177,37 @@ class RingRunner {
   Status run_carried(CallCheck& check, const std::byte* send, std::byte* recv, std::size_t count) noexcept;
 
   Status read_call(CallCheck& check, bool block, bool by_word) noexcept;
-  // A carried post its receiver looks at while it waits for the post's flag
-  // (await_carried_post): `look` is true once the post holds this call's data, verified.
+  // A carried post its receiver looks at while it waits for the post's flag (run_carried,
+  // wait_flag: docs/carried-allreduce.md, "Watching the post"): `look` is true once the post's
+  // head shows this call's number and its data verifies under our fingerprint's CRC. A post still
+  // landing (its head is written first) or damaged fails the CRC: the looks after a failed one
+  // skip 1, 2, 4, ... polls, and after kFailedLooks only the flag ends the wait. A failed look
+  // counts nothing against the link; only a post whose flag came is judged damaged.
   struct WatchedPost {
+    static constexpr int kFailedLooks = 6;
     const std::byte* post = nullptr;
     std::size_t bytes = 0;
     std::uint64_t sequence = 0;
     std::uint32_t fp_crc = 0;
-    int failed = 0;  // looks whose CRC failed: a few at most (kWatchedVerifications)
+    int failed = 0, skip = 0;
     bool verified = false;
-    bool look() noexcept;
+    bool look() noexcept {
+      if (skip > 0) {
+        --skip;
+        return false;
+      }
+      return failed < kFailedLooks && posted_sequence() == sequence && verify();
+    }
+    // The number at the post's head as it is now: the peer may be writing it, so an atomic
+    // load, acquiring so the reads of the post that follow are not made before it.
+    std::uint64_t posted_sequence() const noexcept {
+      static_assert(offsetof(CallPost, fp) + offsetof(CallFingerprint, sequence) == 0);
+      return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(post))).load(std::memory_order_acquire);
+    }
+    bool verify() noexcept;
   };
-  Status await_call_post(CallCheck& check, int spin_polls = -1, WatchedPost* watch = nullptr) noexcept;
-  Status await_carried_post(CallCheck& check, const std::byte* post, std::size_t bytes, bool& verified) noexcept;
+  // With `watch`, also Ok once `watch->look()` is true (wait_flag).
+  Status await_call_post(CallCheck& check, WatchedPost* watch = nullptr) noexcept;
   Status settle_call(CallCheck& check, bool block, bool always_ack, bool by_word = false) noexcept;
 
   Status verify_call(bool block, Connection* data_from = nullptr) noexcept;
@@ -342,7 +360,6 @@ class RingRunner {
   Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
-  static constexpr int kWatchedVerifications = 6;  // failed CRCs of a watched post a call computes at most
   static constexpr int kServePolls = 2048;
   static constexpr int kServeEvery = 16;
   static constexpr int kServeYieldEvery = 64;
@@ -376,10 +393,10 @@ class RingRunner {
     return s;
   }
 
-  // `spin_polls` < 0: EngineConfig::spin_polls. With `watch`, also Ok once `watch->look()` is
-  // true, looked at between the sleep's slices.
+  // With `watch`, also Ok once `watch->look()` is true: looked at in every poll of the spin and
+  // between the slices of the sleep.
   Status wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message,
-                   int spin_polls = -1, WatchedPost* watch = nullptr) noexcept;
+                   WatchedPost* watch = nullptr) noexcept;
 
   Status drain(Connection& ch, const char* what) noexcept;
 

@@ -5,8 +5,6 @@
 // otherwise read and compare the fingerprints), reduce. A post
 // that arrives damaged or not at all is asked for again (FlagBlock::repost), and every wait of
 // every later call answers such requests, so a rank that already returned still serves one.
-#include <atomic>
-
 #include "ring_runner.hpp"
 
 namespace ringfence::detail {
@@ -34,21 +32,19 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   const std::byte* const own = kept_ours ? kept.data() : send;
   // The common case reads no fingerprint: the post's data CRC is bound to its poster's
   // fingerprint CRC, so data that verifies under *our* fingerprint's CRC is intact and of the
-  // same call, as a matching call word stands for the fingerprint (CallCheck::word). The check
-  // runs in the reduction's pass. Anything else (damage, a different call, a stale slot) goes the
-  // long way: the fingerprint is read, compared and, damaged, asked for again; `recv` is then
-  // written again.
-  bool watched = false;
-  RINGFENCE_TRY(await_carried_post(check, theirs, bytes, watched));
-  if (watched) {  // verified under our fingerprint's CRC before its flag came
+  // same call, as a matching call word stands for the fingerprint (CallCheck::word). A post of
+  // at most kWatchedPostDataBytes is watched while we wait and taken once it verifies, without
+  // its flag (one line transfer, not two; WatchedPost). Otherwise the check runs in the
+  // reduction's pass once the flag came. Anything else (damage, a different call, a stale slot)
+  // goes the long way: the fingerprint is read, compared and, damaged, asked for again; `recv`
+  // is then written again.
+  WatchedPost watch{theirs, bytes, check.mine.sequence, check.mine.crc};
+  RINGFENCE_TRY(await_call_post(check, bytes <= kWatchedPostDataBytes ? &watch : nullptr));
+  const bool reduced = !watch.verified && kept_ours && finish_verified(from, theirs, own, recv, count, check.mine.crc);
+  if (watch.verified || reduced || (!kept_ours && post_verifies(theirs, bytes, check.mine.crc))) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
-    return accept_carried(from, own, theirs, recv, count, number);
-  }
-  if (kept_ours ? finish_verified(from, theirs, own, recv, count, check.mine.crc) : post_verifies(theirs, bytes, check.mine.crc)) {
-    check.theirs = check.mine;
-    check.settled = check.intact = true;
-    return kept_ours ? acknowledge_carried(from, number) : accept_carried(from, own, theirs, recv, count, number);
+    return reduced ? acknowledge_carried(from, number) : accept_carried(from, own, theirs, recv, count, number);
   }
   // That pass wrote `recv` from data that failed: it holds our input again, so a refused call's
   // output has nothing from the other call (failure-semantics.md) and an in-place one lost nothing.
@@ -79,14 +75,6 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
 
 namespace {
 
-// The call number at the head of a peer's post in our flag block, as it is now. The peer may be
-// writing the post: an atomic load, and an acquiring one, so the reads of the post that follow
-// it are not made before it.
-std::uint64_t posted_sequence(const std::byte* post) noexcept {
-  static_assert(offsetof(CallPost, fp) + offsetof(CallFingerprint, sequence) == 0);
-  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(post))).load(std::memory_order_acquire);
-}
-
 // The head of a peer's post in our flag block, as it is now: CallPost::data_crc and data_bytes.
 struct PostHead {
   std::uint32_t crc = 0, bytes = 0;
@@ -99,54 +87,10 @@ PostHead read_head(const std::byte* post) noexcept {
 
 }  // namespace
 
-// Waits for the peer's post of this call as await_call_post does, watching the post itself
-// meanwhile when it carries at most kWatchedPostDataBytes: once its head shows this call's
-// number and its data verifies under our own fingerprint's CRC (as in run_carried), `verified`
-// is true and the call goes on without the post's flag. The flag is a line of its own, written
-// after the post: the reader that waits on it takes two line transfers in turn (the flag's, then
-// the post's), one where it watches the post (docs/carried-allreduce.md, "Watching the post").
-// The post is looked at in every poll of the spin and, once the spin is spent, between the
-// slices of the sleep on the flag. Only a post whose flag came is judged damaged, so a failed
-// look counts nothing.
-Status RingRunner::await_carried_post(CallCheck& check, const std::byte* post, std::size_t bytes, bool& verified) noexcept {
-  verified = false;
-  if (bytes > kWatchedPostDataBytes) return await_call_post(check);
-  WatchedPost watch{post, bytes, check.mine.sequence, check.mine.crc};
-  const SignalFlag& flag = flags_.call[check.from->peer];
-  const auto number = static_cast<std::uint32_t>(check.mine.sequence);
-  // A post that failed is looked at again after 1, 2, 4, ... polls: one still being written
-  // (its head lands first, while we read its lines) gets time to land.
-  int next_look = 0, gap = 1;
-  for (int i = 0; i < c_.spin_polls; ++i) {
-    if (i >= next_look && posted_sequence(post) == watch.sequence) {  // the common miss costs no call
-      const int failed = watch.failed;
-      if (watch.look()) {
-        verified = true;
-        return Status::ok();
-      }
-      if (watch.failed != failed) {
-        next_look = i + gap;
-        gap *= 2;
-      }
-    }
-    if (reached(flag.value.load(std::memory_order_acquire), number)) return Status::ok();
-    if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
-    cpu_pause();
-  }
-  RINGFENCE_TRY(await_call_post(check, 0, &watch));  // the spin is spent: sleep on the flag
-  verified = watch.verified;
-  return Status::ok();
-}
-
-// True once the post holds this call's data, intact: its head shows the call's number, and the
-// data verifies under the fingerprint CRC. A post damaged, or still being written, fails the
-// CRC; after kWatchedVerifications such looks only the flag ends the wait (a damaged post
-// would cost a CRC at every look until its flag came).
-bool RingRunner::WatchedPost::look() noexcept {
-  if (verified) return true;
-  if (failed >= kWatchedVerifications || posted_sequence(post) != sequence) return false;
+// A look whose head showed this call's number: verifies the data (WatchedPost::look).
+bool RingRunner::WatchedPost::verify() noexcept {
   verified = post_verifies(post, bytes, fp_crc);
-  if (!verified) ++failed;
+  if (!verified) skip = 1 << failed++;  // 1, 2, 4, ... polls before the next look
   return verified;
 }
 
@@ -185,9 +129,9 @@ Status RingRunner::acknowledge_carried(Connection& from, std::uint32_t number) n
   // Every carried post is acknowledged once its data passed: the peer's close waits for that
   // before it stops answering re-post requests (drain_reposts). The line is ours (the peer
   // reads it only when a slot comes round), so the signal and its look for a sleeper cost no
-  // transfer. Its completion is left to the link's next drain (the next post's): every
-  // transport has sent the signal by the time `signal` returns (tcp sends its pending writes
-  // with it), this call's result does not depend on it, and a failure shows there. Without
+  // transfer. Its completion is left to the link's next drain (the next post's): when `signal`
+  // returns, shm has stored the flag, tcp has sent it (with its pending writes) and ibverbs has
+  // posted it; this call's result does not depend on it, and a failure shows there. Without
   // that drain 8-64 B calls took 0.51-0.54 us against 0.52-0.57 in the VM's slow phase
   // (docs/carried-allreduce.md, "Watching the post").
   const Status s = from.link->signal(SignalOp{&from.peer_flags, FlagBlock::flag_offset(FlagBlock::kCallAck, c_.size, c_.rank), number, 0});

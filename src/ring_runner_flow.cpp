@@ -207,12 +207,12 @@ Status RingRunner::await_all_acceptance() noexcept {
 // communicator timeout. Services re-send requests from the right neighbour and requests for a
 // carried post again (serve_reposts) meanwhile.
 Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message,
-                             int spin_polls, WatchedPost* watch) noexcept {
+                             WatchedPost* watch) noexcept {
   // A short spin first (EngineConfig::spin_polls says why and how long). A peer in a carried
   // allreduce may be waiting for a post of ours again meanwhile (serve_reposts).
-  const int spins = spin_polls < 0 ? c_.spin_polls : spin_polls;
-  for (int i = 0; i < spins; ++i) {
+  for (int i = 0; i < c_.spin_polls; ++i) {
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    if (watch && watch->look()) return Status::ok();
     if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
     cpu_pause();
   }

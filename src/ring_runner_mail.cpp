@@ -70,15 +70,15 @@ Status RingRunner::read_call(CallCheck& check, bool block, bool by_word) noexcep
 }
 
 // Waits until `check.from` has posted its fingerprint of this call (its call flag); reads nothing.
-// `spin_polls` and `watch` as wait_flag's.
-Status RingRunner::await_call_post(CallCheck& check, int spin_polls, WatchedPost* watch) noexcept {
+// `watch` as wait_flag's.
+Status RingRunner::await_call_post(CallCheck& check, WatchedPost* watch) noexcept {
   Connection& from = *check.from;
   const auto number = static_cast<std::uint32_t>(check.mine.sequence);
   if (reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
   settling_ = true;  // the wait must not try to settle a check again
   const Status waited =
       wait_flag(from, flags_.call[from.peer], number, "the call fingerprint of the same collective (did every rank make the same calls?)", 0,
-                spin_polls, watch);
+                watch);
   settling_ = false;
   return waited;
 }
