@@ -211,8 +211,11 @@ Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t tar
   // A short spin first (EngineConfig::spin_polls says why and how long). A peer in a carried
   // allreduce may be waiting for a post of ours again meanwhile (serve_reposts).
   for (int i = 0; i < c_.spin_polls; ++i) {
-    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
+    // A watched post is looked at before its flag: it lands first (the flag is written after
+    // it), and a reader that loads the flag's line once it changed takes that line's transfer
+    // and then the post's, where the post alone is one (WatchedPost).
     if (watch && watch->look()) return Status::ok();
+    if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
     cpu_pause();
   }
