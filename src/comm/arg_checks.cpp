@@ -51,6 +51,14 @@ void ArgChecks::overlap(const char* call, const void* send, std::size_t send_byt
 
 IoBytes ArgChecks::allreduce(const char* call, const void* send, const void* recv, std::size_t count, DataType type,
                              ReduceOp op) const {
+  // Every check at once for the common call (valid type and op, a size that cannot overflow,
+  // both buffers given, disjoint or the same): a few instructions where the calls below cost
+  // about 150, a tenth of a small allreduce's. Anything else takes the checks that name it.
+  if (const std::size_t elem = size_of(type); elem != 0 && is_valid(op) && count <= (std::size_t{1} << 40) && send && recv) {
+    const std::size_t bytes = count * elem;
+    const auto a = reinterpret_cast<std::uintptr_t>(send), b = reinterpret_cast<std::uintptr_t>(recv);
+    if (a == b || a + bytes <= b || b + bytes <= a) return {bytes, bytes};
+  }
   this->type(call, type);
   this->op(call, op);
   const std::size_t bytes = bytes_of(call, "count", count, type);
