@@ -71,6 +71,10 @@ CallChecker::Verdict CallChecker::judge(const FlagBlock& flags) noexcept {
   if (!k.from) return {};
   if (!k.settled) read_fingerprint(flags, k);
   if (!k.settled) return {};
+  if (k.intact && !k.disagree()) {  // the common verdict, without copying the fingerprints
+    k.from = nullptr;
+    return {};
+  }
   Verdict v;
   v.from = k.from;
   v.mine = k.mine;

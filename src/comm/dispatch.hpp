@@ -92,6 +92,13 @@ class Dispatch {
   /// first on the progress thread.
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
+    if (!async && !next_gate_ && !next_end_) {  // the common blocking call, without moving the two
+      refuse_in_group(call);
+      drain();
+      apply_timeout(call_timeout_);
+      run();
+      return Work{};
+    }
     std::function<void()> gate = std::exchange(next_gate_, {});  // a stream-ordered call's input gate
     std::shared_ptr<CallEnd> end = std::exchange(next_end_, {});   // and what its end releases
     refuse_in_group(call);
