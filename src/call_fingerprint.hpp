@@ -109,15 +109,17 @@ constexpr std::size_t call_slot_bytes(int size) noexcept {
 
 /// Our fingerprint posts to one peer (with carried data), kept until their slot comes round:
 /// they outlive the writes and are written again when the peer asks (re-posts). kCallSlots
-/// slots of call_slot_bytes(size), laid out as the peer's slots for them, zeroed.
+/// slots of call_slot_bytes(size), laid out as the peer's slots for them, zeroed. Empty until
+/// the lane that owns the connection is connected (Lanes::connect), which knows the size.
 class KeptPosts {
  public:
-  explicit KeptPosts(int size = 0) : stride_(call_slot_bytes(size)), mem_(std::make_unique<std::byte[]>(kCallSlots * stride_)) {}
+  KeptPosts() noexcept = default;
+  explicit KeptPosts(int size) : stride_(call_slot_bytes(size)), mem_(std::make_unique<std::byte[]>(kCallSlots * stride_)) {}
   CallPost& operator[](std::size_t slot) noexcept { return *reinterpret_cast<CallPost*>(mem_.get() + slot * stride_); }
   std::size_t stride() const noexcept { return stride_; }
 
  private:
-  std::size_t stride_;
+  std::size_t stride_ = 0;
   std::unique_ptr<std::byte[]> mem_;
 };
 
