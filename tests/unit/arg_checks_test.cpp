@@ -100,3 +100,34 @@ TEST_CASE("arg checks: bad arguments are named with the call and the rank", "[ar
   // Null with nothing to move is fine (count 0).
   CHECK_NOTHROW(c.allgather("allgather", nullptr, nullptr, 0, DataType::Float32));
 }
+
+// ArgChecks::allreduce accepts the common call in one test and leaves everything else to the
+// checks that name the argument: at the edges of that test both must give the same answer.
+TEST_CASE("arg checks: allreduce's one-test path and the naming checks agree at its edges", "[arg_checks]") {
+  const ArgChecks c(1, 2);
+  std::vector<float> buf(32);
+  float* const p = buf.data();
+  // Accepted by the one test: the bytes are count x the type's size.
+  CHECK(c.allreduce("allreduce", p, p + 16, 16, DataType::Float32, ReduceOp::Max).in == 64u);
+  CHECK(c.allreduce("allreduce", p + 16, p, 16, DataType::Float32, ReduceOp::Avg).out == 64u);  // recv before send, touching
+  CHECK(c.allreduce("allreduce", p, p, 32, DataType::Float32, ReduceOp::Sum).in == 128u);        // in place
+  // Left to the naming checks, which accept them as well.
+  CHECK(c.allreduce("allreduce", nullptr, nullptr, 0, DataType::Int8, ReduceOp::Sum).in == 0u);  // nothing to move
+  const std::size_t past = (std::size_t{1} << 40) + 1;  // above the one test's count bound, no overflow
+  const auto* far_a = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  const auto* far_b = reinterpret_cast<const void*>((std::uintptr_t{1} << 20) + past);
+  CHECK(c.allreduce("allreduce", far_a, far_b, past, DataType::Uint8, ReduceOp::Sum).in == past);
+  // Refused by them, each named: overlap from either side, overflow, a null buffer, bad enums.
+  CHECK(refusal([&] { c.allreduce("allreduce", p + 1, p, 16, DataType::Float32, ReduceOp::Sum); }).find("overlap") != std::string::npos);
+  CHECK(refusal([&] { c.allreduce("allreduce", p, p + 15, 16, DataType::Float32, ReduceOp::Sum); }).find("overlap") != std::string::npos);
+  const std::string overflow =
+      refusal([&] { c.allreduce("allreduce", far_a, far_b, std::numeric_limits<std::size_t>::max() / 4, DataType::Float64, ReduceOp::Sum); });
+  CHECK(overflow.find("rank 1: allreduce: count") != std::string::npos);
+  CHECK(overflow.find("overflows the address space") != std::string::npos);
+  CHECK(refusal([&] { c.allreduce("allreduce", p, nullptr, 1, DataType::Float32, ReduceOp::Sum); }) ==
+        "rank 1: allreduce: recvbuff is null with 4 bytes to move");
+  CHECK(refusal([&] { c.allreduce("allreduce", p, p, 1, static_cast<DataType>(10), ReduceOp::Sum); }) ==
+        "rank 1: allreduce: invalid datatype value 10");
+  CHECK(refusal([&] { c.allreduce("allreduce", p, p, 1, DataType::Float32, static_cast<ReduceOp>(5)); }) ==
+        "rank 1: allreduce: invalid reduce op value 5");
+}
