@@ -216,7 +216,39 @@ TEST_CASE("carried allreduce: posts damaged or lost on the link are asked for ag
     REQUIRE(err.empty());
     REQUIRE(wrong == 0);
     REQUIRE(errors > 0);             // the injector hit posts, and they were caught
-    REQUIRE(retries >= errors / 2);  // and answered (a re-post may be damaged again)
+    // and answered. Loosely here: a staged call's fingerprint lost on the link is counted and
+    // not sent again. The test below counts the carried calls' re-posts exactly.
+    REQUIRE(retries >= errors / 2);
+  }
+}
+
+TEST_CASE("carried allreduce: every post found damaged or lost is sent again", "[carried][integrity]") {
+  // Only carried calls: each post a rank finds damaged or missing counts one checksum error
+  // and one request, which its peer answers (one retry, or one per piece when the whole post
+  // kept failing), so the job's retries cover its errors. Less the last call's: its requests
+  // may still be unanswered when the totals are read.
+  for (const char* fault : {"flip:rate=2e-3,link=0-1,seed=5", "drop:rate=0.05,link=0-1,seed=3"}) {
+    CommOptions o = options();
+    o.fault = fault;
+    o.health_agree_every = 0;
+    std::atomic<std::size_t> wrong{0};
+    std::atomic<std::uint64_t> errors{0}, retries{0};
+    const std::string err = test::run_ranks(2, o, [&](Communicator& comm) {
+      for (int c = 0; c < 600; ++c) {
+        const std::size_t count = c % 5 == 3 ? 1000 : 1 + static_cast<std::size_t>(c % 22);
+        wrong += exact_calls(comm, DataType::Float32, ReduceOp::Sum, count, 1, c % 2 == 0);
+      }
+      float one = 1.0f;
+      comm.allreduce(&one, &one, 1, DataType::Float32, ReduceOp::Sum);  // the 600th call's requests are answered
+      const Totals t = totals(comm);
+      errors += t.checksum_errors;
+      retries += t.retries;
+    });
+    INFO(fault << ": " << err << "; errors " << errors << ", retries " << retries);
+    REQUIRE(err.empty());
+    REQUIRE(wrong == 0);
+    REQUIRE(errors >= 20);
+    REQUIRE(retries + 2 >= errors);  // the last call's two posts may be unanswered
   }
 }
 
