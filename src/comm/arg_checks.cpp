@@ -5,13 +5,6 @@
 
 namespace ringfence::detail {
 
-std::optional<std::size_t> checked_bytes(std::size_t count, DataType type, std::size_t blocks) noexcept {
-  const std::size_t elem = size_of(type);  // 0 for an invalid type
-  if (elem == 0) return std::nullopt;
-  if (blocks > 0 && count > static_cast<std::size_t>(PTRDIFF_MAX) / elem / blocks) return std::nullopt;
-  return count * elem * blocks;
-}
-
 void ArgChecks::type(const char* call, DataType type) const {
   RINGFENCE_EXPECTS(is_valid(type), "rank {}: {}: invalid datatype value {}", rank_, call, static_cast<int>(type));
 }
@@ -42,8 +35,7 @@ void ArgChecks::pointer(const char* call, const char* what, const void* p, std::
 void ArgChecks::overlap(const char* call, const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes,
                         bool in_place, const char* form, const void* at) const {
   if (send_bytes == 0 || recv_bytes == 0 || !send || !recv || in_place) return;
-  const auto a = reinterpret_cast<std::uintptr_t>(send), b = reinterpret_cast<std::uintptr_t>(recv);
-  RINGFENCE_EXPECTS(a + send_bytes <= b || b + recv_bytes <= a,
+  RINGFENCE_EXPECTS(disjoint(send, send_bytes, recv, recv_bytes),
                     "rank {}: {}: sendbuff {} ({} bytes) and recvbuff {} ({} bytes) overlap without being the in-place form{}",
                     rank_, call, send, send_bytes, recv, recv_bytes,
                     form ? fmt::format(" ({}, here {})", form, at) : std::string(" (none for this call)"));
@@ -51,14 +43,11 @@ void ArgChecks::overlap(const char* call, const void* send, std::size_t send_byt
 
 IoBytes ArgChecks::allreduce(const char* call, const void* send, const void* recv, std::size_t count, DataType type,
                              ReduceOp op) const {
-  // Every check at once for the common call (valid type and op, a size that cannot overflow,
-  // both buffers given, disjoint or the same): a few instructions where the calls below cost
-  // about 150, a tenth of a small allreduce's. Anything else takes the checks that name it.
-  if (const std::size_t elem = size_of(type); elem != 0 && is_valid(op) && count <= (std::size_t{1} << 40) && send && recv) {
-    const std::size_t bytes = count * elem;
-    const auto a = reinterpret_cast<std::uintptr_t>(send), b = reinterpret_cast<std::uintptr_t>(recv);
-    if (a == b || a + bytes <= b || b + bytes <= a) return {bytes, bytes};
-  }
+  // The same rules at once for the common call (both buffers given, the same or disjoint): a
+  // few instructions where the calls below cost about 150, a tenth of a small allreduce's.
+  // Anything else takes the checks that name what is wrong.
+  if (const auto bytes = checked_bytes(count, type); bytes && is_valid(op) && send && recv && (send == recv || disjoint(send, *bytes, recv, *bytes)))
+    return {*bytes, *bytes};
   this->type(call, type);
   this->op(call, op);
   const std::size_t bytes = bytes_of(call, "count", count, type);

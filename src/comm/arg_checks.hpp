@@ -4,14 +4,29 @@
 // naming the call, the argument and the rank. Run on the caller's thread before anything is
 // queued, shared by the host calls, the stream-ordered ones and the NCCL shim (`checked_bytes`).
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <ringfence/types.hpp>
 
 namespace ringfence::detail {
 
 /// Bytes of `count` elements of `type` times `blocks`, or nullopt when that overflows the
-/// address space (or `type` is invalid).
-std::optional<std::size_t> checked_bytes(std::size_t count, DataType type, std::size_t blocks = 1) noexcept;
+/// address space (more than PTRDIFF_MAX) or `type` is invalid. Inline, without a division: every
+/// call checks it (ArgChecks::allreduce's one test among them).
+inline std::optional<std::size_t> checked_bytes(std::size_t count, DataType type, std::size_t blocks = 1) noexcept {
+  const std::size_t elem = size_of(type);  // 0 for an invalid type
+  std::size_t bytes = 0;
+  if (elem == 0 || __builtin_mul_overflow(count, elem, &bytes) || __builtin_mul_overflow(bytes, blocks, &bytes) ||
+      bytes > static_cast<std::size_t>(PTRDIFF_MAX))
+    return std::nullopt;
+  return bytes;
+}
+
+/// True when [a, a + a_bytes) and [b, b + b_bytes) share no byte.
+inline bool disjoint(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x + a_bytes <= y || y + b_bytes <= x;
+}
 
 /// The bytes a call reads from its send buffer (`in`) and writes to its receive buffer (`out`).
 struct IoBytes {

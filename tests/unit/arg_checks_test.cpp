@@ -111,19 +111,27 @@ TEST_CASE("arg checks: allreduce's one-test path and the naming checks agree at 
   CHECK(c.allreduce("allreduce", p, p + 16, 16, DataType::Float32, ReduceOp::Max).in == 64u);
   CHECK(c.allreduce("allreduce", p + 16, p, 16, DataType::Float32, ReduceOp::Avg).out == 64u);  // recv before send, touching
   CHECK(c.allreduce("allreduce", p, p, 32, DataType::Float32, ReduceOp::Sum).in == 128u);        // in place
-  // Left to the naming checks, which accept them as well.
+  // Left to the naming checks, which accept it as well.
   CHECK(c.allreduce("allreduce", nullptr, nullptr, 0, DataType::Int8, ReduceOp::Sum).in == 0u);  // nothing to move
-  const std::size_t past = (std::size_t{1} << 40) + 1;  // above the one test's count bound, no overflow
+  // A count far beyond any real buffer that still fits the address space: accepted.
+  const std::size_t past = (std::size_t{1} << 40) + 1;
   const auto* far_a = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
   const auto* far_b = reinterpret_cast<const void*>((std::uintptr_t{1} << 20) + past);
   CHECK(c.allreduce("allreduce", far_a, far_b, past, DataType::Uint8, ReduceOp::Sum).in == past);
-  // Refused by them, each named: overlap from either side, overflow, a null buffer, bad enums.
+  // Refused by them, each named: overlap from either side, overflow (one element past
+  // PTRDIFF_MAX bytes, and a product that wraps), a null buffer, bad enums.
   CHECK(refusal([&] { c.allreduce("allreduce", p + 1, p, 16, DataType::Float32, ReduceOp::Sum); }).find("overlap") != std::string::npos);
   CHECK(refusal([&] { c.allreduce("allreduce", p, p + 15, 16, DataType::Float32, ReduceOp::Sum); }).find("overlap") != std::string::npos);
   const std::string overflow =
       refusal([&] { c.allreduce("allreduce", far_a, far_b, std::numeric_limits<std::size_t>::max() / 4, DataType::Float64, ReduceOp::Sum); });
   CHECK(overflow.find("rank 1: allreduce: count") != std::string::npos);
   CHECK(overflow.find("overflows the address space") != std::string::npos);
+  const auto max_bytes = static_cast<std::size_t>(PTRDIFF_MAX);
+  CHECK(detail::checked_bytes(max_bytes, DataType::Uint8) == max_bytes);
+  CHECK_FALSE(detail::checked_bytes(max_bytes + 1, DataType::Uint8).has_value());
+  CHECK_FALSE(detail::checked_bytes(std::numeric_limits<std::size_t>::max() / 3, DataType::Int32).has_value());  // wraps
+  CHECK(refusal([&] { c.allreduce("allreduce", far_a, far_a, max_bytes + 1, DataType::Uint8, ReduceOp::Sum); }).find("overflows") !=
+        std::string::npos);
   CHECK(refusal([&] { c.allreduce("allreduce", p, nullptr, 1, DataType::Float32, ReduceOp::Sum); }) ==
         "rank 1: allreduce: recvbuff is null with 4 bytes to move");
   CHECK(refusal([&] { c.allreduce("allreduce", p, p, 1, static_cast<DataType>(10), ReduceOp::Sum); }) ==
