@@ -186,10 +186,6 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
     return crc;
   }
 #endif
-  if (bytes < 512) {  // a carried post's data (copy_bytes copies these with memcpy too)
-    std::memcpy(dst, src, bytes);
-    return crc32c(src, bytes, crc);
-  }
   for (std::size_t at = 0; at < bytes; at += detail::kCheckedBlockBytes) {
     const std::size_t n = std::min(detail::kCheckedBlockBytes, bytes - at);
     copy_bytes(dst + at, src + at, n);

@@ -225,7 +225,7 @@ void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
 #if defined(__AVX2__)
   // Up to a default pipeline chunk: the vector loop. Larger copies (whole blocks) stay with
   // glibc, whose non-temporal / rep movsb paths avoid reading destination lines first.
-  if (n >= 512 && n <= (std::size_t{256} << 10)) {
+  if (n >= kCopyBytesByMemcpy && n <= (std::size_t{256} << 10)) {
     auto* d = static_cast<char*>(dst);
     const auto* s = static_cast<const char*>(src);
     std::size_t i = 0;

@@ -73,15 +73,7 @@ Reducer host_reducer(DataType type, ReduceOp op) noexcept {
 
 Reducer host_reducer_baseline(DataType type, ReduceOp op) noexcept { return finished(kBaseline.reducer(type, op), type, op); }
 
-void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
-  // Every kernel copies under 512 bytes with memcpy (reduce.cpp): a small call's data and
-  // copies aside skip the hop.
-  if (n < 512) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-  chosen().copy(dst, src, n);
-}
+void detail::copy_bytes_large(void* dst, const void* src, std::size_t n) noexcept { chosen().copy(dst, src, n); }
 
 const char* reduce_kernels() noexcept { return chosen().name; }
 

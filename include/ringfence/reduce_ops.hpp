@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ringfence/config.hpp>
 #include <ringfence/half.hpp>
 #include <ringfence/types.hpp>
@@ -228,7 +229,20 @@ const char* reduce_kernels() noexcept;
 /// uses a 32-byte vector loop where the build targets AVX2: glibc picks `rep movsb` for mid-sized
 /// copies, which some virtualised CPUs run at a few GB/s instead of tens (measured 3.8 vs
 /// 72 GB/s at 64 KiB on the development VM with a copy loop test). Never throws.
-void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
+namespace detail {
+/// `copy_bytes` of kCopyBytesByMemcpy bytes or more: the chosen kernels' copy (reduce_dispatch.cpp).
+void copy_bytes_large(void* dst, const void* src, std::size_t n) noexcept;
+}  // namespace detail
+/// Below this many bytes every kernel copies with `memcpy`, so `copy_bytes` does it inline: a
+/// small call's copies skip the hop to the chosen kernels.
+inline constexpr std::size_t kCopyBytesByMemcpy = 512;
+inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+  if (n < kCopyBytesByMemcpy) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  detail::copy_bytes_large(dst, src, n);
+}
 
 /// `copy_bytes` that also returns the CRC32C of the bytes copied (of `src`), computed in the
 /// same pass: with AVX-512 folding interleaved with the copy, else block by block from the L1
