@@ -74,7 +74,8 @@ Status RingRunner::read_call(CallCheck& check, bool block, bool by_word) noexcep
 Status RingRunner::await_call_post(CallCheck& check, WatchedPost* watch) noexcept {
   Connection& from = *check.from;
   const auto number = static_cast<std::uint32_t>(check.mine.sequence);
-  if ((watch && watch->look()) || reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
+  // A watched post is looked at first, in wait_flag's first poll (it lands before its flag).
+  if (!watch && reached(flags_.call[from.peer].value.load(std::memory_order_acquire), number)) return Status::ok();
   settling_ = true;  // the wait must not try to settle a check again
   const Status waited =
       wait_flag(from, flags_.call[from.peer], number, "the call fingerprint of the same collective (did every rank make the same calls?)", 0,

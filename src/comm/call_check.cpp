@@ -84,7 +84,7 @@ CallChecker::Verdict CallChecker::judge(const FlagBlock& flags) noexcept {
     ++v.from->checksum_errors;
     k.damage_counted = true;
     v.kind = Verdict::Damaged;
-  } else if (k.disagree()) {
+  } else {  // intact and different (the agreeing case returned above)
     v.kind = Verdict::Disagree;
   }
   return v;

@@ -92,7 +92,7 @@ class Dispatch {
   /// first on the progress thread.
   template <class Run>
   Work issue(bool async, const char* call, Run run) {
-    if (!async && !next_gate_ && !next_end_) {  // the common blocking call, without moving the two
+    if (!async) {  // the gate and end belong to the next queued call (set_next_gate): not this one
       refuse_in_group(call);
       drain();
       apply_timeout(call_timeout_);
@@ -102,12 +102,6 @@ class Dispatch {
     std::function<void()> gate = std::exchange(next_gate_, {});  // a stream-ordered call's input gate
     std::shared_ptr<CallEnd> end = std::exchange(next_end_, {});   // and what its end releases
     refuse_in_group(call);
-    if (!async) {
-      drain();
-      apply_timeout(call_timeout_);
-      run();
-      return Work{};
-    }
     return p_.queue.push([this, t = call_timeout_, run = std::move(run), gate = std::move(gate), end = std::move(end)] {
       struct Scope {  // the call's path lasts as long as the call; then its stream may go on
         DeviceLane& device;
