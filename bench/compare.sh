@@ -7,7 +7,7 @@
 #                    [--collectives "all_reduce reduce_scatter ..."] [--metric busbw|time]
 #                    [--timeout SEC] [--log-dir DIR]
 #                    [--transport shm|tcp] [--ifname NAME] [--gloo | --no-gloo]
-#                    [--bind core|none] [--plot OUT.png]
+#                    [--bind core|none] [--plot OUT.png] [--fresh-send]
 #
 # For each collective and rank count it runs <collective>_perf under ringfence-run and
 # mpi_<collective>_perf under mpirun (shared-memory BTL), alternating K times, and keeps each
@@ -34,6 +34,11 @@
 # 2 ranks), and pins none where they do not; --bind none never pins. Bound ringfence ranks spin
 # longer in their waits (RINGFENCE_SPIN=auto, docs/tuning.md "Spinning on dedicated cores").
 # Gloo is never pinned: its progress thread needs a core beside the caller's.
+# --fresh-send passes --fresh-send 1 to every program: each rank stores its send buffer again
+# before each timed call (untimed), as a producer of the data leaves it (modified in its own
+# core's cache), and each call is timed alone. Without it the send buffer is
+# written once, so a receiver that reads it across (Open MPI's single copy) finds it in its own
+# cache from the call before (bench/README.md "Fresh send buffers").
 # --plot OUT.png also draws the results with gnuplot (needed: exit 2 without it), one panel per
 # collective: busbw (or time) against size on a log axis, one line per library measured and
 # rank count, and the memory bound B(n-1)/n^2 as a horizontal line where memcpy_bw measured B.
@@ -60,9 +65,10 @@ ifname=lo
 gloo=auto   # auto: on with --transport tcp when gloo_all_reduce_perf exists
 plot=""     # --plot OUT.png
 bind=core   # --bind: core where the ranks fit the cores, else none
+fresh_send=0
 
 usage() {
-  sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
 }
 die() { echo "compare.sh: $*" >&2; exit 2; }
 
@@ -87,6 +93,7 @@ while [[ $# -gt 0 ]]; do
     --no-gloo) gloo=0; shift ;;
     --plot) plot=${2:?}; shift 2 ;;
     --bind) bind=${2:?}; shift 2 ;;
+    --fresh-send) fresh_send=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -156,6 +163,7 @@ if [[ -n "$plot" ]]; then
 fi
 
 perf_flags=(-b "$min_b" -e "$max_b" -f "$factor" -d "$dtype" -o "$op" -n "$iters" -w "$warmup" -c 0)
+[[ $fresh_send == 1 ]] && perf_flags+=(--fresh-send 1)
 status=0
 
 # run NAME LOGFILE CMD...: runs one benchmark, records failures, keeps its output in LOGFILE.
@@ -282,6 +290,8 @@ cores=$(nproc)
 llc=$(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo 0)
 echo "# ringfence vs MPI, collectives: $collectives; dtype $dtype op $op, sizes $min_b..$max_b x$factor, iters $iters," \
      "warmup $warmup, best of $repeat, $placement busbw in GB/s, $cores cores, --bind $bind (ranks <= cores bound to a core each)"
+[[ $fresh_send == 1 ]] &&
+  echo "# --fresh-send: each rank writes its send buffer again before each call (untimed); each call timed alone"
 # The bound counts DRAM traffic: it holds once the buffers are well beyond the last-level
 # cache; smaller messages run from cache and may exceed it.
 [[ "${llc:-0}" -gt 0 ]] 2>/dev/null &&

@@ -93,6 +93,9 @@ void print_usage(const char* program) {
       "  --backend <ringfence/nccl>             collectives of ringfence, or of the NCCL in\n"
       "                                         --nccl-lib loaded with dlopen (default ringfence)\n"
       "  --nccl-lib <path>                      NCCL library for --backend nccl (default libnccl.so.2)\n"
+      "  --fresh-send <0/1>                     1: rewrite the send buffer before each timed call\n"
+      "                                         (untimed), as a producer leaves it\n"
+      "                                         (default 0)\n"
       "  -h,--help\n",
       program);
 }
@@ -101,7 +104,7 @@ void print_usage(const char* program) {
 
 ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose) {
   // Long options without a letter.
-  constexpr int kBackendOption = 1000, kNcclLibOption = 1001, kMemoryOption = 1002;
+  constexpr int kBackendOption = 1000, kNcclLibOption = 1001, kMemoryOption = 1002, kFreshSendOption = 1003;
   static const option kLong[] = {
       {"nthreads", required_argument, nullptr, 't'},      {"ngpus", required_argument, nullptr, 'g'},
       {"minbytes", required_argument, nullptr, 'b'},      {"maxbytes", required_argument, nullptr, 'e'},
@@ -118,6 +121,7 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       {"memory", required_argument, nullptr, kMemoryOption},
       {"backend", required_argument, nullptr, kBackendOption},
       {"nccl-lib", required_argument, nullptr, kNcclLibOption},
+      {"fresh-send", required_argument, nullptr, kFreshSendOption},
       {nullptr, 0, nullptr, 0}};
   PerfArgs args;
   ParseOutcome out;
@@ -246,6 +250,10 @@ ParseOutcome parse_args(int argc, char** argv, const char* program, bool verbose
       case kBackendOption:
         if (v == "ringfence" || v == "nccl") args.backend = std::string(v);
         else return fail("--backend", ::optarg, "ringfence or nccl");
+        break;
+      case kFreshSendOption:
+        if (!flag01("--fresh-send")) return out;
+        args.fresh_send = v == "1";
         break;
       case kNcclLibOption:
         if (v.empty()) return fail("--nccl-lib", ::optarg, "a library path or name");

@@ -174,8 +174,9 @@ int print_header(Collective c, const PerfArgs& a, Backend& b) {
                 "validation: %d graph: 0\n",
                 a.min_bytes, a.max_bytes, a.step_factor > 1 ? a.step_factor : a.step_bytes, a.step_factor > 1 ? "factor" : "bytes",
                 a.warmup, a.iters, a.agg_iters, a.check);
-    std::printf("# %s %s_perf: nRanks %d time: %s memory: %s\n", b.name.c_str(), collective_name(c), b.size,
-                aggregate_name(a.aggregate), memory_name(a.memory));
+    std::printf("# %s %s_perf: nRanks %d time: %s memory: %s%s\n", b.name.c_str(), collective_name(c), b.size,
+                aggregate_name(a.aggregate), memory_name(a.memory),
+                a.fresh_send ? " fresh-send: each call timed alone, after its rank wrote its send buffer again" : "");
     for (const auto& note : b.notes) std::printf("# %s\n", note.c_str());
     std::printf("#\n");
   }
@@ -279,6 +280,24 @@ Placement place(const Row& w, int rank, bool in_place, void* send, void* recv) {
   }
 }
 
+// Stores every byte of [p, p + bytes) again, unchanged (volatile, so the compiler keeps the
+// stores): the lines end up modified in this core's cache, where a producer of the data (a
+// backward pass writing gradients) leaves them, instead of clean and shared from the last call.
+void store_again(void* p, std::size_t bytes) {
+  auto* words = static_cast<volatile std::uint64_t*>(p);
+  for (std::size_t i = 0; i < bytes / 8; ++i) words[i] = words[i];
+  auto* tail = static_cast<volatile unsigned char*>(p);
+  for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) tail[i] = tail[i];
+}
+
+// --fresh-send: the rank's send buffer written again before a call, in place (host memory) or by
+// a copy from its host image (device memory).
+void write_send_again(const Row& w, Buffer& send, const Placement& at) {
+  const std::size_t bytes = (w.c == Collective::AllGather ? w.per : w.count) * w.elem;
+  if (send.host() == send.get()) store_again(const_cast<void*>(at.src), bytes);
+  else send.upload(bytes);
+}
+
 // Fills the input of one measurement (every check run starts from fresh data).
 void prepare(const Row& w, int rank, bool in_place, const Placement& at, void* recv) {
   const auto& mine = (*w.inputs)[static_cast<std::size_t>(rank)];
@@ -358,18 +377,36 @@ Measured measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buf
   for (int i = 0; i < a.warmup; ++i) invoke(w, b, at);
   synchronize(b);
   b.barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  // -m: each timed iteration issues agg_iters calls; the time is per call, as in nccl-tests.
-  for (int i = 0; i < a.iters; ++i)
-    for (int k = 0; k < a.agg_iters; ++k) invoke(w, b, at);
-  synchronize(b);
-  const auto t1 = std::chrono::steady_clock::now();
-  const double local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters / a.agg_iters;
+  double local_us = 0;
+  if (a.fresh_send) {
+    // Each call on a send buffer just written by this rank (untimed). No barrier between them:
+    // every rank writes the same bytes, so they arrive together as in the plain loop, and a
+    // barrier's pause would time waking from it instead.
+    std::chrono::steady_clock::duration calls{};
+    for (int i = 0; i < a.iters * a.agg_iters; ++i) {
+      write_send_again(w, send, at);
+      synchronize(b);
+      const auto t0 = std::chrono::steady_clock::now();
+      invoke(w, b, at);
+      synchronize(b);
+      calls += std::chrono::steady_clock::now() - t0;
+    }
+    local_us = std::chrono::duration<double, std::micro>(calls).count() / a.iters / a.agg_iters;
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    // -m: each timed iteration issues agg_iters calls; the time is per call, as in nccl-tests.
+    for (int i = 0; i < a.iters; ++i)
+      for (int k = 0; k < a.agg_iters; ++k) invoke(w, b, at);
+    synchronize(b);
+    const auto t1 = std::chrono::steady_clock::now();
+    local_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / a.iters / a.agg_iters;
+  }
   const double us = aggregate_time(b, local_us, a.aggregate);
 
   std::uint64_t wrong = 0;
   for (int c = 0; c < a.check; ++c) {
     prepare_all();
+    if (a.fresh_send) write_send_again(w, send, at);  // checked as timed
     invoke(w, b, at);
     synchronize(b);
     send.download(w.count * w.elem);

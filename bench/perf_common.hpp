@@ -63,6 +63,10 @@ struct PerfArgs {
   bool memory_set = false;                         ///< -m was given (else the backend's default)
   std::string backend = "ringfence";               ///< --backend ringfence|nccl (<collective>_perf only)
   std::string nccl_library = "libnccl.so.2";       ///< --nccl-lib: the NCCL the nccl backend dlopens
+  /// --fresh-send 1: before each timed call (untimed) the rank stores its send buffer's bytes
+  /// again, as a producer (a backward pass writing its gradients) leaves them: modified in its own
+  /// core's cache. The time is then the sum of the calls alone.
+  bool fresh_send = false;
 };
 
 /// Result of `parse_args`: the arguments, or the exit code to return at once (0 after `-h`,
@@ -74,7 +78,8 @@ struct ParseOutcome {
 
 /// Parses nccl-tests' options with their meanings and defaults (`-t -g -b -e -i -f -n -m -w -N -p
 /// -c -o -d -r -z -y -T -G -C -a -R -J -h`, plus their long forms; bench/README.md says what
-/// each does here) and ringfence's own long options `--memory`, `--backend`, `--nccl-lib`
+/// each does here) and ringfence's own long options `--memory`, `--backend`, `--nccl-lib`,
+/// `--fresh-send`
 /// (programs without backends refuse values other than the default). Options that cannot apply
 /// on a host backend (`-t 2`, `-g 2`, `-G 1`, `-R 2`) are refused in one line naming them.
 /// Sizes accept K/M/G/T (binary) suffixes. Prints help (stdout) or errors (stderr) only when

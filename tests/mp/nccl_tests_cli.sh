@@ -4,7 +4,7 @@
 # unchanged and print what nccl-tests parsers read (the "# nThread 1 nGpus 1" header, 13-column
 # rows, the out-of-bounds and average-bandwidth footer); the single-process multi-GPU line
 # (`-g 8`) must be refused in one line with exit 2; -m (aggregated iterations), -N (cycles) and
-# -J (JSON) must do what nccl-tests' do.
+# -J (JSON) must do what nccl-tests' do; ringfence's --fresh-send keeps results exact.
 #
 # usage: nccl_tests_cli.sh RINGFENCE_RUN BIN_DIR   (NCCL_TESTS_CLI_RANKS="2" narrows the rank counts)
 set -uo pipefail
@@ -71,6 +71,18 @@ PY
 "$run" -n 2 "$bin/all_reduce_perf" -b 8 -e 8 -T 30 >"$tmp/t.txt" 2>&1 || { cat "$tmp/t.txt"; fail "-T 30"; }
 "$run" -n 1 "$bin/all_reduce_perf" -T soon >"$tmp/t2.txt" 2>&1
 [ $? = 2 ] && grep -q "invalid value 'soon' for -T" "$tmp/t2.txt" || { cat "$tmp/t2.txt"; fail "-T soon"; }
+# --fresh-send 1: every call's send buffer stored again before it (untimed); results still exact
+# (in place too, where the buffer holds the last call's result), and the header says so.
+for p in all_reduce sendrecv all_gather; do
+  "$run" -n 2 "$bin/${p}_perf" -b 1K -e 1M -f 32 -n 5 -w 2 -c 1 --fresh-send 1 >"$tmp/f.txt" 2>&1 ||
+    { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1"; }
+  grep -q "fresh-send: each call timed alone" "$tmp/f.txt" || { head -3 "$tmp/f.txt"; fail "--fresh-send not in the header"; }
+  grep -q '^# Out of bounds values : 0 OK$' "$tmp/f.txt" || { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1: wrong values"; }
+  [ "$(rows "$tmp/f.txt")" = 3 ] || { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1: expected 3 rows"; }
+done
+"$run" -n 1 "$bin/all_reduce_perf" --fresh-send yes >"$tmp/f2.txt" 2>&1
+[ $? = 2 ] && grep -q "invalid value 'yes' for --fresh-send" "$tmp/f2.txt" || { cat "$tmp/f2.txt"; fail "--fresh-send yes"; }
+echo "--fresh-send 1: exact, named in the header; a bad value refused"
 # Under ringfence-run the output has the shape it has under mpirun (no prefix): the same lines
 # once every number is masked.
 if command -v mpirun >/dev/null; then
