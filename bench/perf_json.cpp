@@ -60,7 +60,8 @@ std::string write_json(const std::string& path, Collective c, const PerfArgs& a,
          ", \"stepbytes\": " + std::to_string(a.step_bytes) + ", \"stepfactor\": " + std::to_string(a.step_factor) +
          ", \"iters\": " + std::to_string(a.iters) + ", \"agg_iters\": " + std::to_string(a.agg_iters) +
          ", \"warmup_iters\": " + std::to_string(a.warmup) + ", \"run_cycles\": " + std::to_string(a.run_cycles) +
-         ", \"check\": " + std::to_string(a.check) + ", \"average\": " + quoted(aggregate_key(a.aggregate)) + "},\n";
+         ", \"check\": " + std::to_string(a.check) + ", \"average\": " + quoted(aggregate_key(a.aggregate)) +
+         ", \"fresh_send\": " + (a.fresh_send ? "true" : "false") + "},\n";
   doc += "  \"results\": [";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const ResultRow& r = rows[i];

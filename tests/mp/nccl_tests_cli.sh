@@ -56,6 +56,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["program"] == "all_reduce_perf" and d["ranks"] == 2, d
 assert d["parameters"]["agg_iters"] == 4 and d["parameters"]["run_cycles"] == 2, d["parameters"]
+assert d["parameters"]["fresh_send"] is False, d["parameters"]
 rows = d["results"]
 assert len(rows) == 8, len(rows)
 assert [r["cycle"] for r in rows] == [0] * 4 + [1] * 4
@@ -74,8 +75,9 @@ PY
 # --fresh-send 1: every call's send buffer stored again before it (untimed); results still exact
 # (in place too, where the buffer holds the last call's result), and the header says so.
 for p in all_reduce sendrecv all_gather; do
-  "$run" -n 2 "$bin/${p}_perf" -b 1K -e 1M -f 32 -n 5 -w 2 -c 1 --fresh-send 1 >"$tmp/f.txt" 2>&1 ||
+  "$run" -n 2 "$bin/${p}_perf" -b 1K -e 1M -f 32 -n 5 -w 2 -c 1 --fresh-send 1 -J "$tmp/f.json" >"$tmp/f.txt" 2>&1 ||
     { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1"; }
+  grep -q '"fresh_send": true' "$tmp/f.json" || fail "${p}_perf --fresh-send 1: not in the JSON parameters"
   grep -q "fresh-send: each call timed alone" "$tmp/f.txt" || { head -3 "$tmp/f.txt"; fail "--fresh-send not in the header"; }
   grep -q '^# Out of bounds values : 0 OK$' "$tmp/f.txt" || { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1: wrong values"; }
   [ "$(rows "$tmp/f.txt")" = 3 ] || { cat "$tmp/f.txt"; fail "${p}_perf --fresh-send 1: expected 3 rows"; }
