@@ -8,8 +8,13 @@
 #   bench/health_cost.sh [--build build] [--ranks "2 4"] [--reps 3] [--min 8] [--max 256M]
 #                        [--off "VAR=v ..."] [--on "VAR=v ..."] [--transport shm] [--bind core|none]
 #
-# --bind core (the default) pins each rank to its own CPU when ranks <= CPUs, as mpirun does for
-# small jobs: unpinned, spinning ranks wander between cores and single runs swing by 2x.
+# --bind core (the default) pins rank r to CPU r mod CPUs (ringfence-run --bind-to core): with
+# ranks <= CPUs each to its own, as mpirun does for small jobs (unpinned, spinning ranks wander
+# between cores and single runs swing by 2x); with more ranks than CPUs, ring neighbours on
+# different CPUs in every run. Unpinned, the scheduler's placement of 4 ranks on 2 cores differs
+# from run to run, and one that puts ring neighbours on one CPU made a 128 KiB call 77-82 us
+# instead of 57-60, off and on alike: off and on runs of different placements gave 0.71-0.72
+# (docs/protection-cost-amd.md, "4 ranks, placed").
 # Acceptance (issue #25): busbw ratio >= 0.90 at 64 KiB-256 MiB with 2 ranks, >= 0.80 with 4;
 # time ratio <= 1.15 at 8 B-4 KiB. Exits 1 when a run fails.
 # Every run logs its setup probe's plain 64 KiB exchange step (RINGFENCE_LOG=info; the probe runs
@@ -65,7 +70,7 @@ failed=0
 # iterations: with 400 (each a microsecond) one descheduling moved a row by 25 %.
 one() {  # mode-vars out-file n
   local vars=$1 out=$2 n=$3 a b pin=none
-  [ "$bind" = core ] && [ "$n" -le "$(nproc)" ] && pin=core
+  [ "$bind" = core ] && pin=core
   : >"$out"
   if [ "$lo" -lt "$split" ]; then
     b=$((hi < split / 2 ? hi : split / 2))
@@ -124,5 +129,8 @@ for n in $ranks; do
     echo "$n ranks, setup probe's plain 64 KiB step (us), off runs: ${off_p:-none}; on runs: ${on_p:-none}"
     mode_warning "$off_p" "$on_p"
   fi
+  # More ranks than CPUs under --bind core: the launcher's note on how it shared them.
+  shared=$(cat "$tmp/$n-"*.err 2>/dev/null | grep -m1 '^ringfence-run: --bind-to core: .*ranks share CPUs')
+  [ -n "$shared" ] && echo "$n ranks: ${shared#ringfence-run: }"
 done
 exit $failed
