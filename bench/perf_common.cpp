@@ -290,12 +290,16 @@ void store_again(void* p, std::size_t bytes) {
   for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) tail[i] = tail[i];
 }
 
-// --fresh-send: the rank's send buffer written again before a call, in place (host memory) or by
-// a copy from its host image (device memory).
-void write_send_again(const Row& w, Buffer& send, const Placement& at) {
-  const std::size_t bytes = (w.c == Collective::AllGather ? w.per : w.count) * w.elem;
-  if (send.host() == send.get()) store_again(const_cast<void*>(at.src), bytes);
-  else send.upload(bytes);
+// --fresh-send: the rank's input written again before a call, in place (host memory) or by a
+// copy of the buffer that holds it from its host image (device memory; in place, the input lies
+// in the receive buffer except for reduce_scatter: `place`).
+void write_send_again(const Row& w, bool in_place, Buffer& send, Buffer& recv, const Placement& at) {
+  if (send.host() == send.get()) {
+    store_again(const_cast<void*>(at.src), (w.c == Collective::AllGather ? w.per : w.count) * w.elem);
+    return;
+  }
+  Buffer& holder = in_place && w.c != Collective::ReduceScatter ? recv : send;
+  holder.upload(w.count * w.elem);
 }
 
 // Fills the input of one measurement (every check run starts from fresh data).
@@ -380,11 +384,11 @@ Measured measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buf
   double local_us = 0;
   if (a.fresh_send) {
     // Each call on a send buffer just written by this rank (untimed). No barrier between them:
-    // every rank writes the same bytes, so they arrive together as in the plain loop, and a
-    // barrier's pause would time waking from it instead.
+    // every rank writes the same amount, so they arrive together as in the plain loop (a barrier
+    // before each call measured the same, bench/README.md "Fresh send buffers").
     std::chrono::steady_clock::duration calls{};
     for (int i = 0; i < a.iters * a.agg_iters; ++i) {
-      write_send_again(w, send, at);
+      write_send_again(w, in_place, send, recv, at);
       synchronize(b);
       const auto t0 = std::chrono::steady_clock::now();
       invoke(w, b, at);
@@ -406,7 +410,7 @@ Measured measure(const PerfArgs& a, Backend& b, const Row& w, bool in_place, Buf
   std::uint64_t wrong = 0;
   for (int c = 0; c < a.check; ++c) {
     prepare_all();
-    if (a.fresh_send) write_send_again(w, send, at);  // checked as timed
+    if (a.fresh_send) write_send_again(w, in_place, send, recv, at);  // checked as timed
     invoke(w, b, at);
     synchronize(b);
     send.download(w.count * w.elem);
