@@ -79,7 +79,9 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
 // in the cache; fenced before the tail and the return. Scalar `crc32` lanes beside the folding
 // (a hybrid CRC) made the copy 1.15x faster in the cache and a 2-rank allreduce's checked
 // 32-128 KiB calls slower (docs/protection-cost-amd.md, "The hybrid again, narrower").
-template <bool kStream>
+// `kTailOfCopy`: the bytes after the last whole 256 are folded from `dst` once copied, so the CRC
+// is of exactly what was written even where `src` changes meanwhile (copy_crc_of_copy).
+template <bool kStream, bool kTailOfCopy = false>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
@@ -95,7 +97,7 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
   });
   if constexpr (kStream) _mm_sfence();
   if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
-  return ~crcfold::finish(s, src + body, bytes - body);
+  return ~crcfold::finish(s, (kTailOfCopy ? dst : src) + body, bytes - body);
 }
 
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
@@ -192,6 +194,15 @@ std::uint32_t copy_bytes_crc(void* dst_v, const void* src_v, std::size_t bytes) 
     crc = crc32c(src + at, n, crc);
   }
   return crc;
+}
+
+std::uint32_t detail::copy_crc_of_copy(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  // Folds the very registers it stores, and the tail from the copy.
+  if (detail::folds(bytes) && bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false, true>(dst, src, bytes);
+#endif
+  copy_bytes(dst, src, bytes);
+  return crc32c(dst, bytes);
 }
 
 std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t bytes) noexcept {

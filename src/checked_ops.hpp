@@ -16,6 +16,11 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 // Copies with their CRC: `copy_bytes_crc` and `staging_copy_crc` (reduce_ops.hpp), the second
 // for transports' writes into a peer's slot.
 
+/// Copies `bytes` from `src` to `dst` and returns the CRC32C of what it wrote to `dst`, reading
+/// `src` once: what a reader checks when `src` may be written while it copies (a peer's post in
+/// our flag block: the carried allreduce). `dst` must not overlap `src`.
+std::uint32_t copy_crc_of_copy(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept;
+
 /// `dst = a + b` over `count` float32 elements with the CRC32C of `a` into `*crc_a`, the adds
 /// and the folding in one loop over the same registers (the most common reduction in training:
 /// there the folding hides behind the loads of a chunk another core just wrote); `tail`, the

@@ -189,6 +189,7 @@ class RingRunner {
     std::size_t bytes = 0;
     std::uint64_t sequence = 0;
     std::uint32_t fp_crc = 0;
+    std::byte* copy = nullptr;  // where a look copies the data it checks (copy_verified)
     int failed = 0, skip = 0;
     bool verified = false;
     bool look() noexcept {
@@ -351,13 +352,11 @@ class RingRunner {
   // the checksum mode: a carried allreduce's peer may wait on one in any later call of ours.
   Status serve_reposts() noexcept;
   Status serve_repost(Connection& ch) noexcept;
-  static bool post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept;
-  bool finish_verified(const Connection& from, const std::byte* post, const std::byte* own, std::byte* recv, std::size_t count,
-                       std::uint32_t fp_crc) noexcept;
-  Status accept_carried(Connection& from, const std::byte* own, const std::byte* post, std::byte* recv, std::size_t count,
+  static bool copy_verified(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc, std::byte* data) noexcept;
+  Status accept_carried(Connection& from, const std::byte* own, const std::byte* data, std::byte* recv, std::size_t count,
                         std::uint32_t number) noexcept;
   Status acknowledge_carried(Connection& from, std::uint32_t number) noexcept;
-  Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept;
+  Status repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes, std::byte* data) noexcept;
   Status request_repost(Connection& ch, std::size_t slot, std::size_t piece, std::uint32_t& value) noexcept;
   static constexpr int kRepostPollEvery = 64;  // polls of a spinning wait between looks at repost requests
   static constexpr int kServePolls = 2048;

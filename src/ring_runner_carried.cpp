@@ -25,45 +25,44 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
     RINGFENCE_TRY(post_fingerprint(to, 1, check.mine, false, std::span<const std::byte>(send, bytes)));
     check.posted = true;
   }
-  // Our input as posted: the copy our post keeps until its slot comes round. The pass below
-  // writes `recv` before it knows the peer's data passed, and `recv` may be `send`.
+  // Our input as posted: the copy our post keeps until its slot comes round (`recv` may be
+  // `send`).
   const CallPost& kept = from.call_post(slot);
   const bool kept_ours = kept.fp.sequence == check.mine.sequence && kept.fp.carried && kept.data_bytes == bytes;
   const std::byte* const own = kept_ours ? kept.data() : send;
+  // The peer's data is copied out of its slot once and the copy is checked and reduced: the
+  // slot may be written again while we read it (a re-post answering an earlier request), so
+  // data checked in place and read again to be reduced is not the data that passed.
+  alignas(64) std::byte data[kCarryMaxBytes];
   // The common case reads no fingerprint: the post's data CRC is bound to its poster's
   // fingerprint CRC, so data that verifies under *our* fingerprint's CRC is intact and of the
   // same call, as a matching call word stands for the fingerprint (CallCheck::word). A post of
   // at most kWatchedPostDataBytes is watched while we wait and taken once it verifies, without
-  // its flag (one line transfer, not two; WatchedPost). Otherwise the check runs in the
-  // reduction's pass once the flag came. Anything else (damage, a different call, a stale slot)
-  // goes the long way: the fingerprint is read, compared and, damaged, asked for again; `recv`
-  // is then written again.
-  WatchedPost watch{theirs, bytes, check.mine.sequence, check.mine.crc};
+  // its flag (one line transfer, not two; WatchedPost). Anything else (damage, a different call,
+  // a stale slot) goes the long way: the fingerprint is read, compared and, damaged, asked for
+  // again.
+  WatchedPost watch{theirs, bytes, check.mine.sequence, check.mine.crc, data};
   RINGFENCE_TRY(await_call_post(check, bytes <= kWatchedPostDataBytes ? &watch : nullptr));
-  const bool reduced = !watch.verified && kept_ours && finish_verified(from, theirs, own, recv, count, check.mine.crc);
-  if (watch.verified || reduced || (!kept_ours && post_verifies(theirs, bytes, check.mine.crc))) {
+  if (watch.verified || copy_verified(theirs, bytes, check.mine.crc, data)) {
     check.theirs = check.mine;
     check.settled = check.intact = true;
-    return reduced ? acknowledge_carried(from, number) : accept_carried(from, own, theirs, recv, count, number);
+    return accept_carried(from, own, data, recv, count, number);
   }
-  // That pass wrote `recv` from data that failed: it holds our input again, so a refused call's
-  // output has nothing from the other call (failure-semantics.md) and an in-place one lost nothing.
-  if (kept_ours) copy_bytes(recv, own, bytes);
   read_fingerprint(flags_, check);
   for (int attempt = 1;; ++attempt) {
     if (check.intact) {
       if (check.disagree())
         return fail(Status(ErrorCode::InvalidUsage), from, "a call fingerprint equal to ours (the ranks disagree on this call)", 0);
-      if (post_verifies(theirs, bytes, check.theirs.crc))
-        return accept_carried(from, own, theirs, recv, count, number);
+      if (copy_verified(theirs, bytes, check.theirs.crc, data))
+        return accept_carried(from, own, data, recv, count, number);
     }
     if (!check.damage_counted) ++from.checksum_errors;  // evidence against the link, as a damaged chunk is
     check.damage_counted = false;
     if (attempt >= c_.max_attempts)
       return fail(Status(ErrorCode::Transient), from, "an intact call fingerprint with its data (every post failed its checksum)", 0);
     if (attempt >= kWholeRepostAttempts && check.intact && bytes > kRepostPieceBytes) {
-      RINGFENCE_TRY(repair_carried(check, slot, bytes));
-      return accept_carried(from, own, theirs, recv, count, number);
+      RINGFENCE_TRY(repair_carried(check, slot, bytes, data));
+      return accept_carried(from, own, data, recv, count, number);
     }
     std::uint32_t asked = 0;
     RINGFENCE_TRY(request_repost(from, slot, 0, asked));
@@ -89,36 +88,24 @@ PostHead read_head(const std::byte* post) noexcept {
 
 // A look whose head showed this call's number: verifies the data (WatchedPost::look).
 bool RingRunner::WatchedPost::verify() noexcept {
-  verified = post_verifies(post, bytes, fp_crc);
+  verified = copy_verified(post, bytes, fp_crc, copy);
   if (!verified) skip = 1 << failed++;  // 1, 2, 4, ... polls before the next look
   return verified;
 }
 
-// True when the post at `post` carries `bytes` of data whose CRC, xor `fp_crc`, is the one it
-// was posted with (CallPost::data_crc).
-bool RingRunner::post_verifies(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc) noexcept {
+// Copies the data of the peer's post at `post` to `data` and checks the copy: true when its
+// length and CRC (xor `fp_crc`) are the ones it was posted with. What passed is what the caller
+// then reduces, whatever is written to the slot meanwhile.
+bool RingRunner::copy_verified(const std::byte* post, std::size_t bytes, std::uint32_t fp_crc, std::byte* data) noexcept {
   const PostHead head = read_head(post);
-  return head.bytes == bytes && (crc32c(post + sizeof(CallPost), bytes) ^ fp_crc) == head.crc;
+  if (head.bytes != bytes) return false;
+  return (copy_crc_of_copy(data, post + sizeof(CallPost), bytes) ^ fp_crc) == head.crc;
 }
 
-// Writes `own op` the data of the peer's post `post` to `recv` in rank order, checking that
-// data in the same pass: true when its length and CRC (xor `fp_crc`) are the ones it was posted
-// with. `own` must not overlap `recv`.
-bool RingRunner::finish_verified(const Connection& from, const std::byte* post, const std::byte* own, std::byte* recv, std::size_t count,
-                                 std::uint32_t fp_crc) noexcept {
-  const PostHead head = read_head(post);
-  if (head.bytes != count * reducer_.elem_size) return false;
-  const std::byte* const data = post + sizeof(CallPost);
-  const bool first = c_.rank < from.peer;  // rank order, as in accept_carried
-  const std::uint32_t crc = finish_with_crc_of(reducer_, recv, first ? own : data, first ? data : own, count, c_.size, first);
-  return (crc ^ fp_crc) == head.crc;
-}
-
-// Writes `own op` the data of the peer's post `post` to `recv` and acknowledges the post: the
-// end of a carried call whose peer post passed (post_verifies).
-Status RingRunner::accept_carried(Connection& from, const std::byte* own, const std::byte* post, std::byte* recv, std::size_t count,
+// Writes `own op` the peer's `data` (a checked copy: copy_verified, repair_carried) to `recv`
+// and acknowledges the post: the end of a carried call whose peer post passed.
+Status RingRunner::accept_carried(Connection& from, const std::byte* own, const std::byte* data, std::byte* recv, std::size_t count,
                                   std::uint32_t number) noexcept {
-  const std::byte* const data = post + sizeof(CallPost);
   // In rank order on both ranks, so both write the same bits (float sums included).
   const bool first = c_.rank < from.peer;
   reducer_.finish(recv, first ? own : data, first ? data : own, count, c_.size);
@@ -142,9 +129,10 @@ Status RingRunner::acknowledge_carried(Connection& from, std::uint32_t number) n
 // Asks for the data of the peer's post in `slot` again piece by piece, each piece with its own
 // CRC in the slot's head (repost_piece_tag), until every piece passed: the pieces land where the
 // whole post's data lies, and a write touches no byte outside its piece, so once the last one
-// passed the slot holds the whole data intact. The post's fingerprint was intact (and the same
-// call) when this began; each piece's head brings it again and it is checked again.
-Status RingRunner::repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes) noexcept {
+// passed the slot holds the whole data intact. Each piece is copied to `data` and checked
+// there, so `data` holds what passed. The post's fingerprint was intact (and the same call)
+// when this began; each piece's head brings it again and it is checked again.
+Status RingRunner::repair_carried(CallCheck& check, std::size_t slot, std::size_t bytes, std::byte* data) noexcept {
   Connection& from = *check.from;
   const std::byte* const post = flags_.call_slot(from.peer, slot);
   for (std::size_t k = 0, at = 0; at < bytes; ++k, at += kRepostPieceBytes) {
@@ -156,8 +144,9 @@ Status RingRunner::repair_carried(CallCheck& check, std::size_t slot, std::size_
       check.settled = check.intact = false;
       read_fingerprint(flags_, check);
       const PostHead head = read_head(post);
+      std::memcpy(data + at, post + sizeof(CallPost) + at, n);
       if (check.intact && !check.disagree() && head.bytes == repost_piece_tag(k, n) &&
-          (crc32c(post + sizeof(CallPost) + at, n) ^ check.theirs.crc) == head.crc)
+          (crc32c(data + at, n) ^ check.theirs.crc) == head.crc)
         break;
       ++from.checksum_errors;
       if (attempt >= c_.max_attempts)

@@ -92,6 +92,9 @@ TEST_CASE("checked copies and reductions give the pass's result and the CRCs of 
     REQUIRE(copy_bytes_crc(dst.data(), a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
     REQUIRE(std::memcmp(dst.data(), a.data() + 1, len) == 0);
     std::fill(dst.begin(), dst.end(), std::byte{0});
+    REQUIRE(detail::copy_crc_of_copy(dst.data(), a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
+    REQUIRE(std::memcmp(dst.data(), a.data() + 1, len) == 0);
+    std::fill(dst.begin(), dst.end(), std::byte{0});
     REQUIRE(staging_copy_crc(dst.data() + 1, a.data() + 1, len) == crc32c_portable(a.data() + 1, len));
     REQUIRE(std::memcmp(dst.data() + 1, a.data() + 1, len) == 0);
     REQUIRE(std::all_of(dst.begin() + 1 + static_cast<std::ptrdiff_t>(len), dst.end(), [](std::byte x) { return x == std::byte{0}; }));
