@@ -30,9 +30,10 @@ Status RingRunner::run_carried(CallCheck& check, const std::byte* send, std::byt
   const CallPost& kept = from.call_post(slot);
   const bool kept_ours = kept.fp.sequence == check.mine.sequence && kept.fp.carried && kept.data_bytes == bytes;
   const std::byte* const own = kept_ours ? kept.data() : send;
-  // The peer's data is copied out of its slot once and the copy is checked and reduced: the
-  // slot may be written again while we read it (a re-post answering an earlier request), so
-  // data checked in place and read again to be reduced is not the data that passed.
+  // The peer's data is copied out of its slot once and the copy is checked and reduced: bytes
+  // may still land in the slot after a check passed (a write that arrives in pieces over a slot
+  // whose old bytes equal the new ones, a re-post), so data checked in place and read again to
+  // be reduced is not the data that passed.
   alignas(64) std::byte data[kCarryMaxBytes];
   // The common case reads no fingerprint: the post's data CRC is bound to its poster's
   // fingerprint CRC, so data that verifies under *our* fingerprint's CRC is intact and of the
