@@ -104,26 +104,22 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
 // registers the folding takes (with scalar `crc32` lanes beside it, 0.75-0.85x as fast: the same
 // doc). The same IEEE additions as the float sum kernel, which also does
 // the tail (`tail`), so results are bit-identical.
-// `kFoldB`: the CRC is of `b` (the adds keep their order, a + b).
-template <bool kFoldB = false>
 RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, const std::byte* a_b, const std::byte* b_b,
                                           std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* a = reinterpret_cast<const unsigned char*>(a_b);
   const auto* b = reinterpret_cast<const unsigned char*>(b_b);
-  const auto* folded = kFoldB ? b : a;
-  const auto* other = kFoldB ? a : b;
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
-    const crcfold::Block x = crcfold::load(folded + at);
+    const crcfold::Block x = crcfold::load(a + at);
     for (int k = 0; k < 4; ++k) {
-      const __m512 f = _mm512_castsi512_ps(x.v[k]), o = _mm512_loadu_ps(other + at + 64 * k);
-      _mm512_storeu_ps(dst + at + 64 * k, kFoldB ? _mm512_add_ps(o, f) : _mm512_add_ps(f, o));
+      const __m512 f = _mm512_castsi512_ps(x.v[k]), o = _mm512_loadu_ps(b + at + 64 * k);
+      _mm512_storeu_ps(dst + at + 64 * k, _mm512_add_ps(f, o));
     }
     return x;
   });
   if (bytes > body) tail(dst + body, a + body, b + body, (bytes - body) / sizeof(float), 2);
-  return ~crcfold::finish(s, folded + body, bytes - body);
+  return ~crcfold::finish(s, a + body, bytes - body);
 }
 #endif
 
@@ -265,24 +261,6 @@ void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::by
   }
   if (crc_a) *crc_a = ca;
   if (crc_dst) *crc_dst = cd;
-}
-
-std::uint32_t finish_with_crc_of(const Reducer& r, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, int divisor,
-                                 bool of_b) noexcept {
-  const std::size_t elem = r.elem_size, bytes = count * elem;
-  const std::byte* const checked = of_b ? b : a;
-#if defined(RINGFENCE_CRC_X86)
-  if (folds(bytes)) {
-    if (r.type == DataType::Float32 && r.op == ReduceOp::Sum && bytes <= kFusedMaxBytes)
-      return of_b ? sum_f32_fold<true>(r.finish, dst, a, b, bytes) : sum_f32_fold<false>(r.finish, dst, a, b, bytes);
-    std::uint32_t crc = 0;
-    fold_along([&](std::size_t at, std::size_t n) { r.finish(dst + at, a + at, b + at, n / elem, divisor); }, checked, nullptr, bytes,
-               elem, &crc, nullptr);
-    return crc;
-  }
-#endif
-  r.finish(dst, a, b, count, divisor);
-  return crc32c(checked, bytes);
 }
 
 }  // namespace ringfence::detail

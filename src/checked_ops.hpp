@@ -37,11 +37,4 @@ bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const 
 void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
                       int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept;
 
-/// `dst = a op b` over `count` elements with `r`'s finish, returning the CRC32C of `b` (`of_b`)
-/// or of `a`, computed in the same pass where the CPU folds: a receiver that keeps its operands
-/// in rank order and checks the one it received (the carried allreduce). `dst` must not overlap
-/// `a` or `b`.
-std::uint32_t finish_with_crc_of(const Reducer& r, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, int divisor,
-                                 bool of_b) noexcept;
-
 }  // namespace ringfence::detail

@@ -163,43 +163,6 @@ TEST_CASE("the fused float sum gives the float kernels' bits and the CRC of its 
   if (std::string(crc32c_implementation()) == "avx512-vpclmulqdq") REQUIRE(fused_somewhere);
 }
 
-TEST_CASE("finish_with_crc_of gives the finish's result and the CRC of the operand asked for", "[integrity][crc32c]") {
-  // The carried allreduce's receiver: operands in rank order, the received one checked in the
-  // same pass, whichever side it is on. Floats hold finite values (the bits must match the
-  // kernel's, NaN payloads aside); integers any bytes.
-  INFO("implementation: " << crc32c_implementation());
-  std::mt19937 rng(17);
-  std::uniform_real_distribution<float> value(-1e3f, 1e3f);
-  const std::size_t n = 6000;
-  std::vector<float> fa(n / 4), fb(n / 4);
-  for (auto& x : fa) x = value(rng);
-  for (auto& x : fb) x = value(rng);
-  std::vector<std::byte> ia(n), ib(n), dst(n + 64), want(n);
-  for (auto& x : ia) x = static_cast<std::byte>(rng());
-  for (auto& x : ib) x = static_cast<std::byte>(rng());
-  for (const auto& [type, op] : {std::pair{DataType::Float32, ReduceOp::Sum}, std::pair{DataType::Float32, ReduceOp::Avg},
-                                 std::pair{DataType::Float32, ReduceOp::Max}, std::pair{DataType::Int32, ReduceOp::Sum},
-                                 std::pair{DataType::Uint8, ReduceOp::Min}, std::pair{DataType::Int64, ReduceOp::Prod}}) {
-    const Reducer r = host_reducer(type, op);
-    const bool floats = type == DataType::Float32;
-    const auto* a = floats ? reinterpret_cast<const std::byte*>(fa.data()) : ia.data();
-    const auto* b = floats ? reinterpret_cast<const std::byte*>(fb.data()) : ib.data();
-    for (std::size_t len : {1u, 16u, 88u, 255u, 256u, 260u, 1000u, 2048u, 2056u, 4095u, 4096u, 5000u}) {
-      const std::size_t count = len / r.elem_size, bytes = count * r.elem_size;
-      if (count == 0) continue;
-      CAPTURE(static_cast<int>(type), static_cast<int>(op), bytes);
-      r.finish(want.data(), a, b, count, 2);
-      for (const bool of_b : {false, true}) {
-        std::fill(dst.begin(), dst.end(), std::byte{0x5a});
-        const std::uint32_t crc = detail::finish_with_crc_of(r, dst.data(), a, b, count, 2, of_b);
-        REQUIRE(std::memcmp(dst.data(), want.data(), bytes) == 0);
-        REQUIRE(crc == crc32c_portable(of_b ? b : a, bytes));
-        REQUIRE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(bytes), dst.end(), [](std::byte x) { return x == std::byte{0x5a}; }));
-      }
-    }
-  }
-}
-
 TEST_CASE("fault spec grammar", "[integrity][fault]") {
   const auto rules =
       parse_fault_spec("flip:rate=1e-5,link=0-1,seed=7; delay:us=50,link=*;stall:after=10,ms=200,link=2-3;drop:rate=0.5");
