@@ -66,6 +66,32 @@ RF_FOLD_TARGET void fold_along(Pass pass, const std::byte* x, const std::byte* y
 // copy_bytes (its non-temporal path) in groups.
 constexpr std::size_t kFusedMaxBytes = std::size_t{256} << 10;
 
+// Copies fewer than 256 bytes (`bytes` < 256) with masked 512-bit loads, all issued before the
+// first store, and masked stores: no byte outside either range is touched. For a peer's post,
+// whose lines come from the other core, glibc's memcpy of 65-255 bytes took a 2-rank carried
+// allreduce of 128-192 B 0.1-0.2 us longer than one of 64 or 256 B in the VM's slow phase, and
+// slower than Open MPI there; this copy does not (docs/carried-allreduce.md, "Short copies").
+__attribute__((target("avx512f,avx512bw"))) void copy_masked_short(unsigned char* dst, const unsigned char* src,
+                                                                  std::size_t bytes) noexcept {
+  const auto mask = [bytes](std::size_t k) -> __mmask64 {
+    const std::size_t left = bytes - 64 * k;
+    return left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+  };
+  __m512i v[4];
+  const std::size_t n = (bytes + 63) / 64;
+  for (std::size_t k = 0; k < n; ++k) v[k] = _mm512_maskz_loadu_epi8(mask(k), src + 64 * k);
+  for (std::size_t k = 0; k < n; ++k) _mm512_mask_storeu_epi8(dst + 64 * k, mask(k), v[k]);
+}
+
+// Whether this CPU runs copy_masked_short (AVX-512F and BW).
+bool copies_masked() noexcept {
+  static const bool available = [] {  // decided once, never changed
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return available;
+}
+
 // The stream over [0, body) (body: a nonzero multiple of 256) of the blocks `piece(at)` returns:
 // the registers its pass loaded at `at` to do its own work there.
 template <class Piece>
@@ -196,6 +222,10 @@ std::uint32_t detail::copy_crc_of_copy(std::byte* dst, const std::byte* src, std
 #if defined(RINGFENCE_CRC_X86)
   // Folds the very registers it stores, and the tail from the copy.
   if (detail::folds(bytes) && bytes <= detail::kFusedMaxBytes) return detail::copy_fold<false, true>(dst, src, bytes);
+  if (bytes < detail::crcfold::kStreamBytes && detail::copies_masked()) {
+    detail::copy_masked_short(reinterpret_cast<unsigned char*>(dst), reinterpret_cast<const unsigned char*>(src), bytes);
+    return crc32c(dst, bytes);
+  }
 #endif
   copy_bytes(dst, src, bytes);
   return crc32c(dst, bytes);

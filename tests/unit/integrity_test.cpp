@@ -44,8 +44,9 @@ TEST_CASE("crc32c matches the standard check values, in hardware and in the tabl
   std::vector<unsigned char> buf(100003);
   for (auto& b : buf) b = static_cast<unsigned char>(rng());
   INFO("implementation: " << crc32c_implementation());
-  // Short inputs (crc_sse42_short under 256 bytes: every length from 64, so each tail of its
-  // four-per-turn loop is met at several alignments), the folding path (256 bytes per round,
+  // Short inputs (under 256 bytes: every length from 64, so each tail of crc_sse42_short's
+  // four-per-turn loop and each split of crc_three_short's three stretches, from 96, is met at
+  // several alignments), the folding path (256 bytes per round,
   // 16-byte and ragged tails), the three-stream path (3072 bytes per round), at odd offsets too.
   std::vector<std::size_t> lengths{0u, 1u, 7u, 8u, 9u, 15u, 16u, 63u, 256u, 257u, 271u, 272u, 511u, 512u, 513u, 4099u, 3071u, 3072u,
                                    3073u, 6144u, 12288u, 20000u, 100000u,
@@ -74,6 +75,33 @@ TEST_CASE("crc32c matches the standard check values, in hardware and in the tabl
     buf[bit * 13 % buf.size()] ^= static_cast<unsigned char>(1u << (bit % 8));
     REQUIRE(crc32c(buf.data(), buf.size()) != good);
     buf[bit * 13 % buf.size()] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+}
+
+// The copy a carried allreduce checks (copy_crc_of_copy) copies short lengths and the tail
+// after its whole 256-byte steps with masked 512-bit loads and stores where the CPU has them:
+// every length from 0 to past two steps, from every alignment of source and destination in a
+// line, must copy exactly those bytes, return their CRC and write nothing around them.
+TEST_CASE("copy_crc_of_copy copies and checks every length and writes nothing outside", "[integrity][crc32c]") {
+  INFO("implementation: " << crc32c_implementation());
+  std::mt19937 rng(29);
+  constexpr std::size_t kMax = 600, kGuard = 256;
+  std::vector<std::byte> src(kMax + 2 * kGuard), dst(kMax + 2 * kGuard);
+  for (auto& x : src) x = static_cast<std::byte>(rng());
+  for (std::size_t len = 0; len <= kMax; ++len) {
+    for (std::size_t s_off : {std::size_t{0}, std::size_t{1}, std::size_t{40}, std::size_t{63}}) {
+      for (std::size_t d_off : {std::size_t{0}, std::size_t{5}}) {
+        CAPTURE(len, s_off, d_off);
+        std::fill(dst.begin(), dst.end(), std::byte{0xa5});
+        const std::byte* from = src.data() + kGuard + s_off;
+        std::byte* to = dst.data() + kGuard + d_off;
+        REQUIRE(detail::copy_crc_of_copy(to, from, len) == crc32c_portable(from, len));
+        REQUIRE(std::memcmp(to, from, len) == 0);
+        const auto untouched = [](std::byte x) { return x == std::byte{0xa5}; };
+        REQUIRE(std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(kGuard + d_off), untouched));
+        REQUIRE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(kGuard + d_off + len), dst.end(), untouched));
+      }
+    }
   }
 }
 
