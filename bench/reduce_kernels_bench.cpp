@@ -59,6 +59,17 @@ void crc(benchmark::State& state, rf::Crc32cImpl impl) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 
+// A short CRC's latency: each CRC seeds the next, as a small call's CRC sits on its path
+// (the sender's before its post, the receiver's before its sum). crc32c() picks its short path.
+void crc_short_latency(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  std::vector<std::byte> src(bytes, std::byte{7});
+  std::uint32_t c = 0;
+  for (auto _ : state) c = rf::crc32c(src.data(), bytes, c);
+  benchmark::DoNotOptimize(c);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
 // The engine's checked passes (checksum mode) next to the plain ones, over a buffer walked in
 // pipeline chunks: "plain" is the reduction alone, "checked" the fused reduction with the
 // CRCs of its input and result (what a receiver does with checksums on when its result is sent
@@ -142,6 +153,7 @@ const int kRegistered = [] {
       ->Arg(16 << 10)->Arg(kChunk)->Arg(kLarge);
   benchmark::RegisterBenchmark("crc32c/avx512-vpclmulqdq", [](benchmark::State& s) { crc(s, rf::Crc32cImpl::Fold); })
       ->Arg(4 << 10)->Arg(16 << 10)->Arg(kChunk)->Arg(kLarge);
+  benchmark::RegisterBenchmark("crc32c/short-latency", crc_short_latency)->Arg(64)->Arg(96)->Arg(128)->Arg(192)->Arg(248);
   benchmark::RegisterBenchmark("checked/combine/plain", [](benchmark::State& s) { checked_combine(s, false); })->Arg(kChunk)->Arg(kLarge);
   benchmark::RegisterBenchmark("checked/combine/fused", [](benchmark::State& s) { checked_combine(s, true); })->Arg(kChunk)->Arg(kLarge);
   benchmark::RegisterBenchmark("checked/copy/plain", [](benchmark::State& s) { checked_copy(s, false); })->Arg(kChunk)->Arg(kLarge);

@@ -86,6 +86,57 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_sse42_short(std::uint32_t c,
   return c;
 }
 
+// From kThreeStreamMinBytes to one folding stream (256 bytes), where the folding's setup costs
+// more than it saves: the `crc32` instruction over three consecutive stretches at once (it
+// issues every cycle, its result takes three), joined by moving the first two registers past
+// the bytes after them with a carry-less multiply each. A one-chain CRC of 128-192 bytes, at
+// each end of a 2-rank allreduce's carried post, made those calls slower than Open MPI's in the
+// VM's fast phase (docs/carried-allreduce.md, "Short copies").
+constexpr std::size_t kThreeStreamMinBytes = 96;
+
+// kByteShift[k] = x^(8k-33) mod P, reflected: crc32(0, clmul(c, kByteShift[k])) is the raw
+// register c moved past k zero bytes (the product of two reflected values comes out one bit
+// short, and `crc32` of a 64-bit value multiplies it by x^32; protection-cost-amd.md, "The hybrid
+// again"). Defined from k = 5; the three streams move registers 32-255 bytes.
+constexpr std::size_t kMaxByteShift = 256;
+constexpr std::array<std::uint32_t, kMaxByteShift> make_byte_shifts() {
+  std::array<std::uint32_t, kMaxByteShift> t{};
+  for (unsigned k = 5; k < kMaxByteShift; ++k) t[k] = detail::crcfold::reflect32(detail::crcfold::xpow_mod(8 * k - 33));
+  return t;
+}
+constexpr auto kByteShift = make_byte_shifts();
+
+__attribute__((target("sse4.2,pclmul"))) inline std::uint32_t shift_past(std::uint32_t c, std::size_t bytes) noexcept {
+  const __m128i product = _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(c)), _mm_cvtsi32_si128(static_cast<int>(kByteShift[bytes])), 0x00);
+  return static_cast<std::uint32_t>(_mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(product))));
+}
+
+// kThreeStreamMinBytes <= bytes < kMaxByteShift: stretches of q/3, q/3 and the rest of the q
+// eight-byte words, the last one taking the bytes after the words.
+__attribute__((target("sse4.2,pclmul"))) std::uint32_t crc_three_short(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
+  const std::size_t words = bytes / 8, third = words / 3;
+  const unsigned char* const p1 = p + 8 * third;
+  const unsigned char* const p2 = p + 16 * third;
+  std::uint64_t c0 = c, c1 = 0, c2 = 0;
+  for (std::size_t i = 0; i < 8 * third; i += 8) {
+    std::uint64_t v0, v1, v2;
+    std::memcpy(&v0, p + i, 8);
+    std::memcpy(&v1, p1 + i, 8);
+    std::memcpy(&v2, p2 + i, 8);
+    c0 = _mm_crc32_u64(c0, v0);
+    c1 = _mm_crc32_u64(c1, v1);
+    c2 = _mm_crc32_u64(c2, v2);
+  }
+  const std::size_t last = bytes - 16 * third;  // the third stretch, from p2
+  const auto tail = static_cast<std::uint32_t>(crc_sse42_short(static_cast<std::uint32_t>(c2), p2 + 8 * third, last - 8 * third));
+  return shift_past(static_cast<std::uint32_t>(c0), 8 * third + last) ^ shift_past(static_cast<std::uint32_t>(c1), last) ^ tail;
+}
+
+// Under one folding stream: one chain, or three from kThreeStreamMinBytes.
+__attribute__((target("sse4.2,pclmul"))) std::uint32_t crc_short(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
+  return bytes >= kThreeStreamMinBytes ? crc_three_short(c, p, bytes) : crc_sse42_short(c, p, bytes);
+}
+
 __attribute__((target("sse4.2"))) std::uint32_t crc_sse42(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
   // Three independent streams over consecutive blocks hide the instruction's 3-cycle latency,
   // then the partial registers are merged by shifting them past the blocks that follow.
@@ -109,7 +160,7 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_sse42(std::uint32_t c, const
 }
 
 RF_FOLD_TARGET std::uint32_t crc_fold(std::uint32_t c, const unsigned char* p, std::size_t bytes) noexcept {
-  if (bytes < detail::crcfold::kStreamBytes) return crc_sse42_short(c, p, bytes);
+  if (bytes < detail::crcfold::kStreamBytes) return crc_short(c, p, bytes);
   detail::crcfold::Stream s = detail::crcfold::start(p, c);
   for (p += detail::crcfold::kStreamBytes, bytes -= detail::crcfold::kStreamBytes; bytes >= detail::crcfold::kStreamBytes;
        p += detail::crcfold::kStreamBytes, bytes -= detail::crcfold::kStreamBytes)
@@ -143,7 +194,7 @@ struct Implementation {
 Implementation pick() noexcept {
 #if defined(RINGFENCE_CRC_X86)
   __builtin_cpu_init();
-  if (has_fold()) return {&crc_fold, "avx512-vpclmulqdq", &crc_sse42_short};
+  if (has_fold()) return {&crc_fold, "avx512-vpclmulqdq", &crc_short};
   if (__builtin_cpu_supports("sse4.2")) return {&crc_sse42, "sse4.2-3way", &crc_sse42_short};
 #endif
   return {&crc_table, "table", &crc_table};
