@@ -89,9 +89,10 @@ __attribute__((target("sse4.2"))) std::uint32_t crc_sse42_short(std::uint32_t c,
 // From kThreeStreamMinBytes to one folding stream (256 bytes), where the folding's setup costs
 // more than it saves: the `crc32` instruction over three consecutive stretches at once (it
 // issues every cycle, its result takes three), joined by moving the first two registers past
-// the bytes after them with a carry-less multiply each. A one-chain CRC of 128-192 bytes, at
-// each end of a 2-rank allreduce's carried post, made those calls slower than Open MPI's in the
-// VM's fast phase (docs/carried-allreduce.md, "Short copies").
+// the bytes after them with a carry-less multiply each. With one chain, a CRC of 128-192 bytes
+// at each end of a 2-rank allreduce's carried post left those calls at 0.59-0.71 us against
+// Open MPI's 0.58-0.66 in the VM's slow phase; with three, 0.52-0.59 (docs/carried-allreduce.md,
+// "Short copies").
 constexpr std::size_t kThreeStreamMinBytes = 96;
 
 // kByteShift[k] = x^(8k-33) mod P, reflected: crc32(0, clmul(c, kByteShift[k])) is the raw
