@@ -98,7 +98,7 @@ constexpr std::size_t kThreeStreamMinBytes = 96;
 // kByteShift[k] = x^(8k-33) mod P, reflected: crc32(0, clmul(c, kByteShift[k])) is the raw
 // register c moved past k zero bytes (the product of two reflected values comes out one bit
 // short, and `crc32` of a 64-bit value multiplies it by x^32; protection-cost-amd.md, "The hybrid
-// again"). Defined from k = 5; the three streams move registers 32-255 bytes.
+// again"). Defined from k = 5; the three streams move registers 32-175 bytes.
 constexpr std::size_t kMaxByteShift = 256;
 constexpr std::array<std::uint32_t, kMaxByteShift> make_byte_shifts() {
   std::array<std::uint32_t, kMaxByteShift> t{};

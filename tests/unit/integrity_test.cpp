@@ -78,10 +78,10 @@ TEST_CASE("crc32c matches the standard check values, in hardware and in the tabl
   }
 }
 
-// The copy a carried allreduce checks (copy_crc_of_copy) copies short lengths and the tail
-// after its whole 256-byte steps with masked 512-bit loads and stores where the CPU has them:
-// every length from 0 to past two steps, from every alignment of source and destination in a
-// line, must copy exactly those bytes, return their CRC and write nothing around them.
+// The copy a carried allreduce checks (copy_crc_of_copy) copies under 256 bytes with masked
+// 512-bit loads and stores where the CPU has them, and folds from 256: every length from 0 to
+// past two fold steps, from four source and two destination offsets in a line, must copy
+// exactly those bytes, return their CRC and write nothing around them.
 TEST_CASE("copy_crc_of_copy copies and checks every length and writes nothing outside", "[integrity][crc32c]") {
   INFO("implementation: " << crc32c_implementation());
   std::mt19937 rng(29);
