@@ -115,6 +115,11 @@ Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* c
   RelayDuties none;
   RingRunner runner(config, flags, nullptr, nullptr, kBytes, kNoDirect, none, failure);
   runner.use_device(device);
+  // Small groups leave waking a sleeping peer to the next wait or the call's end, as small ring
+  // calls do (RingRunner::defer_wake; run_p2p flushes before every wait).
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < n; ++i) bytes += ops[i].bytes;
+  runner.defer_wakes(bytes <= kDeferWakeMaxBytes);
   return runner.run_p2p(connection_of, ops, n, direct);
 }
 

@@ -467,6 +467,8 @@ class RingRunner {
   // A direct send that has not read its receiver's buffer key yet: it waits on the p2p mail flag.
   static bool awaits_key(const P2POp& op) noexcept { return op.send && op.direct && !op.keyed; }
   static const char* waiting_for(const P2POp& op) noexcept;
+  static std::size_t first_direct_send_to(const P2POp* ops, std::size_t i) noexcept;
+  SignalFlag& awaited_flag(const P2POp& op, const Connection& ch, std::uint32_t& target) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
   std::size_t unretained_bytes(Connection& ch) noexcept;

@@ -40,8 +40,11 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes &&
                     (direct.whole_exchange || ops[i].bytes > fits);
   const auto slots = static_cast<std::uint64_t>(c_.slots);
-  auto last_progress = std::chrono::steady_clock::now();
-  for (int idle = 0;;) {
+  // The clock is read only when nothing moved (a small exchange that never waits reads it
+  // never): the timeout counts from the first sweep without progress after the last one with.
+  std::chrono::steady_clock::time_point last_progress;
+  bool moved = true;  // since last_progress was read
+  for (;;) {
     bool progress = false, pending = false;
     for (std::size_t i = 0; i < n; ++i) {
       P2POp& op = ops[i];
@@ -65,9 +68,15 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
         progress = true;
       }
       if (op.send) {
-        if (ch.sent >= slots && !reached(flags_.credit[ch.peer].value.load(std::memory_order_acquire),
-                                         static_cast<std::uint32_t>(ch.sent + 1 - slots)))
-          continue;
+        // The credit last read first: the peer stores into that line at every chunk it takes,
+        // so reading it costs a transfer between cores, which a free slot seldom needs.
+        if (ch.sent >= slots) {
+          const auto freed = static_cast<std::uint32_t>(ch.sent + 1 - slots);
+          if (!reached(ch.credit_seen, freed)) {
+            ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+            if (!reached(ch.credit_seen, freed)) continue;
+          }
+        }
         RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len, op.dst, op.done));  // dst null: staging
       } else {
         if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
@@ -93,12 +102,13 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
         op.done += len;
         progress = true;
       }
-    const auto now = std::chrono::steady_clock::now();
     if (progress) {
-      last_progress = now;
-      idle = 0;
+      moved = true;
       continue;
     }
+    const auto now = std::chrono::steady_clock::now();
+    if (moved) last_progress = now;
+    moved = false;
     RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
     if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
     RINGFENCE_TRY(serve_reposts());  // a peer in a carried allreduce may wait on a post of ours
@@ -113,24 +123,19 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     // Nothing to do: wait on the flag the first runnable op needs (the link spins briefly,
     // then sleeps on a futex its peer wakes), in short slices so that any other op that
     // becomes ready, a re-send request or an abort is seen soon.
-    ++idle;
     for (std::size_t i = 0; i < n; ++i) {
       const P2POp& op = ops[i];
       if (op.done >= op.bytes || op.local_dst) continue;
       Connection& ch = *connection_of[op.peer];
-      const bool needs_key = awaits_key(op);
-      SignalFlag& flag = needs_key ? flags_.p2p_mail[ch.peer] : op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
-      const std::uint64_t target = needs_key ? ch.p2p_keys_used + 1
-                                   : op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots)
-                                             : ch.received + 1;
+      std::uint32_t target = 0;
+      SignalFlag& flag = awaited_flag(op, ch, target);
       flush_deferred();
       if (polls_while_repairing(ch)) {  // a peer may wait for our re-send as we wait for it
-        const Status polled = poll_serving_nacks(flag, static_cast<std::uint32_t>(target));
+        const Status polled = poll_serving_nacks(flag, target);
         if (polled.is_error()) return polled;
         if (polled.is_ok()) break;
       }
-      const Status st = ch.link->wait(flag, static_cast<std::uint32_t>(target),
-                                      std::chrono::microseconds(20));
+      const Status st = ch.link->wait(flag, target, std::chrono::microseconds(20));
       if (st.is_error()) {
         RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
         return fail(st, ch, waiting_for(op), op.send ? ch.sent : ch.received);
@@ -150,12 +155,18 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   // those (a copy would cost as much as the single copy saved), and only for those: a staged
   // chunk after them may wait for the receiver's next call.
   if (c_.checksum) {
-    for (int r = 0; r < c_.size; ++r) {
-      Connection* ch = connection_of[r];
-      if (const std::uint64_t end = ch ? direct_unaccepted_end(*ch) : 0; end != 0)
+    // Only this call's direct sends can be unaccepted (earlier calls waited for theirs), so the
+    // credit lines of the other peers, which they write, are not read.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!ops[i].send || !ops[i].direct || first_direct_send_to(ops, i) != i) continue;
+      Connection* ch = connection_of[ops[i].peer];
+      if (const std::uint64_t end = direct_unaccepted_end(*ch); end != 0)
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(end),
                                 "acceptance of the chunks written into the receiver's buffer", end - 1));
     }
+    // A small call copied every staged chunk aside as it sent it (retains_at_send), so nothing
+    // is left to retain, and no credit needs reading (a small exchange's end, as finish_call's).
+    if (small_call_copies_aside(bytes_sent_)) return Status::ok();
     std::size_t staged = 0;
     for (std::size_t i = 0; i < n; ++i)
       if (ops[i].send && !ops[i].direct && !ops[i].local_dst) staged += ops[i].bytes;
@@ -163,6 +174,25 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     retain_unaccepted(connection_of);  // staged chunks after the last direct one
   }
   return Status::ok();
+}
+
+// The flag an op that cannot move waits for, and the value it waits for (`target`): the
+// receiver's key for a direct send, a credit for a send, data for a receive.
+SignalFlag& RingRunner::awaited_flag(const P2POp& op, const Connection& ch, std::uint32_t& target) noexcept {
+  const auto slots = static_cast<std::uint64_t>(c_.slots);
+  if (awaits_key(op)) {
+    target = static_cast<std::uint32_t>(ch.p2p_keys_used + 1);
+    return flags_.p2p_mail[ch.peer];
+  }
+  target = static_cast<std::uint32_t>(op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots) : ch.received + 1);
+  return op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
+}
+
+// The first op of `ops[0..i]` that sends directly to ops[i]'s peer.
+std::size_t RingRunner::first_direct_send_to(const P2POp* ops, std::size_t i) noexcept {
+  std::size_t k = 0;
+  while (k < i && !(ops[k].send && ops[k].direct && ops[k].peer == ops[i].peer)) ++k;
+  return k;
 }
 
 // What a point-to-point op that cannot move waits for, as a failure names it.
