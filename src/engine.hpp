@@ -61,9 +61,10 @@ inline constexpr std::size_t kCopyAsideBytesPerUs = 64 * 1024;
 /// 5.82-6.96 waiting; 128 KiB 9.95-10.40 against 9.77-10.30). It is at least
 /// EngineConfig::retain_max_bytes (16 or 64 KiB), so what a collective would copy, this copies.
 inline constexpr std::size_t kAwaitAcceptanceMinBytes = 64 * 1024;
-/// Ring calls of at most this many bytes (a rank's data) leave waking a sleeping receiver of
-/// their chunk and credit signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks
-/// 0.03-0.1 us a call (docs/protection-cost-small-calls.md). Larger ones wake at once: a sleeper
+/// Ring calls of at most this many bytes (a rank's data), and point-to-point groups moving at
+/// most this many bytes in all, leave waking a sleeping receiver of their chunk and credit
+/// signals for later (RingRunner::defer_wake): at 8 B-4 KiB on 2 ranks 0.03-0.1 us a call
+/// (docs/protection-cost-small-calls.md). Larger ones wake at once: a sleeper
 /// would lie asleep while its peer copies the next chunk (deferred at every size, a 2-rank
 /// 256 MiB allreduce fell to 0.67x busbw; up to 64 KiB, 4 ranks on 2 cores lost 15-35 % at
 /// 64-256 KiB in two of three runs).
@@ -485,7 +486,7 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connectio
 /// ourselves). `device`: the buffers and staging slots are device memory (see DeviceRegions;
 /// `direct` must then be disabled). Never throws or allocates.
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
-               const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr) noexcept;
+               const P2PDirect& direct, Failure& failure, const DeviceRegions* device = nullptr, CallCheck* check = nullptr) noexcept;
 
 /// Lane 0 at the end of a communicator: waits, at most until `deadline`, until every peer
 /// accepted the chunks a call left in the retained areas (Connection::retained; checksum mode)

@@ -107,7 +107,7 @@ Status settle_fingerprint(const EngineConfig& config, FlagBlock flags, Connectio
 }
 
 Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* connection_of, P2POp* ops, std::size_t n,
-               const P2PDirect& direct, Failure& failure, const DeviceRegions* device) noexcept {
+               const P2PDirect& direct, Failure& failure, const DeviceRegions* device, CallCheck* check) noexcept {
   // Point-to-point moves bytes: receives go through `consume` as copies (no combine) of
   // one-byte elements, so checksums are verified in the copy's pass as for ring steps.
   static constexpr Reducer kBytes{nullptr, nullptr, 1};
@@ -115,6 +115,7 @@ Status run_p2p(const EngineConfig& config, FlagBlock flags, Connection* const* c
   RelayDuties none;
   RingRunner runner(config, flags, nullptr, nullptr, kBytes, kNoDirect, none, failure);
   runner.use_device(device);
+  runner.check_with(check);
   // Small groups leave waking a sleeping peer to the next wait or the call's end, as small ring
   // calls do (RingRunner::defer_wake; run_p2p flushes before every wait).
   std::size_t bytes = 0;

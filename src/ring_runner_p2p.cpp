@@ -110,6 +110,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     if (moved) last_progress = now;
     moved = false;
     RINGFENCE_TRY(check_abort("point-to-point progress (the peer failed and aborted)", 0));
+    RINGFENCE_TRY(verify_call(false));  // an alltoall's: a disagreement may be why nothing comes
     if (c_.checksum) RINGFENCE_TRY(service_all_nacks());
     RINGFENCE_TRY(serve_reposts());  // a peer in a carried allreduce may wait on a post of ours
     if (dev_) RINGFENCE_TRY(pump_links());
@@ -144,6 +145,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
     }
   }
   if (dev_) return finish_device_call();
+  RINGFENCE_TRY(verify_call(true));  // an alltoall's check left to us (Dispatch::exchange_check)
   // With checksums a chunk is only done once the receiver accepted it; the receiver may not
   // take it before its own next call (a send outside a group, then a receive, on every rank),
   // so the unaccepted chunks are copied aside and the call returns, as it does without checksums

@@ -70,6 +70,10 @@ class CallChecker {
   bool can_pair(const LaneState& lane0, const RingCall& c, int lanes, int size) const noexcept {
     return check_.from && lane0.relay_duties.count == 0 && lanes <= 1 && c.by_position && size > 2;
   }
+  /// Whether the executor may compare an exchange's fingerprints (every rank sends to every
+  /// rank: alltoall), sender by sender where there are more than two ranks (`pair`): lane 0
+  /// carries no relay.
+  bool can_defer_exchange(const LaneState& lane0) const noexcept { return check_.from && lane0.relay_duties.count == 0; }
   /// Makes the pending check pairwise: posts this call's fingerprint to the ranks that do not
   /// check ours too (`post` gave it to those that do), before any chunk leaves.
   Status pair(LaneState& lane0, Failure& failure) noexcept;

@@ -84,7 +84,8 @@ class Dispatch {
   /// from `user_min_bytes` plain user receive buffers take direct writes (cross-memory attach).
   /// `whole_exchange`: every rank runs all of its transfers in this call (alltoall), so those
   /// that fit the slots may go direct too (P2PDirect::whole_exchange).
-  void run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange = false);
+  void run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange = false,
+               CallCheck* check = nullptr);
 
   // ---- issue ----
   /// Runs `run` now (blocking call: after the queue drained; nothing is allocated) or queues it
@@ -154,6 +155,7 @@ class Dispatch {
   DirectWrite direct_write_for(LaneState& lane, const RingCall& c, std::size_t elem_size);
   P2PDirect p2p_direct(std::size_t user_min_bytes, bool whole_exchange) noexcept;
   void run_alltoall(const char* call, const void* send, void* recv, std::size_t block);
+  CallCheck* exchange_check(const char* call, std::size_t block);
   static const RemoteRegion* resolve_remote(void* ctx, std::span<const std::byte> key) noexcept;
 
   DispatchParts p_;

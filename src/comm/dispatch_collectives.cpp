@@ -117,9 +117,29 @@ Work Dispatch::alltoall(bool async, const void* send, void* recv, std::size_t co
   const std::size_t block = bytes / static_cast<std::size_t>(p_.ctx.size);
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Alltoall, count, type));
-    settle_call(call);  // point-to-point transfers receive from every rank
     if (block > 0) run_alltoall(call, send, recv, block);
+    else settle_call(call);
   });
+}
+
+// Who compares an alltoall's fingerprints. Host memory, no relay and blocks that never go direct:
+// the executor, each sender's call before its first block is used (as ring calls leave it to the
+// executor), which saves a round trip between the ranks before anything moves; the checked rank
+// by its call word beside its data flag, the others (more than two ranks) by the fingerprint
+// `pair` posts to them. Otherwise the call is compared here first (settle_call): a direct send
+// would read its receiver's buffer key before the receiver's call is known to be ours. Returns
+// the check the executor runs, null when settled here.
+CallCheck* Dispatch::exchange_check(const char* call, std::size_t block) {
+  LaneState& lane0 = p_.lanes.main();
+  if (p_.device.current() || block >= p_.ctx.options.direct_write_min_bytes || !p_.calls.can_defer_exchange(lane0)) {
+    settle_call(call);
+    return nullptr;
+  }
+  if (p_.ctx.size > 2) {
+    Failure failure;
+    if (!p_.calls.pair(lane0, failure).is_ok()) raise(call, failure);
+  }
+  return p_.calls.pending();
 }
 
 // A group of sends and receives: every pair exchanges its blocks side by side. The op list is
@@ -151,7 +171,8 @@ void Dispatch::run_alltoall(const char* call, const void* send, void* recv, std:
   const std::size_t user_min = size >= 3 && !checksum
                                    ? std::min(ctx.options.p2p_direct_user_min_bytes, ctx.options.alltoall_direct_user_min_bytes)
                                    : ctx.options.p2p_direct_user_min_bytes;
-  if (!relayed) return run_ops(call, ops, user_min, true);
+  if (!relayed) return run_ops(call, ops, user_min, true, exchange_check(call, block));
+  settle_call(call);
   // Fenced pairs (a, b): every rank takes part, so a third rank c with healthy links to both
   // carries their blocks in two phases (a, b -> c, then c -> b, a). Every rank derives the same
   // relays from the agreed fence list, and ops to one peer keep the same order at both ends (own

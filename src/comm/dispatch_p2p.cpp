@@ -54,15 +54,19 @@ void Dispatch::check_p2p_routes(const char* call, std::vector<P2POp>& ops) {
     }
 }
 
-void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange) {
+// `check`: a collective's fingerprint check left to the executor (Dispatch::exchange_check), judged
+// after it ran; host memory only.
+void Dispatch::run_ops(const char* call, std::vector<P2POp>& ops, std::size_t user_min_bytes, bool whole_exchange, CallCheck* check) {
   Failure failure;
   LaneState& lane0 = p_.lanes.main();
   DeviceLane* device = p_.device.current();
   p_.regs.begin_call();
   const Status s = device ? device->run_p2p(call, ops.data(), ops.size(), failure)
-                          : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(), p2p_direct(user_min_bytes, whole_exchange), failure);
+                          : run_p2p(lane0.engine, lane0.flags, p_.lanes.by_rank(), ops.data(), ops.size(),
+                                    p2p_direct(user_min_bytes, whole_exchange), failure, nullptr, check);
   ops.clear();
   p_.agreement.report_p2p_checksum_errors();  // a send/recv-only job runs no agreement to report them
+  if (check) judge_call(call);  // first: a disagreement explains a failure better than what it caused
   if (!s.is_ok()) raise(call, failure);
 }
 
