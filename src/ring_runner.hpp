@@ -469,6 +469,7 @@ class RingRunner {
   static const char* waiting_for(const P2POp& op) noexcept;
   static std::size_t first_direct_send_to(const P2POp* ops, std::size_t i) noexcept;
   SignalFlag& awaited_flag(const P2POp& op, const Connection& ch, std::uint32_t& target) noexcept;
+  Status spin_for_next(Connection* const* connection_of, const P2POp* ops, std::size_t n, bool& up) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
   std::size_t unretained_bytes(Connection& ch) noexcept;

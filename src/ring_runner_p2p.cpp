@@ -106,6 +106,15 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       moved = true;
       continue;
     }
+    // Just stopped moving: a short spin on what the first unfinished op waits for, before the
+    // slow path (clock, services, waking sleepers, the link's wait), as RingRunner::wait_flag
+    // spins. A receive also asks for its chunk's first line at every poll, so that line is on
+    // its way when the flag's line arrives, not asked for after it.
+    if (moved) {
+      bool up = false;
+      RINGFENCE_TRY(spin_for_next(connection_of, ops, n, up));
+      if (up) continue;
+    }
     const auto now = std::chrono::steady_clock::now();
     // An alltoall's check (Dispatch::exchange_check): a disagreement may be why nothing comes.
     // Not at the first sweep without progress: the fingerprint's line, just written by the
@@ -194,6 +203,35 @@ SignalFlag& RingRunner::awaited_flag(const P2POp& op, const Connection& ch, std:
   }
   target = static_cast<std::uint32_t>(op.send ? ch.sent + 1 - std::min<std::uint64_t>(ch.sent, slots) : ch.received + 1);
   return op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
+}
+
+// Polls the flag of the first unfinished op to a peer up to EngineConfig::spin_polls times:
+// `up` once it is up (the op can move), not when the polls ran out. A staged receive prefetches
+// the first line of its chunk's slot with every poll.
+Status RingRunner::spin_for_next(Connection* const* connection_of, const P2POp* ops, std::size_t n, bool& up) noexcept {
+  up = false;
+  std::size_t i = 0;
+  while (i < n && (ops[i].done >= ops[i].bytes || ops[i].local_dst)) ++i;
+  if (i == n) return Status::ok();
+  const P2POp& op = ops[i];
+  const Connection& ch = *connection_of[op.peer];
+  std::uint32_t target = 0;
+  SignalFlag& flag = awaited_flag(op, ch, target);
+  const std::byte* line = nullptr;
+  if (!op.send && !op.landed) {
+    const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
+    line = ch.inbox + static_cast<std::size_t>(ch.received % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride() + c_.data_offset(len);
+  }
+  for (int k = 0; k < c_.spin_polls; ++k) {
+    if (line) __builtin_prefetch(line, 0, 3);
+    if (reached(flag.value.load(std::memory_order_acquire), target)) {
+      up = true;
+      return Status::ok();
+    }
+    if ((k & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
+    cpu_pause();
+  }
+  return Status::ok();
 }
 
 // The first op of `ops[0..i]` that sends directly to ops[i]'s peer.
