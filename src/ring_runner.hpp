@@ -424,6 +424,17 @@ class RingRunner {
 
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
                     std::size_t dst_offset = 0) noexcept;
+  // Whether message `ch.sent` has a free staging slot at `ch`'s receiver: by the credit seen last,
+  // else by the credit flag read now. The receiver stores into that flag's line at every chunk it
+  // takes, so each read is a transfer between the cores, which a free slot seldom needs.
+  bool slot_free(Connection& ch) noexcept {
+    const auto slots = static_cast<std::uint64_t>(c_.slots);
+    if (ch.sent < slots) return true;
+    const auto freed = static_cast<std::uint32_t>(ch.sent + 1 - slots);
+    if (reached(ch.credit_seen, freed)) return true;
+    ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
+    return reached(ch.credit_seen, freed);
+  }
 
   // Chunk and credit signals leave waking a sleeping receiver to a later flush
   // (SignalOp::defer_wake): a store that must first see whether anyone sleeps waits until the
@@ -467,9 +478,10 @@ class RingRunner {
   // A direct send that has not read its receiver's buffer key yet: it waits on the p2p mail flag.
   static bool awaits_key(const P2POp& op) noexcept { return op.send && op.direct && !op.keyed; }
   static const char* waiting_for(const P2POp& op) noexcept;
-  static std::size_t first_direct_send_to(const P2POp* ops, std::size_t i) noexcept;
   SignalFlag& awaited_flag(const P2POp& op, const Connection& ch, std::uint32_t& target) noexcept;
   Status spin_for_next(Connection* const* connection_of, const P2POp* ops, std::size_t n, bool& up) noexcept;
+  Status spin(SignalFlag& flag, std::uint32_t target, bool& up, WatchedPost* watch = nullptr,
+              const std::byte* prefetch = nullptr) noexcept;
   void retain(Connection& ch, std::uint64_t first) noexcept;
   void retain_unaccepted(Connection* const* connection_of) noexcept;
   std::size_t unretained_bytes(Connection& ch) noexcept;

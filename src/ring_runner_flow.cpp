@@ -203,22 +203,35 @@ Status RingRunner::await_all_acceptance() noexcept {
   return st;
 }
 
-// Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
-// communicator timeout. Services re-send requests from the right neighbour and requests for a
-// carried post again (serve_reposts) meanwhile.
-Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message,
-                             WatchedPost* watch) noexcept {
-  // A short spin first (EngineConfig::spin_polls says why and how long). A peer in a carried
-  // allreduce may be waiting for a post of ours again meanwhile (serve_reposts).
+// A short spin on `flag` before a wait's slow path (EngineConfig::spin_polls says why and how
+// long): `up` once it reached `target` (or the watched post landed), not when the polls ran out.
+// A peer in a carried allreduce may be waiting for a post of ours again meanwhile
+// (serve_reposts). `prefetch`: a line the awaited message will land in, asked for at every poll so
+// it is on its way when the flag's line arrives, not asked for after it.
+Status RingRunner::spin(SignalFlag& flag, std::uint32_t target, bool& up, WatchedPost* watch, const std::byte* prefetch) noexcept {
+  up = true;
   for (int i = 0; i < c_.spin_polls; ++i) {
     // A watched post is looked at before its flag: it lands first (the flag is written after
     // it), and a reader that loads the flag's line once it changed takes that line's transfer
     // and then the post's, where the post alone is one (WatchedPost).
     if (watch && watch->look()) return Status::ok();
+    if (prefetch) __builtin_prefetch(prefetch, 0, 3);
     if (reached(flag.value.load(std::memory_order_acquire), target)) return Status::ok();
     if ((i & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
     cpu_pause();
   }
+  up = false;
+  return Status::ok();
+}
+
+// Waits until `flag` reaches `target`, letting the link sleep between checks; bounded by the
+// communicator timeout. Services re-send requests from the right neighbour and requests for a
+// carried post again (serve_reposts) meanwhile.
+Status RingRunner::wait_flag(Connection& ch, SignalFlag& flag, std::uint32_t target, const char* what, std::uint64_t message,
+                             WatchedPost* watch) noexcept {
+  bool up = false;
+  RINGFENCE_TRY(spin(flag, target, up, watch));
+  if (up) return Status::ok();
   const auto deadline = std::chrono::steady_clock::now() + c_.timeout;
   for (;;) {
     RINGFENCE_TRY(check_abort("progress (the peer failed and aborted the collective)", message));
@@ -325,7 +338,7 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   RINGFENCE_TRY(settle_device());  // `src` may be a device copy's or reduction's destination
   const std::uint64_t m = ch.sent;
   const auto slots = static_cast<std::uint64_t>(c_.slots);
-  if (m >= slots && !reached(ch.credit_seen, static_cast<std::uint32_t>(m + 1 - slots))) {
+  if (!slot_free(ch)) {
     RINGFENCE_TRY(wait_flag(ch, flags_.credit[ch.peer], static_cast<std::uint32_t>(m + 1 - slots),
                             "a free staging slot (credit)", m));
     ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);

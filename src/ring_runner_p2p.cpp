@@ -39,7 +39,6 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   for (std::size_t i = 0; i < n; ++i)
     ops[i].direct = direct.enabled && ops[i].peer != c_.rank && ops[i].bytes >= direct.min_bytes &&
                     (direct.whole_exchange || ops[i].bytes > fits);
-  const auto slots = static_cast<std::uint64_t>(c_.slots);
   // The clock is read only when nothing moved (a small exchange that never waits reads it
   // never): the timeout counts from the first sweep without progress after the last one with.
   std::chrono::steady_clock::time_point last_progress;
@@ -68,15 +67,7 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
         progress = true;
       }
       if (op.send) {
-        // The credit last read first: the peer stores into that line at every chunk it takes,
-        // so reading it costs a transfer between cores, which a free slot seldom needs.
-        if (ch.sent >= slots) {
-          const auto freed = static_cast<std::uint32_t>(ch.sent + 1 - slots);
-          if (!reached(ch.credit_seen, freed)) {
-            ch.credit_seen = flags_.credit[ch.peer].value.load(std::memory_order_acquire);
-            if (!reached(ch.credit_seen, freed)) continue;
-          }
-        }
+        if (!slot_free(ch)) continue;
         RINGFENCE_TRY(send_chunk(ch, op.buf + op.done, len, op.dst, op.done));  // dst null: staging
       } else {
         if (!reached(flags_.data[ch.peer].value.load(std::memory_order_acquire), static_cast<std::uint32_t>(ch.received + 1)))
@@ -106,10 +97,8 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
       moved = true;
       continue;
     }
-    // Just stopped moving: a short spin on what the first unfinished op waits for, before the
-    // slow path (clock, services, waking sleepers, the link's wait), as RingRunner::wait_flag
-    // spins. A receive also asks for its chunk's first line at every poll, so that line is on
-    // its way when the flag's line arrives, not asked for after it.
+    // Just stopped moving: a short spin on what the first unfinished op waits for before the
+    // slow path (clock, services, waking sleepers, the link's wait), as wait_flag spins.
     if (moved) {
       bool up = false;
       RINGFENCE_TRY(spin_for_next(connection_of, ops, n, up));
@@ -173,9 +162,10 @@ Status RingRunner::run_p2p(Connection* const* connection_of, P2POp* ops, std::si
   // chunk after them may wait for the receiver's next call.
   if (c_.checksum) {
     // Only this call's direct sends can be unaccepted (earlier calls waited for theirs), so the
-    // credit lines of the other peers, which they write, are not read.
+    // credit lines of the other peers, which they write, are not read. A peer sent several
+    // direct ops is looked at again after the first wait: its line is ours then.
     for (std::size_t i = 0; i < n; ++i) {
-      if (!ops[i].send || !ops[i].direct || first_direct_send_to(ops, i) != i) continue;
+      if (!ops[i].send || !ops[i].direct) continue;
       Connection* ch = connection_of[ops[i].peer];
       if (const std::uint64_t end = direct_unaccepted_end(*ch); end != 0)
         RINGFENCE_TRY(wait_flag(*ch, flags_.credit[ch->peer], static_cast<std::uint32_t>(end),
@@ -205,9 +195,8 @@ SignalFlag& RingRunner::awaited_flag(const P2POp& op, const Connection& ch, std:
   return op.send ? flags_.credit[ch.peer] : flags_.data[ch.peer];
 }
 
-// Polls the flag of the first unfinished op to a peer up to EngineConfig::spin_polls times:
-// `up` once it is up (the op can move), not when the polls ran out. A staged receive prefetches
-// the first line of its chunk's slot with every poll.
+// spin() on the flag of the first unfinished op to a peer: `up` once it can move. A staged receive
+// prefetches the first line of its chunk's slot.
 Status RingRunner::spin_for_next(Connection* const* connection_of, const P2POp* ops, std::size_t n, bool& up) noexcept {
   up = false;
   std::size_t i = 0;
@@ -222,23 +211,7 @@ Status RingRunner::spin_for_next(Connection* const* connection_of, const P2POp* 
     const std::size_t len = std::min(c_.slot_bytes, op.bytes - op.done);
     line = ch.inbox + static_cast<std::size_t>(ch.received % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride() + c_.data_offset(len);
   }
-  for (int k = 0; k < c_.spin_polls; ++k) {
-    if (line) __builtin_prefetch(line, 0, 3);
-    if (reached(flag.value.load(std::memory_order_acquire), target)) {
-      up = true;
-      return Status::ok();
-    }
-    if ((k & (kRepostPollEvery - 1)) == kRepostPollEvery - 1) RINGFENCE_TRY(serve_reposts());
-    cpu_pause();
-  }
-  return Status::ok();
-}
-
-// The first op of `ops[0..i]` that sends directly to ops[i]'s peer.
-std::size_t RingRunner::first_direct_send_to(const P2POp* ops, std::size_t i) noexcept {
-  std::size_t k = 0;
-  while (k < i && !(ops[k].send && ops[k].direct && ops[k].peer == ops[i].peer)) ++k;
-  return k;
+  return spin(flag, target, up, nullptr, line);
 }
 
 // What a point-to-point op that cannot move waits for, as a failure names it.
