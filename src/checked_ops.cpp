@@ -92,22 +92,6 @@ bool copies_masked() noexcept {
   return available;
 }
 
-// How far ahead of its loads a fused pass prefetches the bytes it folds. The folding holds such a
-// loop to about 16 bytes a cycle, and at that pace the out-of-order window alone keeps too few
-// loads in flight to hide the latency of a slot's lines, which come from memory or from the other
-// core's cache: 4 KiB ahead made 2-rank checked allreduces and reduces of 64-256 KiB 10-35 %
-// faster on the AMD VM, 2 KiB gained less, 8 KiB the same (docs/protection-cost-amd.md,
-// "Prefetching ahead of the folding").
-constexpr std::size_t kPrefetchAheadBytes = 4096;
-
-// Prefetches the 256 bytes `kPrefetchAheadBytes` past `at` in [p, p + end), nothing past `end`:
-// the lines after a chunk may be a slot the other core is writing. Always inlined: GCC 12 takes a
-// function whose only effect is a prefetch for one without effects and drops the call.
-RF_FOLD_TARGET __attribute__((always_inline)) inline void prefetch_ahead(const unsigned char* p, std::size_t at, std::size_t end) noexcept {
-  if (at + kPrefetchAheadBytes >= end) return;
-  for (int k = 0; k < 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(p + at + kPrefetchAheadBytes + 64 * k), _MM_HINT_T0);
-}
-
 // The stream over [0, body) (body: a nonzero multiple of 256) of the blocks `piece(at)` returns:
 // the registers its pass loaded at `at` to do its own work there.
 template <class Piece>
@@ -123,13 +107,13 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
 // 32-128 KiB calls slower (docs/protection-cost-amd.md, "The hybrid again, narrower").
 // `kTailOfCopy`: the bytes after the last whole 256 are folded from `dst` once copied, so the CRC
 // is of exactly what was written even where `src` changes meanwhile (copy_crc_of_copy).
-template <bool kStream, bool kTailOfCopy = false>
+template <bool kStream, bool kTailOfCopy = false, bool kPrefetch = false>
 RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
-    prefetch_ahead(src, at, body);
+    if constexpr (kPrefetch) crcfold::prefetch_ahead(src, at, body);
     const crcfold::Block x = crcfold::load(src + at);
     if constexpr (kStream) {
       for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
@@ -147,6 +131,7 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
 // registers the folding takes (with scalar `crc32` lanes beside it, 0.75-0.85x as fast: the same
 // doc). The same IEEE additions as the float sum kernel, which also does
 // the tail (`tail`), so results are bit-identical.
+template <bool kPrefetch>
 RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, const std::byte* a_b, const std::byte* b_b,
                                           std::size_t bytes) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
@@ -154,7 +139,7 @@ RF_FOLD_TARGET std::uint32_t sum_f32_fold(CombineFn tail, std::byte* dst_b, cons
   const auto* b = reinterpret_cast<const unsigned char*>(b_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
-    prefetch_ahead(a, at, body);  // not `b`, our own input: that gained nothing and lost at 1-4 MiB
+    if constexpr (kPrefetch) crcfold::prefetch_ahead(a, at, body);  // not `b`, our own input: no gain, a loss at 1-4 MiB
     const crcfold::Block x = crcfold::load(a + at);
     for (int k = 0; k < 4; ++k) {
       const __m512 f = _mm512_castsi512_ps(x.v[k]), o = _mm512_loadu_ps(b + at + 64 * k);
@@ -249,6 +234,19 @@ std::uint32_t detail::copy_crc_of_copy(std::byte* dst, const std::byte* src, std
   return crc32c(dst, bytes);
 }
 
+std::uint32_t detail::copy_out_crc(std::byte* dst, const std::byte* src, std::size_t bytes, bool stream,
+                                   CheckedSource from) noexcept {
+#if defined(RINGFENCE_CRC_X86)
+  if (from == CheckedSource::Memory && detail::folds(bytes) && bytes <= detail::kFusedMaxBytes) {
+    if (!stream) return detail::copy_fold<false, false, true>(dst, src, bytes);
+    if (reinterpret_cast<std::uintptr_t>(dst) % 64 == 0) return detail::copy_fold<true, false, true>(dst, src, bytes);
+  }
+#else
+  (void)from;
+#endif
+  return stream ? copy_bytes_crc_stream(dst, src, bytes) : copy_bytes_crc(dst, src, bytes);
+}
+
 std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t bytes) noexcept {
   if (bytes > kCopyThenCrcMaxBytes) return copy_bytes_crc(dst, src, bytes);
   copy_bytes(dst, src, bytes);
@@ -266,26 +264,26 @@ std::uint32_t staging_copy_crc_stream(void* dst, const void* src, std::size_t by
 namespace ringfence::detail {
 
 bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                      std::uint32_t* crc_a) noexcept {
+                      std::uint32_t* crc_a, CheckedSource from) noexcept {
 #if defined(RINGFENCE_CRC_X86)
   const std::size_t bytes = count * sizeof(float);
   if (!folds(bytes) || bytes > kFusedMaxBytes) return false;
-  *crc_a = sum_f32_fold(tail, dst, a, b, bytes);
+  *crc_a = from == CheckedSource::Memory ? sum_f32_fold<true>(tail, dst, a, b, bytes) : sum_f32_fold<false>(tail, dst, a, b, bytes);
   return true;
 #else
-  (void)tail, (void)dst, (void)a, (void)b, (void)count, (void)crc_a;
+  (void)tail, (void)dst, (void)a, (void)b, (void)count, (void)crc_a, (void)from;
   return false;
 #endif
 }
 
 void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept {
+                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst, CheckedSource from) noexcept {
   const CombineFn fn = last ? r.finish : r.combine;
   const std::size_t elem = r.elem_size;
   const bool a_first = dst == a;  // only then must `a` be taken before it is overwritten
   // A float32 sum (avg before its last step) asked for its input's CRC alone: one loop.
   const bool sums_f32 = r.type == DataType::Float32 && (r.op == ReduceOp::Sum || (r.op == ReduceOp::Avg && !last));
-  if (sums_f32 && crc_a && !crc_dst && !a_first && sum_f32_with_crc(fn, dst, a, b, count, crc_a)) return;
+  if (sums_f32 && crc_a && !crc_dst && !a_first && sum_f32_with_crc(fn, dst, a, b, count, crc_a, from)) return;
 #if defined(RINGFENCE_CRC_X86)
   if (folds(count * elem) && !a_first && (crc_a || crc_dst)) {
     // One or two streams: the first folded is `a` when asked for, else the result.

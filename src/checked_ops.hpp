@@ -16,6 +16,21 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 // Copies with their CRC: `copy_bytes_crc` and `staging_copy_crc` (reduce_ops.hpp), the second
 // for transports' writes into a peer's slot.
 
+/// Where the bytes a checked pass verifies come from, which decides whether the pass prefetches
+/// them (crc32c_fold.hpp, `prefetch_ahead`). `Memory`: a staging slot the other core filled with
+/// streaming stores (EngineConfig::stream_writes: a host-wide choice, so a receiver takes its own
+/// for its senders'), whose lines come from memory; the folding holds the pass to about 16 bytes
+/// a cycle, too slow to keep enough of them in flight by itself. `Cache`: anything else. On the
+/// AMD VM prefetching made 2-rank checked allreduces of 256 KiB-1 MiB 5-25 % faster where slots
+/// were streamed and 5-10 % slower where the other core's cache handed the lines over
+/// (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
+enum class CheckedSource : std::uint8_t { Cache, Memory };
+
+/// A receiver's checked copy of a chunk out of its slot: `copy_bytes_crc`, or with streaming
+/// stores into `dst` where `stream` (`copy_bytes_crc_stream`), prefetching per `from`. Returns
+/// the CRC32C of `src`.
+std::uint32_t copy_out_crc(std::byte* dst, const std::byte* src, std::size_t bytes, bool stream, CheckedSource from) noexcept;
+
 /// Copies `bytes` from `src` to `dst` and returns the CRC32C of what it wrote to `dst`, reading
 /// `src` once: what a reader checks when `src` may be written while it copies (a peer's post in
 /// our flag block: the carried allreduce). `dst` must not overlap `src`. Under 256 bytes, where
@@ -29,13 +44,14 @@ std::uint32_t copy_crc_of_copy(std::byte* dst, const std::byte* src, std::size_t
 /// false, having done nothing, where the CPU does not fold or the range is under 256 bytes or
 /// over 256 KiB. `dst` must not overlap `a` or `b`. `combine_with_crc` calls it where it applies.
 bool sum_f32_with_crc(CombineFn tail, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                      std::uint32_t* crc_a) noexcept;
+                      std::uint32_t* crc_a, CheckedSource from = CheckedSource::Cache) noexcept;
 
 /// `dst = a op b` over `count` elements with `r` (its finish when `last`, else its combine).
 /// Stores the CRC32C of `a` (taken before the block is combined where `dst` is `a`) into
 /// `*crc_a` and of the result into `*crc_dst`; either may be null. A float32 sum asked for
-/// `*crc_a` alone runs `sum_f32_with_crc`.
+/// `*crc_a` alone runs `sum_f32_with_crc`, prefetching `a` per `from`.
 void combine_with_crc(const Reducer& r, bool last, std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count,
-                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst) noexcept;
+                      int divisor, std::uint32_t* crc_a, std::uint32_t* crc_dst,
+                      CheckedSource from = CheckedSource::Cache) noexcept;
 
 }  // namespace ringfence::detail

@@ -1,5 +1,6 @@
 // Copies with streaming stores (copy_bytes_stream, copy_bytes_crc_stream; engine.hpp
-// kStreamResultMinBytes): the same bytes and CRCs as the plain copies at every length and
+// kStreamResultMinBytes) and a receiver's checked copies out of a slot (copy_out_crc, prefetching
+// or not): the same bytes and CRCs as the plain copies at every length and
 // alignment, nothing written past the end; and the 2-rank allreduce and allgather that use them
 // for their final values (and a broadcast of that size, which does not) stay exact, with
 // checksums and without.
@@ -16,6 +17,7 @@
 #include "support/float_collectives.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
+#include "checked_ops.hpp"
 #include "engine.hpp"
 
 using namespace ringfence;
@@ -29,11 +31,15 @@ TEST_CASE("streaming copies give the plain copies' bytes and CRCs at every lengt
   for (std::size_t offset : {0u, 16u, 64u, 3u}) {
     // Around the 64- and 256-byte steps; up to a slot (256 KiB), where the CRC variant streams.
     for (std::size_t len : {0u, 1u, 63u, 255u, 256u, 257u, 4096u, 4448u, 4709u, 16384u, 16385u, 65535u, 65536u, 65537u, 262144u}) {
-      for (int with_crc = 0; with_crc < 3; ++with_crc) {
+      for (int with_crc = 0; with_crc < 7; ++with_crc) {
         CAPTURE(offset, len, with_crc);
         std::fill(raw.begin(), raw.end(), std::byte{0x5a});
         std::byte* dst = raw.data() + base + offset;
-        if (with_crc == 1) {
+        if (with_crc >= 3) {  // a receiver's copy out of its slot, streaming or not, prefetching or not
+          const bool stream = with_crc % 2 == 0;
+          const auto from = with_crc >= 5 ? detail::CheckedSource::Cache : detail::CheckedSource::Memory;
+          REQUIRE(detail::copy_out_crc(dst, src.data() + 1, len, stream, from) == crc32c(src.data() + 1, len));
+        } else if (with_crc == 1) {
           REQUIRE(copy_bytes_crc_stream(dst, src.data() + 1, len) == crc32c(src.data() + 1, len));
         } else if (with_crc == 2) {  // a sender's streaming write into a slot (WriteOp::stream)
           REQUIRE(staging_copy_crc_stream(dst, src.data() + 1, len) == crc32c(src.data() + 1, len));
