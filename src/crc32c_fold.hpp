@@ -67,13 +67,11 @@ RF_FOLD_TARGET inline __m512i fold512(__m512i v, FoldPair k, __m512i next) noexc
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(v, kk, 0x00), _mm512_clmulepi64_epi128(v, kk, 0x11), next, 0x96);
 }
 
-
-/// How far ahead of its loads a folding loop prefetches the bytes it folds. The folding holds a
-/// loop to about 16 bytes a cycle, and at that pace the out-of-order window alone keeps too few
-/// loads in flight to hide the latency of a slot's lines, which come from memory or from the
-/// other core's cache: 4 KiB ahead made 2-rank checked allreduces and reduces of 64-256 KiB
-/// 10-35 % faster on the AMD VM, 2 KiB gained less, 8 KiB the same (docs/protection-cost-amd.md,
-/// "Prefetching ahead of the folding").
+/// How far ahead of its loads a receiver's fused pass prefetches a chunk that comes from memory
+/// (checked_ops.hpp, CheckedSource): the folding holds the loop to about 16 bytes a cycle, too
+/// slow for the out-of-order window alone to keep enough of those lines in flight. 4 KiB ahead
+/// made 2-rank checked allreduces and reduces of 256 KiB 25-35 % faster on the AMD VM, 2 KiB
+/// gained less, 8 KiB the same (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
 inline constexpr std::size_t kPrefetchAheadBytes = 4096;
 
 /// Prefetches the 256 bytes `kPrefetchAheadBytes` past `at` in [p, p + end), nothing past `end`:
