@@ -21,9 +21,9 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 /// streaming stores (EngineConfig::stream_writes: a host-wide choice, so a receiver takes its own
 /// for its senders'), whose lines come from memory; the folding holds the pass to about 16 bytes
 /// a cycle, too slow to keep enough of them in flight by itself. `Cache`: anything else. On the
-/// AMD VM prefetching made 2-rank checked allreduces of 256 KiB-1 MiB 5-25 % faster where slots
-/// were streamed and 5-10 % slower where the other core's cache handed the lines over
-/// (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
+/// AMD VM prefetching made 2-rank checked allreduces of 256 KiB about a third faster and of 1 MiB
+/// 5-15 % where slots were streamed, and 1 MiB ones 5-10 % slower where the other core's cache
+/// handed the lines over (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
 enum class CheckedSource : std::uint8_t { Cache, Memory };
 
 /// A receiver's checked copy of a chunk out of its slot: `copy_bytes_crc`, or with streaming
