@@ -17,19 +17,19 @@ inline constexpr std::size_t kCheckedBlockBytes = 8 * 1024;
 // for transports' writes into a peer's slot.
 
 /// Where the bytes a checked pass verifies come from, which decides whether the pass prefetches
-/// them (crc32c_fold.hpp, `prefetch_ahead`). `Memory`: a staging slot the other core filled with
-/// streaming stores (EngineConfig::stream_writes: a host-wide choice, so a receiver takes its own
-/// for its senders'), whose lines come from memory; the folding holds the pass to about 16 bytes
-/// a cycle, too slow to keep enough of them in flight by itself. `Cache`: anything else. On the
-/// AMD VM prefetching made 2-rank checked allreduces of 256 KiB about a third faster and of 1 MiB
-/// 5-15 % where slots were streamed, and 1 MiB ones 5-10 % slower where the other core's cache
-/// handed the lines over (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
+/// them (checked_ops.cpp, `prefetch_ahead`). `Memory`: a staging slot the other core filled with
+/// streaming stores (EngineConfig::streams), whose lines come from memory; the folding holds the
+/// pass to about 16 bytes a cycle, too slow to keep enough of them in flight by itself. `Cache`:
+/// anything else. On the AMD VM prefetching made 2-rank checked allreduces of 256 KiB about a
+/// third faster and of 1 MiB 5-15 % where slots were streamed, and 1 MiB ones 8-13 % slower
+/// where the other core's cache handed the lines over (docs/protection-cost-amd.md, "Prefetching
+/// ahead of the folding").
 enum class CheckedSource : std::uint8_t { Cache, Memory };
 
-/// A receiver's checked copy of a chunk out of its slot: `copy_bytes_crc`, or with streaming
-/// stores into `dst` where `stream` (`copy_bytes_crc_stream`), prefetching per `from`. Returns
-/// the CRC32C of `src`.
-std::uint32_t copy_out_crc(std::byte* dst, const std::byte* src, std::size_t bytes, bool stream, CheckedSource from) noexcept;
+/// `copy_bytes_crc` (`stream`: `copy_bytes_crc_stream`) reading `src` as `from` says: the one
+/// dispatch behind both, and what a receiver calls to copy a chunk out of its slot. Returns the
+/// CRC32C of `src`.
+std::uint32_t checked_copy(std::byte* dst, const std::byte* src, std::size_t bytes, bool stream, CheckedSource from) noexcept;
 
 /// Copies `bytes` from `src` to `dst` and returns the CRC32C of what it wrote to `dst`, reading
 /// `src` once: what a reader checks when `src` may be written while it copies (a peer's post in

@@ -67,21 +67,6 @@ RF_FOLD_TARGET inline __m512i fold512(__m512i v, FoldPair k, __m512i next) noexc
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(v, kk, 0x00), _mm512_clmulepi64_epi128(v, kk, 0x11), next, 0x96);
 }
 
-/// How far ahead of its loads a receiver's fused pass prefetches a chunk that comes from memory
-/// (checked_ops.hpp, CheckedSource): the folding holds the loop to about 16 bytes a cycle, too
-/// slow for the out-of-order window alone to keep enough of those lines in flight. 4 KiB ahead
-/// made 2-rank checked allreduces and reduces of 256 KiB 25-35 % faster on the AMD VM, 2 KiB
-/// gained less, 8 KiB the same (docs/protection-cost-amd.md, "Prefetching ahead of the folding").
-inline constexpr std::size_t kPrefetchAheadBytes = 4096;
-
-/// Prefetches the 256 bytes `kPrefetchAheadBytes` past `at` in [p, p + end), nothing past `end`:
-/// the lines after a chunk may be a slot the other core is writing. Always inlined: GCC 12 takes a
-/// function whose only effect is a prefetch for one without effects and drops the call.
-RF_FOLD_TARGET __attribute__((always_inline)) inline void prefetch_ahead(const unsigned char* p, std::size_t at,
-                                                                        std::size_t end) noexcept {
-  if (at + kPrefetchAheadBytes >= end) return;
-  for (int k = 0; k < 4; ++k) _mm_prefetch(reinterpret_cast<const char*>(p + at + kPrefetchAheadBytes + 64 * k), _MM_HINT_T0);
-}
 
 /// Bytes one step folds: four 512-bit accumulators.
 inline constexpr std::size_t kStreamBytes = 256;

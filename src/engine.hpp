@@ -295,6 +295,10 @@ struct EngineConfig {
   /// set at setup from CommOptions::stream_writes and, with auto, a probe of this host
   /// (publish_stream_writes, read_stream_writes). A local choice: ranks may differ.
   bool stream_writes = false;
+  /// Whether a chunk of `bytes` goes into a peer's slot with streaming stores. A receiver asks it
+  /// of the chunks it takes, whose lines then come from memory: its senders make the same
+  /// host-wide choice (where a forced option makes ranks differ, only speed is affected).
+  bool streams(std::size_t bytes) const noexcept { return stream_writes && bytes >= kStreamWriteMinBytes; }
   /// Deliveries of one chunk before the call fails: high enough that a link passing even 1 chunk
   /// in 10 keeps working until the next agreement fences it (p(fail) < 1e-11).
   int max_attempts = 256;

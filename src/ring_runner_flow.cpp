@@ -292,7 +292,7 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   // A chunk without a known CRC: the link may compute it in the pass that copies it.
   WriteCrc crc_of_write;
   if (c_.checksum && !c.has_crc) w.crc = &crc_of_write;
-  w.stream = c_.stream_writes && c.bytes >= kStreamWriteMinBytes;
+  w.stream = c_.streams(c.bytes);
   // Bandwidth evidence for the health layer, unless the link times its writes itself (they
   // only enqueue: a device copy).
   const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
@@ -449,14 +449,13 @@ Status RingRunner::consume(Connection& ch, std::byte* dst, const std::byte* b, s
   RINGFENCE_TRY(await_chunk(ch, slot));
   const std::byte* const data = slot + c_.data_offset(bytes);
   const bool crc_of_result = !b || !crc_at_send_;  // a copy's CRC of its input is its result's
-  // Where we stream our writes our senders stream theirs (one host-wide choice), and the chunk's
-  // lines then come from memory: the pass prefetches them (checked_ops.hpp, CheckedSource).
-  const CheckedSource from = c_.stream_writes && bytes >= kStreamWriteMinBytes ? CheckedSource::Memory : CheckedSource::Cache;
+  // A streamed chunk's lines come from memory: the pass prefetches them (CheckedSource).
+  const CheckedSource from = c_.streams(bytes) ? CheckedSource::Memory : CheckedSource::Cache;
   bool repaired = false;
   for (int attempt = 1;; ++attempt) {
     std::uint32_t crc_in = 0, crc_out = 0;
     if (b) combine_with_crc(reducer_, last, dst, data, b, count, c_.size, &crc_in, crc_of_result ? &crc_out : nullptr, from);
-    else crc_in = crc_out = copy_out_crc(dst, data, bytes, stream_results_, from);
+    else crc_in = crc_out = checked_copy(dst, data, bytes, stream_results_, from);
     if (repaired || intact(ch, bytes, crc_in)) {
       known_ = crc_of_result ? KnownCrc{dst, bytes, crc_out} : KnownCrc{};
       return release_chunk(ch);

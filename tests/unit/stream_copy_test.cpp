@@ -1,5 +1,5 @@
 // Copies with streaming stores (copy_bytes_stream, copy_bytes_crc_stream; engine.hpp
-// kStreamResultMinBytes) and a receiver's checked copies out of a slot (copy_out_crc, prefetching
+// kStreamResultMinBytes) and a receiver's checked copies out of a slot (checked_copy, prefetching
 // or not): the same bytes and CRCs as the plain copies at every length and
 // alignment, nothing written past the end; and the 2-rank allreduce and allgather that use them
 // for their final values (and a broadcast of that size, which does not) stay exact, with
@@ -38,7 +38,7 @@ TEST_CASE("streaming copies give the plain copies' bytes and CRCs at every lengt
         if (with_crc >= 3) {  // a receiver's copy out of its slot, streaming or not, prefetching or not
           const bool stream = with_crc % 2 == 0;
           const auto from = with_crc >= 5 ? detail::CheckedSource::Cache : detail::CheckedSource::Memory;
-          REQUIRE(detail::copy_out_crc(dst, src.data() + 1, len, stream, from) == crc32c(src.data() + 1, len));
+          REQUIRE(detail::checked_copy(dst, src.data() + 1, len, stream, from) == crc32c(src.data() + 1, len));
         } else if (with_crc == 1) {
           REQUIRE(copy_bytes_crc_stream(dst, src.data() + 1, len) == crc32c(src.data() + 1, len));
         } else if (with_crc == 2) {  // a sender's streaming write into a slot (WriteOp::stream)
