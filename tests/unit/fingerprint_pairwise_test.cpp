@@ -33,8 +33,18 @@ CommOptions one_shot_options() {
   return o;
 }
 
-
 constexpr float kUntouched = -1.0f;
+
+// What a rank's call ended with: "no error", or the refusal's message.
+template <class Call>
+std::string outcome(Call&& call) {
+  try {
+    call();
+    return "no error";
+  } catch (const InvalidUsage& e) {
+    return e.what();
+  }
+}
 
 // Every rank runs an alltoall of `count` elements of `type` per rank (16 bytes a block, so every
 // block fits a staging slot and none goes direct); `odd` runs `odd_type` instead. `delay(rank)`
@@ -50,12 +60,7 @@ std::vector<std::string> exchange(int ranks, int odd, DataType odd_type, std::ch
     std::fill(out.begin(), out.end(), kUntouched);
     const auto r = static_cast<std::size_t>(comm.rank());
     std::this_thread::sleep_for(delay(comm.rank()));
-    try {
-      comm.alltoall(in.data(), out.data(), 4, comm.rank() == odd ? odd_type : DataType::Float32);
-      seen[r] = "no error";
-    } catch (const InvalidUsage& e) {
-      seen[r] = e.what();
-    }
+    seen[r] = outcome([&] { comm.alltoall(in.data(), out.data(), 4, comm.rank() == odd ? odd_type : DataType::Float32); });
     if (comm.rank() == 0) received = out;
   });
   REQUIRE(err.empty());
@@ -80,12 +85,9 @@ TEST_CASE("fingerprints: a one-shot receiver refuses a disagreeing sender that i
     const auto r = static_cast<std::size_t>(comm.rank());
     if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (comm.rank() >= 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    try {
+    seen[r] = outcome([&] {
       comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::Float32, comm.rank() == 1 ? ReduceOp::Max : ReduceOp::Sum);
-      seen[r] = "no error";
-    } catch (const InvalidUsage& e) {
-      seen[r] = e.what();
-    }
+    });
   });
   REQUIRE(err.empty());
   for (std::size_t r = 0; r < 4; ++r) {
@@ -139,15 +141,12 @@ TEST_CASE("fingerprints: an alltoall against an allreduce is refused naming both
     std::vector<float> in(8, 1.0f), out(8, kUntouched);
     comm.alltoall(in.data(), out.data(), 4, DataType::Float32);  // in step first
     const auto r = static_cast<std::size_t>(comm.rank());
-    try {
+    seen[r] = outcome([&] {
       if (comm.rank() == 0)
         comm.alltoall(in.data(), out.data(), 4, DataType::Float32);
       else
         comm.allreduce(in.data(), out.data(), 8, DataType::Float32, ReduceOp::Sum);
-      seen[r] = "no error";
-    } catch (const InvalidUsage& e) {
-      seen[r] = e.what();
-    }
+    });
   });
   REQUIRE(err.empty());
   for (std::size_t r = 0; r < 2; ++r) {
