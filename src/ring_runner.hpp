@@ -104,16 +104,22 @@ class RingRunner {
     const RemoteRegion* peer_out = nullptr;
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
+    // A copy of our input into the output that the next step sends: that send stores it too
+    // (copy_along, WriteAlso). Where no send follows, it is done on its own.
+    CopyAlong along;
+    const bool copies_along = !dev_ && (!c_.checksum || crc_at_send_);
     Step step;
     while (schedule.next(step)) {
       const std::size_t off = step.offset * elem, oo = step.out_offset * elem, bytes = step.count * elem;
+      if (along.from && step.kind != StepKind::SendFinal) RINGFENCE_TRY(copy_alone(along));
       // Ring schedules talk to the left and right connections (which may be relays); tree
       // schedules name their peers by ring position.
       Connection* const rx_p = by_position_ && step.peer >= 0 ? by_position_[step.peer] : left_;
       Connection* const tx_p =
           by_position_ && step.peer >= 0 ? by_position_[step.kind == StepKind::RecvReduceSend ? step.to : step.peer] : right_;
       if (step.kind == StepKind::CopyInput) {
-        if (in + off != out + oo) RINGFENCE_TRY(produce(out + oo, in + off, nullptr, step.count, false));
+        if (in + off != out + oo && copies_along) along = CopyAlong{out + oo, in + off, step.count};
+        else if (in + off != out + oo) RINGFENCE_TRY(produce(out + oo, in + off, nullptr, step.count, false));
         continue;
       }
       if (step.kind == StepKind::ReduceInputAcc || step.kind == StepKind::ReduceInputAccLast) {
@@ -129,12 +135,15 @@ class RingRunner {
         case StepKind::SendInput: RINGFENCE_TRY(send_chunk(tx, in + off, bytes)); break;
         case StepKind::SendOutput: RINGFENCE_TRY(send_chunk(tx, out + oo, bytes)); break;
         case StepKind::SendFinal:
-          if (direct_.enabled) {
-            if (!peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
-            peer_out_known = true;
-            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes, peer_out, oo));  // peer_out null: staging
+          if (direct_.enabled && !peer_out_known) RINGFENCE_TRY(fetch_peer_output(peer_out));
+          peer_out_known = direct_.enabled;
+          if (along.from && along.to == out + oo && along.count == step.count && !peer_out) {
+            known_ = KnownCrc{};  // as produce() leaves it: the send folds its own CRC
+            RINGFENCE_TRY(send_chunk(tx, along.from, bytes, nullptr, 0, along.to));
+            along = CopyAlong{};
           } else {
-            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes));
+            if (along.from) RINGFENCE_TRY(copy_alone(along));
+            RINGFENCE_TRY(send_chunk(tx, out + oo, bytes, peer_out, oo));  // peer_out null: staging
           }
           break;
         case StepKind::RecvReduceSend: {
@@ -165,6 +174,7 @@ class RingRunner {
         case StepKind::RecvReduceAccLast: RINGFENCE_TRY(consume(rx, out + oo, out + oo, step.count, true)); break;
       }
     }
+    if (along.from) RINGFENCE_TRY(copy_alone(along));
     return finish_call();
   }
 
@@ -271,20 +281,18 @@ class RingRunner {
 
   // `dst = a op b` (b null: `dst = a`) from local operands; with checksums the result's CRC is
   // kept for sending it (known_).
-  Status produce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
-    const std::size_t bytes = count * reducer_.elem_size;
-    if (!c_.checksum || dev_ || crc_at_send_) {  // nothing to verify; a send computes its own CRC
-      known_ = KnownCrc{};
-      return b ? combine(dst, a, b, count, last) : copy(dst, a, bytes);
-    }
-    std::uint32_t crc = 0;
-    if (b) combine_with_crc(reducer_, last, dst, a, b, count, c_.size, nullptr, &crc);
-    else crc = copy_bytes_crc(dst, a, bytes);
-    known_ = KnownCrc{dst, bytes, crc};
-    return Status::ok();
-  }
+  Status produce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept;
 
   Status consume(Connection& rx, std::byte* dst, const std::byte* b, std::size_t count, bool last) noexcept;
+
+  // A copy of `count` input elements into the output, left for the send of the same range
+  // (send_chunk's `also`).
+  struct CopyAlong {
+    std::byte* to = nullptr;
+    const std::byte* from = nullptr;
+    std::size_t count = 0;
+  };
+  Status copy_alone(CopyAlong& along) noexcept;
 
   // Whether every link this call sends on fills WriteOp::crc in its copy
   // (TransportTraits::crc_in_writes). Only a speed question: a link that does not is sent
@@ -416,14 +424,18 @@ class RingRunner {
 
   // Writes message m (or the piece of it that `piece` names, encode_piece) and, unless the data
   // signal carries it (`with_trailer` false: send_chunk), its trailer.
-  Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0, bool with_trailer = true) noexcept;
+  // `also`: the first write of m also stores the data there (WriteAlso; the engine copies it
+  // where the link did not).
+  Status put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece = 0, bool with_trailer = true,
+                   std::byte* also = nullptr) noexcept;
   Status put_piece(Connection& ch, std::uint64_t m, PieceRange p, std::size_t slot) noexcept;
   Status write_data(Connection& ch, const WriteOp& w, const char* what, std::uint64_t m) noexcept;
   Status put_trailer(Connection& ch, std::uint64_t m, std::uint32_t crc, std::size_t bytes) noexcept;
   Status put_call_word(Connection& ch, std::uint64_t m) noexcept;
 
+  // `also`: where the bytes belong locally too (put_chunk).
   Status send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst = nullptr,
-                    std::size_t dst_offset = 0) noexcept;
+                    std::size_t dst_offset = 0, std::byte* also = nullptr) noexcept;
   // Whether message `ch.sent` has a free staging slot at `ch`'s receiver: by the credit seen last,
   // else by the credit flag read now. The receiver stores into that flag's line at every chunk it
   // takes, so each read is a transfer between the cores, which a free slot seldom needs.

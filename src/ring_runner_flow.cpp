@@ -1,6 +1,8 @@
 // RingRunner, the data path: waits on flags, chunk writes and receipts, the end of a call.
 #include "ring_runner.hpp"
 
+#include <utility>
+
 namespace ringfence::detail {
 
 Status RingRunner::finish_call() noexcept {
@@ -282,8 +284,29 @@ Status RingRunner::drain(Connection& ch, const char* what) noexcept {
   }
 }
 
+// `dst = a op b` (b null: `dst = a`) from local operands; with checksums the result's CRC is
+// kept for sending it (known_).
+Status RingRunner::produce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count, bool last) noexcept {
+  const std::size_t bytes = count * reducer_.elem_size;
+  if (!c_.checksum || dev_ || crc_at_send_) {  // nothing to verify; a send computes its own CRC
+    known_ = KnownCrc{};
+    return b ? combine(dst, a, b, count, last) : copy(dst, a, bytes);
+  }
+  std::uint32_t crc = 0;
+  if (b) combine_with_crc(reducer_, last, dst, a, b, count, c_.size, nullptr, &crc);
+  else crc = copy_bytes_crc(dst, a, bytes);
+  known_ = KnownCrc{dst, bytes, crc};
+  return Status::ok();
+}
+
+// The copy of our input that no send of the same range took along (CopyAlong).
+Status RingRunner::copy_alone(CopyAlong& along) noexcept {
+  const CopyAlong a = std::exchange(along, CopyAlong{});
+  return produce(a.to, a.from, nullptr, a.count, false);
+}
+
 // Writes chunk `m` (data, then trailer in checksum mode) as recorded in the sent log.
-Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece, bool with_trailer) noexcept {
+Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piece, bool with_trailer, std::byte* also) noexcept {
   Connection::SentChunk& c = ch.sent_log[m % kSentLog];
   const std::size_t slot = static_cast<std::size_t>(m % static_cast<std::uint64_t>(c_.slots)) * c_.slot_stride();
   if (piece != 0) return put_piece(ch, m, decode_piece(piece, c.bytes), slot);
@@ -293,11 +316,14 @@ Status RingRunner::put_chunk(Connection& ch, std::uint64_t m, std::uint32_t piec
   WriteCrc crc_of_write;
   if (c_.checksum && !c.has_crc) w.crc = &crc_of_write;
   w.stream = c_.streams(c.bytes);
+  WriteAlso also_write{also};
+  if (also) w.also = &also_write;
   // Bandwidth evidence for the health layer, unless the link times its writes itself (they
   // only enqueue: a device copy).
   const bool timed = c.bytes >= kTimedWriteBytes && !ch.link->times_writes();
   const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   RINGFENCE_TRY(write_data(ch, w, "writing a chunk", m));
+  if (also && !also_write.done) copy_bytes(also, c.src, c.bytes);  // a link that does not copy, or a fault's pieces
   if (timed) {
     const auto ns = static_cast<std::uint64_t>((std::chrono::steady_clock::now() - start).count());
     ch.timed_ns.store(ch.timed_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
@@ -334,7 +360,7 @@ Status RingRunner::put_trailer(Connection& ch, std::uint64_t m, std::uint32_t cr
 // `dst == nullptr`: into the peer's staging slot for message m; otherwise into `dst` at
 // `dst_offset` (direct write of a final value; the slot of message m holds only the trailer).
 Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t bytes, const RemoteRegion* dst,
-                  std::size_t dst_offset) noexcept {
+                  std::size_t dst_offset, std::byte* also) noexcept {
   RINGFENCE_TRY(settle_device());  // `src` may be a device copy's or reduction's destination
   const std::uint64_t m = ch.sent;
   const auto slots = static_cast<std::uint64_t>(c_.slots);
@@ -355,7 +381,7 @@ Status RingRunner::send_chunk(Connection& ch, const std::byte* src, std::size_t 
   // cost a small call (docs/protection-cost-small-calls.md). Re-sends and relays still write it.
   const bool carry = (c_.checksum || c_.trailers) && c_.trailers_with_flag() && ch.transport &&
                      ch.transport->traits().signals_carry_bytes;
-  RINGFENCE_TRY(put_chunk(ch, m, 0, !carry));
+  RINGFENCE_TRY(put_chunk(ch, m, 0, !carry, also));
   SignalOp sig{&ch.peer_flags, FlagBlock::data_offset(c_.size, c_.rank), static_cast<std::uint32_t>(m + 1), m};
   if (carry) {
     ChunkTrailer& t = ch.trailers[m % kSentLog];  // outlives a signal the link defers

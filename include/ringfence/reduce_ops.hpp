@@ -278,4 +278,14 @@ std::uint32_t staging_copy_crc(void* dst, const void* src, std::size_t n) noexce
 /// `src` from the cache, above it `copy_bytes_crc_stream`. Never throws.
 std::uint32_t staging_copy_crc_stream(void* dst, const void* src, std::size_t n) noexcept;
 
+/// `staging_copy_crc` (`stream`: `staging_copy_crc_stream`) that also stores the bytes at
+/// `also` (plain stores), reading `src` once: a sender's own block that goes into its output and
+/// into a peer's slot (`WriteAlso`). `also` overlaps neither `dst` nor `src`. Returns the CRC32C
+/// of `src`. Never throws.
+std::uint32_t staging_copy2_crc(void* dst, void* also, const void* src, std::size_t n, bool stream) noexcept;
+
+/// `copy_bytes` (`stream`: `copy_bytes_stream`) into `dst` that also stores the bytes at `also`,
+/// reading `src` from memory once: `staging_copy2_crc` without the CRC. Never throws.
+void copy_bytes2(void* dst, void* also, const void* src, std::size_t n, bool stream) noexcept;
+
 }  // namespace ringfence

@@ -151,6 +151,16 @@ struct WriteCrc {
   bool done = false;
 };
 
+/// A second destination for a write's bytes, in the writer's own memory: a sender's own block
+/// that belongs both in its output and in a peer's slot (an out-of-place allgather, a
+/// broadcast's root). A link whose `write` copies through the CPU stores the bytes there too,
+/// from the same loads, and sets `done`; any other link leaves it alone and the engine copies
+/// them itself. `dst` overlaps neither the source nor the peer's region.
+struct WriteAlso {
+  void* dst = nullptr;
+  bool done = false;
+};
+
 struct WriteOp {
   const void* src = nullptr;                ///< local source (registered or not)
   const MemoryRegion* src_region = nullptr; ///< registration covering `src`, when there is one
@@ -164,6 +174,7 @@ struct WriteOp {
   /// that copies through the CPU may write them so (shm: `copy_bytes_stream`, and
   /// `staging_copy_crc_stream` for `crc`); any other link ignores it.
   bool stream = false;
+  WriteAlso* also = nullptr;  ///< optional: see WriteAlso (a link may ignore it)
 };
 
 /// One signal: store `value` into the `SignalFlag` at `offset` of `dst`; visible at the peer

@@ -137,7 +137,12 @@ class ShmLink final : public Link {
     if (!queue_.has_room()) return Status(ErrorCode::InProgress);
     if (dst->kind == RegionKind::Segment) {
       std::byte* const to = dst->base + op.dst_offset;
-      if (op.crc) {  // the engine wants the bytes' CRC: with the copy (staging_copy_crc)
+      if (op.also) {  // a second, local destination (WriteAlso): from the same loads
+        if (op.crc) op.crc->value = staging_copy2_crc(to, op.also->dst, op.src, op.bytes, op.stream);
+        else copy_bytes2(to, op.also->dst, op.src, op.bytes, op.stream);
+        if (op.crc) op.crc->done = true;
+        op.also->done = true;
+      } else if (op.crc) {  // the engine wants the bytes' CRC: with the copy (staging_copy_crc)
         op.crc->value = op.stream ? staging_copy_crc_stream(to, op.src, op.bytes) : staging_copy_crc(to, op.src, op.bytes);
         op.crc->done = true;
       } else if (op.stream) {
