@@ -154,8 +154,8 @@ struct WriteCrc {
 /// A second destination for a write's bytes, in the writer's own memory: a sender's own block
 /// that belongs both in its output and in a peer's slot (an out-of-place allgather, a
 /// broadcast's root). A link whose `write` copies through the CPU stores the bytes there too,
-/// from the same loads, and sets `done`; any other link leaves it alone and the engine copies
-/// them itself. `dst` overlaps neither the source nor the peer's region.
+/// from the same loads, and sets `done`, both within the call; any other link leaves it alone
+/// and the engine copies them itself. `dst` overlaps neither the source nor the peer's region.
 struct WriteAlso {
   void* dst = nullptr;
   bool done = false;

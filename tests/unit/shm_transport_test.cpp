@@ -142,7 +142,9 @@ TEST_CASE("shm: memory in another shm transport's segment registers as a segment
 TEST_CASE("shm: a write asked to stream lands the same bytes and answers the same CRC as a plain one", "[shm][stream]") {
   // WriteOp::stream: streaming stores from 256 bytes where the destination is aligned, the
   // plain copy elsewhere; with `crc` copy-then-CRC up to 16 KiB, fused above, plain past 256 KiB.
+  // WriteOp::also: the same bytes in a local buffer too, whatever else the write does.
   Pair p;
+  std::vector<std::byte> local(320 * 1024 + 8);
   constexpr std::size_t kBytes = 320 * 1024;
   auto* mem = static_cast<std::byte*>(p.b->allocate(kBytes + 64, MemoryKind::Host));
   REQUIRE(mem != nullptr);
@@ -155,13 +157,17 @@ TEST_CASE("shm: a write asked to stream lands the same bytes and answers the sam
   for (const std::size_t len : {100u, 4096u, 16384u, 20000u, 65539u, 262144u, 300000u})
     for (const std::size_t at : {0u, 16u, 3u})
       for (const bool stream : {false, true})
-        for (const bool with_crc : {false, true}) {
-          CAPTURE(len, at, stream, with_crc);
+        for (const int kind : {0, 1, 2, 3}) {
+          const bool with_crc = kind % 2 == 1, with_also = kind >= 2;
+          CAPTURE(len, at, stream, with_crc, with_also);
           std::memset(mem, 0x5a, kBytes + 64);
+          std::fill(local.begin(), local.end(), std::byte{0x5a});
           WriteCrc crc;
+          WriteAlso also{local.data() + 4};
           WriteOp op{src.data() + 1, nullptr, &remote, at, len, ++id};
           op.stream = stream;
           if (with_crc) op.crc = &crc;
+          if (with_also) op.also = &also;
           REQUIRE(p.a_to_b->write(op).is_ok());
           REQUIRE(drain(*p.a_to_b).size() == 1);
           REQUIRE(std::memcmp(mem + at, src.data() + 1, len) == 0);
@@ -170,6 +176,12 @@ TEST_CASE("shm: a write asked to stream lands the same bytes and answers the sam
           if (with_crc) {
             REQUIRE(crc.done);
             REQUIRE(crc.value == crc32c(src.data() + 1, len));
+          }
+          if (with_also) {
+            REQUIRE(also.done);
+            REQUIRE(std::memcmp(local.data() + 4, src.data() + 1, len) == 0);
+            REQUIRE(static_cast<unsigned char>(local[3]) == 0x5a);
+            REQUIRE(static_cast<unsigned char>(local[4 + len]) == 0x5a);
           }
         }
   REQUIRE(p.b->deallocate(mem));
@@ -182,7 +194,13 @@ TEST_CASE("shm: unregistered buffers are written with one cross-memory-attach co
   RemoteRegion remote = p.a->import_region(region.key());
   std::vector<std::uint32_t> src(512);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint32_t>(i * 2654435761u);
-  REQUIRE(p.a_to_b->write(WriteOp{src.data(), nullptr, &remote, 256 * 4, src.size() * 4, 1}).is_ok());
+  // A second destination is the engine's to copy here: the kernel wrote the bytes, not the CPU.
+  std::vector<std::uint32_t> local(512, 0);
+  WriteAlso also{local.data()};
+  WriteOp op{src.data(), nullptr, &remote, 256 * 4, src.size() * 4, 1};
+  op.also = &also;
+  REQUIRE(p.a_to_b->write(op).is_ok());
+  REQUIRE_FALSE(also.done);
   for (std::size_t i = 0; i < 512; ++i) REQUIRE(target[256 + i] == src[i]);
   REQUIRE(target[255] == 0);
   REQUIRE(target[768] == 0);
