@@ -105,7 +105,7 @@ class RingRunner {
     bool peer_out_known = false;
     const bool own_out_direct = direct_.enabled && !direct_.own_key.empty();
     // A copy of our input into the output that the next step sends: that send stores it too
-    // (copy_along, WriteAlso). Where no send follows, it is done on its own.
+    // (CopyAlong, WriteAlso). Where no send follows, it is done on its own.
     CopyAlong along;
     const bool copies_along = !dev_ && (!c_.checksum || crc_at_send_);
     Step step;

@@ -1,5 +1,5 @@
 // A sender's own block stored into its output by the write that sends it (WriteAlso,
-// staging_copy2_crc, copy_bytes2; RingRunner's copy_along): both destinations get the source's
+// staging_copy2_crc, copy_bytes2; RingRunner's CopyAlong): both destinations get the source's
 // bytes and the CRC is the source's at every length and alignment, nothing is written outside
 // either range; and out-of-place allgathers and broadcasts stay exact over shm (which stores the
 // second destination in its copy) and tcp (which does not: the engine copies), with checksums
