@@ -123,9 +123,13 @@ RF_FOLD_TARGET crcfold::Stream fold_pieces(std::size_t body, Piece piece) noexce
 // 32-128 KiB calls slower (docs/protection-cost-amd.md, "The hybrid again, narrower").
 // `kTailOfCopy`: the bytes after the last whole 256 are folded from `dst` once copied, so the CRC
 // is of exactly what was written even where `src` changes meanwhile (copy_crc_of_copy).
-template <bool kStream, bool kTailOfCopy = false, bool kPrefetch = false>
-RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes) noexcept {
+// `kAlso`: every block is stored at `also_b` too (plain stores: a sender's own output, which its
+// user reads next), from the same loads (staging_copy2_crc).
+template <bool kStream, bool kTailOfCopy = false, bool kPrefetch = false, bool kAlso = false>
+RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b, std::size_t bytes,
+                                       std::byte* also_b = nullptr) noexcept {
   auto* dst = reinterpret_cast<unsigned char*>(dst_b);
+  auto* also = reinterpret_cast<unsigned char*>(also_b);
   const auto* src = reinterpret_cast<const unsigned char*>(src_b);
   const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
   const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
@@ -136,37 +140,13 @@ RF_FOLD_TARGET std::uint32_t copy_fold(std::byte* dst_b, const std::byte* src_b,
     } else {
       crcfold::store(dst + at, x);
     }
+    if constexpr (kAlso) crcfold::store(also + at, x);
     return x;
   });
   if constexpr (kStream) _mm_sfence();
   if (bytes > body) std::memcpy(dst + body, src + body, bytes - body);
+  if (kAlso && bytes > body) std::memcpy(also + body, src + body, bytes - body);
   return ~crcfold::finish(s, (kTailOfCopy ? dst : src) + body, bytes - body);
-}
-
-// copy_fold<kStream> that also stores every block at `also` (plain stores: a sender's own
-// output, which its user reads next), so the source is loaded once for both destinations.
-template <bool kStream>
-RF_FOLD_TARGET std::uint32_t copy2_fold(std::byte* dst_b, std::byte* also_b, const std::byte* src_b, std::size_t bytes) noexcept {
-  auto* dst = reinterpret_cast<unsigned char*>(dst_b);
-  auto* also = reinterpret_cast<unsigned char*>(also_b);
-  const auto* src = reinterpret_cast<const unsigned char*>(src_b);
-  const std::size_t body = bytes / crcfold::kStreamBytes * crcfold::kStreamBytes;
-  const crcfold::Stream s = fold_pieces(body, [&](std::size_t at) RF_FOLD_TARGET {
-    const crcfold::Block x = crcfold::load(src + at);
-    if constexpr (kStream) {
-      for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + at + 64 * k), x.v[k]);
-    } else {
-      crcfold::store(dst + at, x);
-    }
-    crcfold::store(also + at, x);
-    return x;
-  });
-  if constexpr (kStream) _mm_sfence();
-  if (bytes > body) {
-    std::memcpy(dst + body, src + body, bytes - body);
-    std::memcpy(also + body, src + body, bytes - body);
-  }
-  return ~crcfold::finish(s, src + body, bytes - body);
 }
 
 // `dst = a + b` over floats with the CRC of `a`, as copy_fold does for a copy: the adds read the
@@ -294,39 +274,42 @@ std::uint32_t staging_copy_crc_stream(void* dst, const void* src, std::size_t by
   return crc32c(src, bytes);
 }
 
-// Where no loop folds the registers it copies: block by block, the second destination and the
-// CRC reading the block from the L1 cache after the first copy brought it there.
+namespace {
+// Both destinations block by block, the second copy (and the CRC, where `crc`) reading the block
+// from the L1 cache after the first brought it there.
+void copy2_in_blocks(std::byte* dst, std::byte* also, const std::byte* src, std::size_t bytes, bool stream,
+                     std::uint32_t* crc) noexcept {
+  for (std::size_t at = 0; at < bytes; at += detail::kCheckedBlockBytes) {
+    const std::size_t n = std::min(detail::kCheckedBlockBytes, bytes - at);
+    if (stream) copy_bytes_stream(dst + at, src + at, n);
+    else copy_bytes(dst + at, src + at, n);
+    copy_bytes(also + at, src + at, n);
+    if (crc) *crc = crc32c(src + at, n, *crc);
+  }
+}
+}  // namespace
+
+// Past a small copy (which copies first and folds after, as staging_copy_crc does) and up to a
+// slot, one loop folding the registers it stores twice.
 std::uint32_t staging_copy2_crc(void* dst_v, void* also_v, const void* src_v, std::size_t bytes, bool stream) noexcept {
   auto* dst = static_cast<std::byte*>(dst_v);
   auto* also = static_cast<std::byte*>(also_v);
   const auto* src = static_cast<const std::byte*>(src_v);
 #if defined(RINGFENCE_CRC_X86)
   if (bytes > kCopyThenCrcMaxBytes && detail::folds(bytes) && bytes <= detail::kFusedMaxBytes) {
-    if (stream && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0) return detail::copy2_fold<true>(dst, also, src, bytes);
-    return detail::copy2_fold<false>(dst, also, src, bytes);
+    if (stream && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0)
+      return detail::copy_fold<true, false, false, true>(dst, src, bytes, also);
+    return detail::copy_fold<false, false, false, true>(dst, src, bytes, also);
   }
 #endif
   std::uint32_t crc = 0;
-  for (std::size_t at = 0; at < bytes; at += detail::kCheckedBlockBytes) {
-    const std::size_t n = std::min(detail::kCheckedBlockBytes, bytes - at);
-    if (stream) copy_bytes_stream(dst + at, src + at, n);
-    else copy_bytes(dst + at, src + at, n);
-    copy_bytes(also + at, src + at, n);
-    crc = crc32c(src + at, n, crc);
-  }
+  copy2_in_blocks(dst, also, src, bytes, stream, &crc);
   return crc;
 }
 
-void copy_bytes2(void* dst_v, void* also_v, const void* src_v, std::size_t bytes, bool stream) noexcept {
-  auto* dst = static_cast<std::byte*>(dst_v);
-  auto* also = static_cast<std::byte*>(also_v);
-  const auto* src = static_cast<const std::byte*>(src_v);
-  for (std::size_t at = 0; at < bytes; at += detail::kCheckedBlockBytes) {
-    const std::size_t n = std::min(detail::kCheckedBlockBytes, bytes - at);
-    if (stream) copy_bytes_stream(dst + at, src + at, n);
-    else copy_bytes(dst + at, src + at, n);
-    copy_bytes(also + at, src + at, n);
-  }
+void copy_bytes2(void* dst, void* also, const void* src, std::size_t bytes, bool stream) noexcept {
+  copy2_in_blocks(static_cast<std::byte*>(dst), static_cast<std::byte*>(also), static_cast<const std::byte*>(src), bytes,
+                  stream, nullptr);
 }
 
 }  // namespace ringfence
