@@ -3,7 +3,7 @@
 // bytes and the CRC is the source's at every length and alignment, nothing is written outside
 // either range; and out-of-place allgathers and broadcasts stay exact over shm (which stores the
 // second destination in its copy) and tcp (which does not: the engine copies), with checksums
-// and without, streaming or not, with direct writes, and where faults split or drop the writes.
+// and without, streaming or not, and where faults split or drop the writes.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -105,23 +105,16 @@ TEST_CASE("out-of-place allgathers and broadcasts are exact when the send stores
   CHECK(wrong == 0);
 }
 
-TEST_CASE("the own block reaches the output where a send goes direct, or faults split or drop its write",
-          "[engine][collectives][copy_along][fault]") {
-  const int variant = GENERATE(0, 1);
-  CAPTURE(variant);
+TEST_CASE("the own block reaches the output where faults split or drop its write", "[engine][collectives][copy_along][fault]") {
+  // Flipped writes go out in pieces without the second destination, dropped ones not at all:
+  // the engine copies the block itself, and the re-sent chunk does not copy it again.
   CommOptions o;
   o.checksum = true;
   o.chunk_bytes = 16 * 1024;
   o.host_id = "copy-along-faults";
   o.health_agree_every = 0;  // keep the damaged link in use: this tests the copies, not fencing
   o.timeout = std::chrono::seconds(30);
-  if (variant == 0) {
-    // Flipped writes go out in pieces without the second destination, dropped ones not at all:
-    // the engine copies the block itself, and the re-sent chunk does not copy it again.
-    o.fault = "flip:rate=2e-5,link=0-1,seed=3;drop:rate=0.05,link=0-1,seed=4";
-  } else {
-    o.direct_write_min_bytes = 1000;  // final values go straight into the peer's output
-  }
+  o.fault = "flip:rate=2e-5,link=0-1,seed=3;drop:rate=0.05,link=0-1,seed=4";
   std::atomic<std::size_t> wrong{0};
   std::atomic<std::uint64_t> errors{0};
   const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
@@ -132,5 +125,5 @@ TEST_CASE("the own block reaches the output where a send goes direct, or faults 
   INFO(error);
   REQUIRE(error.empty());
   CHECK(wrong == 0);
-  if (variant == 0) CHECK(errors > 0);  // the faults reached the checked chunks
+  CHECK(errors > 0);  // the faults reached the checked chunks
 }
