@@ -14,7 +14,7 @@
 /// | RINGFENCE_SLOTS | chunks in flight per link (1..64) | 4 |
 /// | RINGFENCE_ALGO | allreduce algorithm: auto, ring, tree, direct, oneshot | auto |
 /// | RINGFENCE_CARRY_MAX_BYTES | two-rank allreduces up to this size travel in the call fingerprint (0..4096, off) | 4096 |
-/// | RINGFENCE_STREAM_WRITES | auto/on/off: chunks into shared-memory slots with streaming stores (auto: probed at setup, docs/tuning.md) | auto |
+/// | RINGFENCE_STREAM_WRITES | auto/on/off: chunks into shared-memory slots with streaming stores (auto: probed at setup, tried again while the job runs, docs/tuning.md) | auto |
 /// | RINGFENCE_TUNER_ALPHA_US, RINGFENCE_TUNER_GBPS | tuner model: per-hop cost (us), link bandwidth (GB/s) | 6, 2 |
 /// | RINGFENCE_DIRECT_WRITE_MIN_BYTES | from this size, final values go straight into `alloc()`ed outputs; `off` disables | 256K |
 /// | RINGFENCE_DIRECT_WRITE_USER_MIN_BYTES | the same for user buffers, via cross-memory attach | off |

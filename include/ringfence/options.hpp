@@ -44,7 +44,7 @@ enum class SpinMode : std::uint8_t {
 
 /// How chunks are written into peers' staging slots (`CommOptions::stream_writes`).
 enum class StreamWritesMode : std::uint8_t {
-  Auto,  ///< streaming stores where a probe of this host at setup finds them clearly faster
+  Auto,  ///< streaming stores where a probe of this host at setup, or a trial call later, finds them clearly faster
   On,    ///< always streaming stores (from kStreamWriteMinBytes, 4 KiB)
   Off,   ///< always plain stores through the cache
 };
@@ -149,8 +149,10 @@ struct CommOptions {
   /// depends on the host: on an AMD EPYC (Zen 5) VM whose two vCPUs do not share a cache,
   /// streaming made 2-rank allreduce 2.1-2.9x faster at 64 KiB-16 MiB; on an Intel VM it was
   /// slower (docs/tuning.md "Streaming slot writes"). Auto: the host's lowest rank times both
-  /// at setup (a few ms) and the host's ranks follow it. A local choice: ranks may differ.
-  /// Env: RINGFENCE_STREAM_WRITES=auto|on|off.
+  /// at setup (a few ms) and the host's ranks follow it; from the 1024th collective on, one
+  /// collective of 64 KiB or more now and then runs with the other kind on every rank, and the
+  /// ranks switch where it ran clearly faster (a host whose cores change behaviour while the
+  /// job runs). A local choice: ranks may differ. Env: RINGFENCE_STREAM_WRITES=auto|on|off.
   StreamWritesMode stream_writes = StreamWritesMode::Auto;
   /// Long spins in the engine's waits: a rank waiting for a peer polls the flag up to
   /// `kDedicatedSpinPolls` times before the link's wait, which yields the CPU (`sched_yield`

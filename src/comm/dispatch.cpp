@@ -1,5 +1,7 @@
 #include "dispatch.hpp"
 
+#include "stream_probe.hpp"
+
 #include <ringfence/error.hpp>
 
 namespace ringfence::detail {
@@ -11,6 +13,7 @@ constexpr auto kDamagedCallWarningInterval = std::chrono::seconds(10);
 
 void Dispatch::start(TunerModel tuner, std::size_t oneshot_bytes, const Heartbeat* heartbeat) {
   tuner_ = tuner;
+  stream_choice_.start(p_.lanes.main().engine.stream_writes, stream_writes_adapt(p_.ctx));
   oneshot_copy_.resize(oneshot_bytes);
   heartbeat_ = heartbeat;
   damaged_calls_.assign(static_cast<std::size_t>(p_.ctx.size), ReportCoalescer(kDamagedCallWarningInterval));
@@ -172,6 +175,27 @@ void Dispatch::judge_call(const char* call) {
 // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
 void Dispatch::run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct) {
   if (p_.device.current()) return run_device_call(call, c, reducer);
+  const StreamChoice::Call sc = stream_choice_.begin(static_cast<int>(c.kind), c.count * reducer.elem_size, p_.ctx.seq);
+  if (!sc.timed) return run_host_ring_call(call, c, reducer, direct);
+  set_stream_writes(sc.stream);
+  const auto started = std::chrono::steady_clock::now();
+  run_host_ring_call(call, c, reducer, direct);  // a failed call throws: its time teaches nothing
+  const StreamChoice::Outcome o = stream_choice_.end(sc, std::chrono::steady_clock::now() - started);
+  if (sc.stream != stream_choice_.current()) set_stream_writes(stream_choice_.current());  // after a trial
+  if (o.switched)
+    p_.ctx.log.info("stream writes {}: collective #{} ({} bytes) took {:.1f} us with them against {:.1f} us at best before",
+                    stream_choice_.current() ? "on" : "off", sc.seq, sc.bytes, o.trial_ns / 1e3, o.previous_ns / 1e3);
+  else if (sc.trial)
+    p_.ctx.log.debug("stream writes {}: collective #{} ({} bytes) tried them {}", stream_choice_.current() ? "on" : "off", sc.seq,
+                     sc.bytes, sc.stream ? "on" : "off");
+}
+
+void Dispatch::set_stream_writes(bool stream) noexcept {
+  p_.lanes.for_each([&](LaneState& L) { L.engine.stream_writes = stream; });
+}
+
+// A ring, tree, direct or one-shot schedule on the host lanes (several lanes: each a slice).
+void Dispatch::run_host_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct) {
   p_.regs.begin_call();
   LaneState& lane0 = p_.lanes.main();
   const int lanes = lanes_for(c, reducer.elem_size);

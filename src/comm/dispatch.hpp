@@ -26,6 +26,7 @@
 #include "lanes.hpp"
 #include "plan_state.hpp"
 #include "reg_cache.hpp"
+#include "stream_choice.hpp"
 
 namespace ringfence::detail {
 
@@ -150,6 +151,9 @@ class Dispatch {
   void settle_call(const char* call);
   void judge_call(const char* call);
   void run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct = false);
+  void run_host_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct);
+  // Every host lane's EngineConfig::stream_writes.
+  void set_stream_writes(bool stream) noexcept;
   void run_device_call(const char* call, const RingCall& c, const Reducer& reducer);
   int lanes_for(const RingCall& c, std::size_t elem_size) const noexcept;
   DirectWrite direct_write_for(LaneState& lane, const RingCall& c, std::size_t elem_size);
@@ -172,6 +176,7 @@ class Dispatch {
   std::vector<P2POp> alltoall_ops_;            // alltoall's transfers (run on the executing thread)
   std::vector<std::byte> alltoall_relay_;      // blocks this rank carries around fenced links
   std::vector<ReportCoalescer> damaged_calls_;  // per peer: fingerprint warnings held back (judge_call)
+  StreamChoice stream_choice_;                  // streaming slot writes, chosen again while the job runs
 };
 
 }  // namespace ringfence::detail

@@ -134,7 +134,7 @@ std::optional<bool> forced(StreamWritesMode mode) noexcept {
 // CPU per rank, usually the next rank's). Logs the probe.
 bool probe_host(const CommContext& ctx) {
   if (const auto f = forced(ctx.options.stream_writes)) return *f;
-  if (ctx.ranks_on_host() < 2 || ctx.network_only() || online_cpus() < 2) return false;  // no other core writes a slot here
+  if (!stream_writes_adapt(ctx)) return false;  // no other core writes a slot here
   const int cpu_a = first_allowed_cpu();
   const int cpu_b = (cpu_a + 1) % online_cpus();
   const std::optional<StreamProbe> probe = probe_stream_writes(cpu_a, cpu_b);
@@ -157,6 +157,10 @@ int lowest_on_host(const CommContext& ctx) noexcept {
 std::string answer_key(int rank) { return "stream_writes/" + std::to_string(rank); }
 
 }  // namespace
+
+bool stream_writes_adapt(const CommContext& ctx) noexcept {
+  return ctx.options.stream_writes == StreamWritesMode::Auto && ctx.ranks_on_host() >= 2 && !ctx.network_only() && online_cpus() >= 2;
+}
 
 void publish_stream_writes(const CommContext& ctx) {
   if (ctx.rank == lowest_on_host(ctx)) ctx.store->set(answer_key(ctx.rank), to_bytes(probe_host(ctx) ? "1" : "0"));

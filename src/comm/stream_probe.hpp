@@ -34,6 +34,11 @@ bool prefers_stream(const StreamProbe& p) noexcept;
 /// of its own (tests/mp/mpi_bootstrap_test.cpp counts them). May throw the store's errors.
 void publish_stream_writes(const CommContext& ctx);
 
+/// Whether the choice is made again while the job runs (StreamChoice): auto mode on a host
+/// where the probe runs (another rank of the communicator here, a shared-memory transport
+/// selected, two or more CPUs).
+bool stream_writes_adapt(const CommContext& ctx) noexcept;
+
 /// This communicator's choice (EngineConfig::stream_writes), after the lanes connected:
 /// CommOptions::stream_writes when on or off, else the host's published answer. May block on
 /// the store and throw its errors.
