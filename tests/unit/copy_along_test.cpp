@@ -3,7 +3,8 @@
 // bytes and the CRC is the source's at every length and alignment, nothing is written outside
 // either range; and out-of-place allgathers and broadcasts stay exact over shm (which stores the
 // second destination in its copy) and tcp (which does not: the engine copies), with checksums
-// and without, streaming or not, and where faults split or drop the writes.
+// and without, streaming or not, where the send goes straight into the peer's output (the
+// engine copies), and where faults split or drop the writes.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -126,4 +127,48 @@ TEST_CASE("the own block reaches the output where faults split or drop its write
   REQUIRE(error.empty());
   CHECK(wrong == 0);
   CHECK(errors > 0);  // the faults reached the checked chunks
+}
+
+TEST_CASE("the own block reaches the output where the send goes straight into the peer's output",
+          "[engine][collectives][copy_along][direct]") {
+  // Without checksums, final values go into the right neighbour's output (alloc()ed: mapped;
+  // plain memory: cross-memory attach) and the write has no second destination: the engine
+  // copies the own block itself.
+  const bool alloc = GENERATE(true, false);
+  const int n = GENERATE(2, 3);
+  CAPTURE(alloc, n);
+  CommOptions o;
+  o.checksum = false;
+  o.chunk_bytes = 16 * 1024;
+  o.direct_write_min_bytes = 1000;
+  if (!alloc) o.direct_write_user_min_bytes = 0;
+  o.host_id = "copy-along-direct";
+  o.timeout = std::chrono::seconds(20);
+  std::atomic<std::size_t> wrong{0};
+  const std::string error = test::run_ranks(n, o, [&](Communicator& comm) {
+    for (const std::size_t count : {std::size_t{4099}, std::size_t{50001}}) {
+      const std::size_t gathered_count = static_cast<std::size_t>(n) * count;
+      std::vector<float> in(count), plain_gathered(alloc ? 0 : gathered_count), plain_out(alloc ? 0 : count);
+      float* gathered = alloc ? static_cast<float*>(comm.alloc(gathered_count * sizeof(float))) : plain_gathered.data();
+      float* out = alloc ? static_cast<float*>(comm.alloc(count * sizeof(float))) : plain_out.data();
+      for (int it = 0; it < n; ++it) {
+        const auto first = static_cast<std::size_t>(it) * 7;
+        test::fill_pattern(DataType::Float32, comm.rank(), in.data(), count, first);
+        std::fill(gathered, gathered + gathered_count, -1.0f);
+        comm.allgather(in.data(), gathered, count, DataType::Float32);
+        for (int r = 0; r < n; ++r)
+          wrong += test::count_wrong_pattern(DataType::Float32, r, gathered + static_cast<std::size_t>(r) * count, count, first);
+        std::fill(out, out + count, -1.0f);
+        comm.broadcast(in.data(), out, count, DataType::Float32, it);
+        wrong += test::count_wrong_pattern(DataType::Float32, it, out, count, first);
+      }
+      if (alloc) {
+        comm.free(gathered);
+        comm.free(out);
+      }
+    }
+  });
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(wrong == 0);
 }

@@ -58,7 +58,7 @@ TEST_CASE("without auto, or for small calls, nothing is timed and the setup's ch
   CHECK(s.switches() == 0);
 }
 
-TEST_CASE("a trial that beats the best recent call by the margin switches; one that does not, keeps", "[stream][stream_choice]") {
+TEST_CASE("a trial that beats the best recent call by the margin switches, one that does not keeps", "[stream][stream_choice]") {
   const bool initial = GENERATE(false, true);
   CAPTURE(initial);
   StreamChoice s;
