@@ -175,11 +175,16 @@ void Dispatch::judge_call(const char* call) {
 // output (allreduce, allgather, broadcast). Large calls are split across the lanes.
 void Dispatch::run_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct) {
   if (p_.device.current()) return run_device_call(call, c, reducer);
-  const StreamChoice::Call sc = stream_choice_.begin(static_cast<int>(c.kind), c.count * reducer.elem_size, p_.ctx.seq);
-  if (!sc.timed) return run_host_ring_call(call, c, reducer, direct);
-  set_stream_writes(sc.stream);
-  const auto started = std::chrono::steady_clock::now();
-  run_host_ring_call(call, c, reducer, direct);  // a failed call throws: its time teaches nothing
+  timed_for_stream_choice(static_cast<int>(c.kind), c.count * reducer.elem_size, [&] { run_host_ring_call(call, c, reducer, direct); });
+}
+
+StreamChoice::Call Dispatch::begin_stream_choice(int kind, std::size_t bytes) noexcept {
+  const StreamChoice::Call sc = stream_choice_.begin(kind, bytes, p_.ctx.seq);
+  if (sc.timed) set_stream_writes(sc.stream);
+  return sc;
+}
+
+void Dispatch::end_stream_choice(const StreamChoice::Call& sc, std::chrono::steady_clock::time_point started) {
   const StreamChoice::Outcome o = stream_choice_.end(sc, std::chrono::steady_clock::now() - started);
   if (sc.stream != stream_choice_.current()) set_stream_writes(stream_choice_.current());  // after a trial
   if (o.switched)

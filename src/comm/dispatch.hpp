@@ -154,6 +154,21 @@ class Dispatch {
   void run_host_ring_call(const char* call, const RingCall& c, const Reducer& reducer, bool direct);
   // Every host lane's EngineConfig::stream_writes.
   void set_stream_writes(bool stream) noexcept;
+  // StreamChoice's kinds of call: RingCollective's values, then alltoall.
+  static constexpr int kStreamKindAlltoall = 8;
+  static_assert(kStreamKindAlltoall < StreamChoice::kKinds);
+  // Runs a host collective of `bytes` as StreamChoice plans it (with the current kind of store,
+  // or as a trial), then learns from its time; a failed call throws, and its time teaches nothing.
+  template <class Run>
+  void timed_for_stream_choice(int kind, std::size_t bytes, Run run) {
+    const StreamChoice::Call sc = begin_stream_choice(kind, bytes);
+    if (!sc.timed) return run();
+    const auto started = std::chrono::steady_clock::now();
+    run();
+    end_stream_choice(sc, started);
+  }
+  StreamChoice::Call begin_stream_choice(int kind, std::size_t bytes) noexcept;
+  void end_stream_choice(const StreamChoice::Call& sc, std::chrono::steady_clock::time_point started);
   void run_device_call(const char* call, const RingCall& c, const Reducer& reducer);
   int lanes_for(const RingCall& c, std::size_t elem_size) const noexcept;
   DirectWrite direct_write_for(LaneState& lane, const RingCall& c, std::size_t elem_size);

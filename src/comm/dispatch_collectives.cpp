@@ -117,8 +117,9 @@ Work Dispatch::alltoall(bool async, const void* send, void* recv, std::size_t co
   const std::size_t block = bytes / static_cast<std::size_t>(p_.ctx.size);
   return issue(async, call, [=, this] {
     begin_collective(call, make_fingerprint(CallKind::Alltoall, count, type));
-    if (block > 0) run_alltoall(call, send, recv, block);
-    else settle_call(call);
+    if (block == 0) settle_call(call);
+    else if (p_.device.current()) run_alltoall(call, send, recv, block);
+    else timed_for_stream_choice(kStreamKindAlltoall, block * static_cast<std::size_t>(p_.ctx.size), [&] { run_alltoall(call, send, recv, block); });
   });
 }
 

@@ -191,12 +191,19 @@ TEST_CASE("collectives stay exact through the trials of stream writes, tried by 
   std::atomic<std::size_t> wrong{0};
   const std::string error = test::run_ranks(2, o, [&](Communicator& comm) {
     constexpr std::size_t count = 32 * 1024;  // 128 KiB of floats: timed, trials among them
-    std::vector<float> in(count), out(count);
-    for (int it = 0; it < 2 * static_cast<int>(StreamChoice::kFirstTrial) + 40; ++it) {
+    std::vector<float> in(count), out(count), a(2 * count), b(2 * count);
+    const auto n = static_cast<std::size_t>(comm.size()), r = static_cast<std::size_t>(comm.rank());
+    const std::size_t block = 2 * count / n;
+    for (int it = 0; it < static_cast<int>(StreamChoice::kFirstTrial) + 40; ++it) {
       const auto first = static_cast<std::size_t>(it);
       test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), comm.size(), in.data(), count, first);
       comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
       wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, comm.size(), out.data(), count, first);
+      // alltoall, 256 KiB a rank: timed too (its own kind of call).
+      for (std::size_t j = 0; j < n; ++j) test::fill_pattern(DataType::Float32, comm.rank(), a.data() + j * block, block, (j * n + r) * block + first);
+      comm.alltoall(a.data(), b.data(), block, DataType::Float32);
+      for (std::size_t s = 0; s < n; ++s)
+        wrong += test::count_wrong_pattern(DataType::Float32, static_cast<int>(s), b.data() + s * block, block, (r * n + s) * block + first);
     }
   });
   INFO(error);
