@@ -11,8 +11,8 @@
 // on one kind of store, plain and streaming by turns. A rank adopts the trial's kind when the
 // call took under kWin of the best of its recent calls of the same kind and size. The trial is
 // the same call on every rank and every rank's time is that of the whole exchange, so they
-// decide alike; a rank left on the other kind joins at the next trial of its kind (a trial of
-// the kind a rank already uses is an ordinary call for it, a measurement for the others).
+// decide alike; a rank left on the other kind joins the others at the next trial of their kind
+// (for them an ordinary call: a trial of the kind a rank already uses is one for it).
 //
 // Pure bookkeeping, no clock and no allocation: the dispatcher times the calls.
 #include <array>
