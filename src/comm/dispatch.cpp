@@ -179,14 +179,15 @@ void Dispatch::run_ring_call(const char* call, const RingCall& c, const Reducer&
 }
 
 StreamChoice::Call Dispatch::begin_stream_choice(int kind, std::size_t bytes) noexcept {
+  // Outside trials the lanes already hold the current kind (set at setup, restored after each trial).
   const StreamChoice::Call sc = stream_choice_.begin(kind, bytes, p_.ctx.seq);
-  if (sc.timed) set_stream_writes(sc.stream);
+  if (sc.trial) set_stream_writes(sc.stream);
   return sc;
 }
 
 void Dispatch::end_stream_choice(const StreamChoice::Call& sc, std::chrono::steady_clock::time_point started) {
   const StreamChoice::Outcome o = stream_choice_.end(sc, std::chrono::steady_clock::now() - started);
-  if (sc.stream != stream_choice_.current()) set_stream_writes(stream_choice_.current());  // after a trial
+  if (sc.trial) set_stream_writes(stream_choice_.current());
   if (o.switched)
     p_.ctx.log.info("stream writes {}: collective #{} ({} bytes) took {:.1f} us with them against {:.1f} us at best before",
                     stream_choice_.current() ? "on" : "off", sc.seq, sc.bytes, o.trial_ns / 1e3, o.previous_ns / 1e3);

@@ -72,7 +72,6 @@ class StreamChoice {
 
   /// The kind of store calls use outside trials.
   bool current() const noexcept { return current_; }
-  bool adapts() const noexcept { return adapts_; }
   std::uint32_t switches() const noexcept { return switches_; }
   /// Collective number at or after which the next trial runs.
   std::uint64_t next_trial() const noexcept { return next_trial_; }
