@@ -1,7 +1,9 @@
 // StreamChoice: streaming slot writes chosen again while the job runs. The trial schedule (the
 // same on every rank: it depends on the calls made, never on their times), the margin a trial
-// must win by, which calls are compared, that ranks left on different kinds come together, and
-// that collectives stay exact across trials on a communicator.
+// must win by, which calls are compared, that ranks left on different kinds come together; on a
+// communicator, that collectives stay exact across trials and which kind of store each call used
+// around a trial (its links count their streamed writes).
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <random>
 #include <string>
 #include <ringfence/communicator.hpp>
+#include <ringfence/transport_util.hpp>
 #include <vector>
 
 #include "comm/stream_choice.hpp"
@@ -35,6 +38,74 @@ StreamChoice::Call run_until_trial(StreamChoice& s, std::uint64_t from, std::uin
     s.end(c, took);
   }
   return {};
+}
+
+// shm whose links count the writes made with streaming stores (`WriteOp::stream`), for each
+// rank: what a test can see of the kind of store the engine chose for a call.
+class StreamCountingShm final : public transport_util::ForwardingTransport {
+ public:
+  StreamCountingShm(std::unique_ptr<Transport> inner, std::atomic<std::uint64_t>* streamed)
+      : ForwardingTransport(std::move(inner)), streamed_(streamed) {}
+  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
+    struct Pending final : PendingLink {
+      std::unique_ptr<PendingLink> inner;
+      std::atomic<std::uint64_t>* streamed = nullptr;
+      Status try_finish(std::unique_ptr<Link>& out) noexcept override {
+        std::unique_ptr<Link> link;
+        const Status s = inner->try_finish(link);
+        if (s.is_ok()) out = std::make_unique<CountingLink>(std::move(link), streamed);
+        return s;
+      }
+    };
+    auto p = std::make_unique<Pending>();
+    p->inner = inner().connect(local, peer, address);
+    p->streamed = streamed_;
+    return p;
+  }
+
+ private:
+  class CountingLink final : public Link {
+   public:
+    CountingLink(std::unique_ptr<Link> inner, std::atomic<std::uint64_t>* streamed) : inner_(std::move(inner)), streamed_(streamed) {}
+    Status write(const WriteOp& op) noexcept override {
+      if (op.stream) ++*streamed_;
+      return inner_->write(op);
+    }
+    Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
+    void flush_wakes() noexcept override { inner_->flush_wakes(); }
+    Status poll(std::span<Completion> out, std::size_t& n) noexcept override { return inner_->poll(out, n); }
+    Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
+      return inner_->wait(flag, target, max);
+    }
+    void fence(FenceReason why) noexcept override { inner_->fence(why); }
+    bool can_reopen() const noexcept override { return inner_->can_reopen(); }
+    void reopen() noexcept override { inner_->reopen(); }
+    LinkState state() const noexcept override { return inner_->state(); }
+    int peer() const noexcept override { return inner_->peer(); }
+    const LinkStats& stats() const noexcept override { return inner_->stats(); }
+    bool times_writes() const noexcept override { return inner_->times_writes(); }
+    bool idle() noexcept override { return inner_->idle(); }
+
+   private:
+    std::unique_ptr<Link> inner_;
+    std::atomic<std::uint64_t>* streamed_;
+  };
+  std::atomic<std::uint64_t>* streamed_;
+};
+
+// The trials a rank's log names, in order: {collective number, whether it switched}.
+std::vector<std::pair<std::string, bool>> logged_trials(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  std::vector<std::pair<std::string, bool>> found;
+  for (std::string line; std::getline(f, line);) {
+    const auto at = line.find("stream writes o");
+    if (at == std::string::npos) continue;
+    const auto c = line.find("collective #", at);
+    if (c == std::string::npos) continue;
+    const std::string rest = line.substr(c);
+    found.emplace_back(rest.substr(0, rest.find(' ', std::string("collective #").size())), line.find(" tried them ", c) == std::string::npos);
+  }
+  return found;
 }
 
 }  // namespace
@@ -224,4 +295,67 @@ TEST_CASE("collectives stay exact through the trials of stream writes, tried by 
   CHECK(r0.size() == r1.size());
   for (std::size_t i = 0; i < std::min(r0.size(), r1.size()); ++i)
     CHECK(r0[i].substr(0, r0[i].find(' ')) == r1[i].substr(0, r1[i].find(' ')));
+}
+
+TEST_CASE("a trial's call, and only it, runs on the trial's kind of store, and later calls on the kind chosen",
+          "[stream][stream_choice][engine]") {
+  // The links count their streamed writes, so the test sees each call's kind of store: every
+  // call before the first trial on the setup's kind, the trial's call (collective #1024) on the
+  // other one, and every later call on the setup's kind again unless the trial switched (then
+  // on the new one). Dropping the lanes' update at a trial, or its undoing after, fails here.
+  constexpr int n = 2;
+  constexpr int calls = static_cast<int>(StreamChoice::kFirstTrial) + 64;  // one trial, none more before #3072
+  test::TempDir dir("rf-stream-kinds");
+  std::array<std::atomic<std::uint64_t>, n> streamed{};  // each rank's links count into its own
+  const TransportRegistry builtin = builtin_transports();
+  TransportRegistry registry;
+  registry.add("shm", [&](const TransportContext& ctx) {
+    return std::make_unique<StreamCountingShm>(builtin.create("shm", ctx), &streamed[static_cast<std::size_t>(ctx.self.rank)]);
+  });
+  CommOptions o;
+  o.stream_writes = StreamWritesMode::Auto;
+  o.transports = {"shm"};
+  o.host_id = "stream-kinds";
+  o.timeout = std::chrono::seconds(30);
+  o.log_level = LogLevel::Debug;
+  o.log_file = (dir.path() / "rank%r.log").string();
+  std::array<std::vector<bool>, n> kinds;  // per call: whether it made streamed writes
+  std::atomic<std::size_t> wrong{0};
+  const std::string error = test::run_ranks(
+      n, [&](int) { return o; },
+      [&](Communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        constexpr std::size_t count = 256 * 1024;  // 1 MiB of floats: chunks far above the streaming threshold
+        std::vector<float> in(count), out(count);
+        for (int it = 0; it < calls; ++it) {
+          const auto first = static_cast<std::size_t>(it);
+          test::fill_input(DataType::Float32, ReduceOp::Sum, comm.rank(), n, in.data(), count, first);
+          const std::uint64_t before = streamed[r].load();
+          comm.allreduce(in.data(), out.data(), count, DataType::Float32, ReduceOp::Sum);
+          kinds[r].push_back(streamed[r].load() > before);
+          wrong += test::count_wrong(DataType::Float32, ReduceOp::Sum, n, out.data(), count, first);
+        }
+      },
+      &registry);
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(wrong == 0);
+  if (detail::online_cpus() < 2) return;  // no probe, nothing tried
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const std::vector<bool>& k = kinds[static_cast<std::size_t>(r)];
+    const auto trials = logged_trials(dir.path() / fmt::format("rank{}.log", r));
+    REQUIRE(trials.size() == 1);
+    const bool switched = trials[0].second;
+    // The trial's call: the first whose kind differs from the setup's (call 0's).
+    std::size_t at = 0;
+    while (at < k.size() && k[at] == k[0]) ++at;
+    REQUIRE(at < k.size());
+    CHECK(at >= static_cast<std::size_t>(StreamChoice::kFirstTrial) - 16);  // not before the first trial (setup makes a few collectives)
+    for (std::size_t i = at + 1; i < k.size(); ++i) {
+      INFO("call " << i << ", trial at call " << at << (switched ? ", switched" : ", kept"));
+      REQUIRE(k[i] == (switched ? k[at] : k[0]));
+    }
+  }
+  CHECK(kinds[0] == kinds[1]);  // the same calls on both ranks
 }
