@@ -6,9 +6,13 @@
 namespace ringfence::detail {
 
 void StreamChoice::start(bool initial, bool adapts) noexcept {
-  *this = StreamChoice{};
+  // Field by field: a StreamChoice{} to copy from would be a temporary of the whole table.
   initial_ = current_ = initial;
   adapts_ = adapts;
+  next_trial_ = kFirstTrial;
+  gap_ = 2 * kFirstTrial;
+  trials_ = switches_ = 0;
+  for (auto& kind : recent_) kind.fill(Recent{});
 }
 
 StreamChoice::Call StreamChoice::begin(int kind, std::size_t bytes, std::uint64_t seq) noexcept {
@@ -17,7 +21,7 @@ StreamChoice::Call StreamChoice::begin(int kind, std::size_t bytes, std::uint64_
   if (!adapts_ || bytes < kMinBytes || kind < 0 || kind >= kKinds) return c;
   c.timed = true;
   c.kind = kind;
-  c.bucket = std::min(static_cast<int>(std::bit_width(bytes)) - 1, kBuckets - 1);
+  c.bucket = std::min(static_cast<int>(std::bit_width(bytes) - std::bit_width(kMinBytes)), kBuckets - 1);
   c.bytes = bytes;
   c.seq = seq;
   // Whether this is the trial depends only on the calls made so far, never on their times, so

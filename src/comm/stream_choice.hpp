@@ -40,8 +40,10 @@ class StreamChoice {
   /// A kind and size is tried only when its last kKeep calls all ran within this many
   /// collectives (older times may be from another mode of the host).
   static constexpr std::uint64_t kFresh = 256;
-  static constexpr int kKinds = 16;
-  static constexpr int kBuckets = 48;
+  /// Kinds of call the caller numbers (Dispatch: RingCollective's eight values, then alltoall).
+  static constexpr int kKinds = 9;
+  /// Sizes kept apart: powers of two from kMinBytes (2^16) up; larger calls share the last.
+  static constexpr int kBuckets = 32;
 
   /// `initial`: the setup's choice. `adapts`: auto mode on a host where the probe ran (else the
   /// choice stays `initial` and nothing is timed).
