@@ -11,7 +11,6 @@
 #include <ringfence/env.hpp>
 #include <ringfence/error.hpp>
 #include <ringfence/fault.hpp>
-#include <ringfence/transport_util.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "support/catch.hpp"
 #include "support/fence_scenario.hpp"
 #include "support/fake_nvml_state.hpp"
+#include "support/link_decorator.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
 
@@ -307,73 +307,37 @@ TEST_CASE("RINGFENCE_FALLBACK and the fault rule's transport= field", "[health][
 }
 
 namespace {
-// shm, whose links take 1 ms inside state() and stats() (the calls links() makes on another
-// thread) and count the callers inside them. A link destroyed while a caller is inside records a
+// A link that takes 1 ms inside state() and stats() (the calls links() makes on another thread)
+// and counts the callers inside them. Destroyed while a caller is inside, it records a
 // violation, then waits for the caller to leave (so the test reports instead of crashing).
-class SlowReadShm final : public transport_util::ForwardingTransport {
+class SlowReadLink final : public test::ForwardingLink {
  public:
-  SlowReadShm(std::unique_ptr<Transport> inner, std::atomic<int>* violations)
-      : ForwardingTransport(std::move(inner)), violations_(violations) {}
-  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
-    struct Pending final : PendingLink {
-      std::unique_ptr<PendingLink> inner;
-      std::atomic<int>* violations;
-      Status try_finish(std::unique_ptr<Link>& out) noexcept override {
-        std::unique_ptr<Link> link;
-        const Status s = inner->try_finish(link);
-        if (s.is_ok()) out = std::make_unique<SlowReadLink>(std::move(link), violations);
-        return s;
-      }
-    };
-    auto p = std::make_unique<Pending>();
-    p->inner = inner().connect(local, peer, address);
-    p->violations = violations_;
-    return p;
+  SlowReadLink(std::unique_ptr<Link> inner, std::atomic<int>* violations) : ForwardingLink(std::move(inner)), violations_(violations) {}
+  ~SlowReadLink() override {
+    if (readers_.load() > 0) ++*violations_;
+    while (readers_.load() > 0) std::this_thread::yield();
+  }
+  LinkState state() const noexcept override {
+    const Reading reading(readers_);
+    return inner().state();
+  }
+  const LinkStats& stats() const noexcept override {
+    const Reading reading(readers_);
+    return inner().stats();
   }
 
  private:
-  class SlowReadLink final : public Link {
-   public:
-    SlowReadLink(std::unique_ptr<Link> inner, std::atomic<int>* violations) : inner_(std::move(inner)), violations_(violations) {}
-    ~SlowReadLink() override {
-      if (readers_.load() > 0) ++*violations_;
-      while (readers_.load() > 0) std::this_thread::yield();
+  // A caller inside state() or stats(): counted, and held there for 1 ms.
+  struct Reading {
+    std::atomic<int>& readers;
+    explicit Reading(std::atomic<int>& r) noexcept : readers(r) {
+      ++readers;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    Status write(const WriteOp& op) noexcept override { return inner_->write(op); }
-    Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
-    void flush_wakes() noexcept override { inner_->flush_wakes(); }
-    Status poll(std::span<Completion> out, std::size_t& n) noexcept override { return inner_->poll(out, n); }
-    Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-      return inner_->wait(flag, target, max);
-    }
-    void fence(FenceReason why) noexcept override { inner_->fence(why); }
-    bool can_reopen() const noexcept override { return inner_->can_reopen(); }
-    void reopen() noexcept override { inner_->reopen(); }
-    LinkState state() const noexcept override {
-      const Reading reading(readers_);
-      return inner_->state();
-    }
-    int peer() const noexcept override { return inner_->peer(); }
-    const LinkStats& stats() const noexcept override {
-      const Reading reading(readers_);
-      return inner_->stats();
-    }
-
-   private:
-    // A caller inside state() or stats(): counted, and held there for 1 ms.
-    struct Reading {
-      std::atomic<int>& readers;
-      explicit Reading(std::atomic<int>& r) noexcept : readers(r) {
-        ++readers;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      ~Reading() { --readers; }
-    };
-    std::unique_ptr<Link> inner_;
-    std::atomic<int>* violations_;
-    mutable std::atomic<int> readers_{0};
+    ~Reading() { --readers; }
   };
   std::atomic<int>* violations_;
+  mutable std::atomic<int> readers_{0};
 };
 }  // namespace
 
@@ -387,7 +351,12 @@ TEST_CASE("links() on another thread while a move replaces the link: no link des
   std::atomic<int> violations{0};
   const TransportRegistry builtin = builtin_transports();
   TransportRegistry registry;
-  registry.add("shm", [&](const TransportContext& ctx) { return std::make_unique<SlowReadShm>(builtin.create("shm", ctx), &violations); });
+  auto slow_reads = [&violations](std::unique_ptr<Link> link) -> std::unique_ptr<Link> {
+    return std::make_unique<SlowReadLink>(std::move(link), &violations);
+  };
+  registry.add("shm", [&](const TransportContext& ctx) {
+    return std::make_unique<test::LinkWrappingTransport<decltype(slow_reads)>>(builtin.create("shm", ctx), slow_reads);
+  });
   registry.add("tcp", [&](const TransportContext& ctx) { return builtin.create("tcp", ctx); });
   std::atomic<std::size_t> wrong{0}, torn{0};
   std::vector<std::vector<std::string>> moved(n), seen(n);  // seen: the peer's transport, in order, deduplicated

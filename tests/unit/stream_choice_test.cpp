@@ -11,12 +11,12 @@
 #include <random>
 #include <string>
 #include <ringfence/communicator.hpp>
-#include <ringfence/transport_util.hpp>
 #include <vector>
 
 #include "comm/stream_choice.hpp"
 #include "comm/context.hpp"
 #include "support/catch.hpp"
+#include "support/link_decorator.hpp"
 #include "support/temp_dir.hpp"
 #include "support/thread_ranks.hpp"
 #include "support/verifiable.hpp"
@@ -40,56 +40,18 @@ StreamChoice::Call run_until_trial(StreamChoice& s, std::uint64_t from, std::uin
   return {};
 }
 
-// shm whose links count the writes made with streaming stores (`WriteOp::stream`), for each
-// rank: what a test can see of the kind of store the engine chose for a call.
-class StreamCountingShm final : public transport_util::ForwardingTransport {
+// A link that counts the writes it makes with streaming stores (`WriteOp::stream`): what a test
+// can see of the kind of store the engine chose for a call.
+class StreamCountingLink final : public test::ForwardingLink {
  public:
-  StreamCountingShm(std::unique_ptr<Transport> inner, std::atomic<std::uint64_t>* streamed)
-      : ForwardingTransport(std::move(inner)), streamed_(streamed) {}
-  std::unique_ptr<PendingLink> connect(ListenHandle& local, const PeerInfo& peer, std::span<const std::byte> address) override {
-    struct Pending final : PendingLink {
-      std::unique_ptr<PendingLink> inner;
-      std::atomic<std::uint64_t>* streamed = nullptr;
-      Status try_finish(std::unique_ptr<Link>& out) noexcept override {
-        std::unique_ptr<Link> link;
-        const Status s = inner->try_finish(link);
-        if (s.is_ok()) out = std::make_unique<CountingLink>(std::move(link), streamed);
-        return s;
-      }
-    };
-    auto p = std::make_unique<Pending>();
-    p->inner = inner().connect(local, peer, address);
-    p->streamed = streamed_;
-    return p;
+  StreamCountingLink(std::unique_ptr<Link> inner, std::atomic<std::uint64_t>* streamed)
+      : ForwardingLink(std::move(inner)), streamed_(streamed) {}
+  Status write(const WriteOp& op) noexcept override {
+    if (op.stream) ++*streamed_;
+    return inner().write(op);
   }
 
  private:
-  class CountingLink final : public Link {
-   public:
-    CountingLink(std::unique_ptr<Link> inner, std::atomic<std::uint64_t>* streamed) : inner_(std::move(inner)), streamed_(streamed) {}
-    Status write(const WriteOp& op) noexcept override {
-      if (op.stream) ++*streamed_;
-      return inner_->write(op);
-    }
-    Status signal(const SignalOp& op) noexcept override { return inner_->signal(op); }
-    void flush_wakes() noexcept override { inner_->flush_wakes(); }
-    Status poll(std::span<Completion> out, std::size_t& n) noexcept override { return inner_->poll(out, n); }
-    Status wait(SignalFlag& flag, std::uint32_t target, std::chrono::nanoseconds max) noexcept override {
-      return inner_->wait(flag, target, max);
-    }
-    void fence(FenceReason why) noexcept override { inner_->fence(why); }
-    bool can_reopen() const noexcept override { return inner_->can_reopen(); }
-    void reopen() noexcept override { inner_->reopen(); }
-    LinkState state() const noexcept override { return inner_->state(); }
-    int peer() const noexcept override { return inner_->peer(); }
-    const LinkStats& stats() const noexcept override { return inner_->stats(); }
-    bool times_writes() const noexcept override { return inner_->times_writes(); }
-    bool idle() noexcept override { return inner_->idle(); }
-
-   private:
-    std::unique_ptr<Link> inner_;
-    std::atomic<std::uint64_t>* streamed_;
-  };
   std::atomic<std::uint64_t>* streamed_;
 };
 
@@ -310,7 +272,11 @@ TEST_CASE("a trial's call, and only it, runs on the trial's kind of store, and l
   const TransportRegistry builtin = builtin_transports();
   TransportRegistry registry;
   registry.add("shm", [&](const TransportContext& ctx) {
-    return std::make_unique<StreamCountingShm>(builtin.create("shm", ctx), &streamed[static_cast<std::size_t>(ctx.self.rank)]);
+    std::atomic<std::uint64_t>* mine = &streamed[static_cast<std::size_t>(ctx.self.rank)];
+    auto wrap = [mine](std::unique_ptr<Link> link) -> std::unique_ptr<Link> {
+      return std::make_unique<StreamCountingLink>(std::move(link), mine);
+    };
+    return std::make_unique<test::LinkWrappingTransport<decltype(wrap)>>(builtin.create("shm", ctx), wrap);
   });
   CommOptions o;
   o.stream_writes = StreamWritesMode::Auto;
