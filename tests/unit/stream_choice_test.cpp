@@ -55,7 +55,7 @@ class StreamCountingLink final : public test::ForwardingLink {
   std::atomic<std::uint64_t>* streamed_;
 };
 
-// The trials a rank's log names, in order: {collective number, whether it switched}.
+// The trials a rank's log names, in order: {"collective #N", whether it switched}.
 std::vector<std::pair<std::string, bool>> logged_trials(const std::filesystem::path& path) {
   std::ifstream f(path);
   std::vector<std::pair<std::string, bool>> found;
@@ -244,19 +244,10 @@ TEST_CASE("collectives stay exact through the trials of stream writes, tried by 
   CHECK(wrong == 0);
   if (detail::online_cpus() < 2) return;  // no probe, nothing tried
   // Each trial is logged (at debug, or at info where it switched) with its collective number.
-  auto trials_in = [](const std::filesystem::path& path) {
-    std::ifstream f(path);
-    std::vector<std::string> found;
-    for (std::string line; std::getline(f, line);)
-      if (const auto at = line.find("stream writes o"); at != std::string::npos && line.find("collective #", at) != std::string::npos)
-        found.push_back(line.substr(line.find("collective #", at)));
-    return found;
-  };
-  const std::vector<std::string> r0 = trials_in(dir.path() / "rank0.log"), r1 = trials_in(dir.path() / "rank1.log");
+  const auto r0 = logged_trials(dir.path() / "rank0.log"), r1 = logged_trials(dir.path() / "rank1.log");
   REQUIRE_FALSE(r0.empty());
   CHECK(r0.size() == r1.size());
-  for (std::size_t i = 0; i < std::min(r0.size(), r1.size()); ++i)
-    CHECK(r0[i].substr(0, r0[i].find(' ')) == r1[i].substr(0, r1[i].find(' ')));
+  for (std::size_t i = 0; i < std::min(r0.size(), r1.size()); ++i) CHECK(r0[i].first == r1[i].first);
 }
 
 TEST_CASE("a trial's call, and only it, runs on the trial's kind of store, and later calls on the kind chosen",
@@ -308,12 +299,14 @@ TEST_CASE("a trial's call, and only it, runs on the trial's kind of store, and l
   CHECK(wrong == 0);
   if (detail::online_cpus() < 2) return;  // no probe, nothing tried
   std::array<std::size_t, n> trial_call{};
+  std::array<std::string, n> trial_logged;  // "collective #N"
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r);
     const std::vector<bool>& k = kinds[static_cast<std::size_t>(r)];
     const auto trials = logged_trials(dir.path() / fmt::format("rank{}.log", r));
     REQUIRE(trials.size() == 1);
     const bool switched = trials[0].second;
+    trial_logged[static_cast<std::size_t>(r)] = trials[0].first;
     // The trial's call: the first whose kind differs from the setup's (call 0's).
     std::size_t at = 0;
     while (at < k.size() && k[at] == k[0]) ++at;
@@ -328,4 +321,5 @@ TEST_CASE("a trial's call, and only it, runs on the trial's kind of store, and l
   // The same call is the trial on both ranks. What each adopts may differ (each judges its own
   // times; one left apart joins the other at a later trial), so their kinds after it may too.
   CHECK(trial_call[0] == trial_call[1]);
+  CHECK(trial_logged[0] == trial_logged[1]);
 }
