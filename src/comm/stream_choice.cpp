@@ -6,13 +6,8 @@
 namespace ringfence::detail {
 
 void StreamChoice::start(bool initial, bool adapts) noexcept {
-  // Field by field: a StreamChoice{} to copy from would be a temporary of the whole table.
   initial_ = current_ = initial;
   adapts_ = adapts;
-  next_trial_ = kFirstTrial;
-  gap_ = 2 * kFirstTrial;
-  trials_ = switches_ = 0;
-  for (auto& kind : recent_) kind.fill(Recent{});
 }
 
 StreamChoice::Call StreamChoice::begin(int kind, std::size_t bytes, std::uint64_t seq) noexcept {

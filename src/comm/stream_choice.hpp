@@ -46,7 +46,7 @@ class StreamChoice {
   static constexpr int kBuckets = 32;
 
   /// `initial`: the setup's choice. `adapts`: auto mode on a host where the probe ran (else the
-  /// choice stays `initial` and nothing is timed).
+  /// choice stays `initial` and nothing is timed). Once, on a new StreamChoice, before begin().
   void start(bool initial, bool adapts) noexcept;
 
   /// One call as begin() planned it.
